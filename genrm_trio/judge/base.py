@@ -1,0 +1,151 @@
+"""The judge boundary: one attempt in, one normalised reply or a typed error out.
+
+A `Judge` performs exactly one HTTP exchange (or one simulated exchange) per `attempt()` call and
+interprets the reply of its API (Responses or chat completions) into a `JudgeReply`. The shared
+retry budget, pacing, parsing and the comparison-ending `JudgeError` live in `judge.attempts`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, final
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class JudgeCall:
+    """What one comparison asks of the judge: the history, then the two answers in display order."""
+
+    history: Sequence[dict[str, str]]  # [{"role": ..., "content": ...}], roles already validated
+    response_1: str  # answer text (or the "None" placeholder) shown first
+    response_2: str  # answer text shown second
+    principle: str | None  # None unless use_principle is on (then request principle or default)
+
+
+class ReplyStatus(enum.Enum):
+    """How one 2xx JSON reply was classified (SPEC §4.4 step 2, §17.5 for chat completions)."""
+
+    COMPLETED = "completed"  # completed status and a non-blank answer text
+    BUDGET_EXHAUSTED = "budget_exhausted"  # incomplete because of max_output_tokens / length
+    UNUSABLE = "unusable"  # null, {}, other statuses, no message, blank text
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class JudgeReply:
+    """One 2xx JSON reply, interpreted by the judge's API."""
+
+    status: ReplyStatus
+    text: str  # the answer text (concatenated output_text / message content); "" when unusable
+    input_tokens: int | None  # usage, when both counts were numbers (not booleans)
+    output_tokens: int | None
+
+
+class Judge(Protocol):
+    """One judge attempt. Raises a `JudgeAttemptError` subclass for transport/status/JSON errors.
+
+    Implementations take no timeout argument: the caller wraps each attempt in
+    `trio.fail_after(judge_request_timeout_s)` and maps `trio.TooSlowError` itself.
+    """
+
+    @property
+    def endpoint(self) -> str:
+        """`host:port` of the judge, for the §4.4 message template (`{server}`)."""
+        ...
+
+    @property
+    def path(self) -> str:
+        """The path actually posted, e.g. `/v1/responses` or `/v1/chat/completions`."""
+        ...
+
+    async def attempt(self, call: JudgeCall) -> JudgeReply: ...
+
+    async def aclose(self) -> None: ...
+
+
+# --- per-attempt errors (mapped at the boundary from httpx; never escape a comparison) ---------
+
+
+class JudgeAttemptError(Exception):
+    """One attempt failed. `type_name` is the `{ErrorType}` of the SPEC §17.5 template."""
+
+    type_name: str = "JudgeAttemptError"
+    retryable: bool = False
+
+    def describe(self) -> str:
+        """`{ErrorType}: {message}` exactly as SPEC §17.5 fixes it (message cut at 1000 chars)."""
+        return f"{self.type_name}: {str(self)[:1000]}"
+
+
+class JudgeTransportError(JudgeAttemptError):
+    """Connect, read or write failure, or a connection closed before a complete response."""
+
+    retryable = True
+
+    def __init__(self, type_name: str, message: str) -> None:
+        # type_name is one of ConnectError, ReadError, WriteError, RemoteProtocolError
+        super().__init__(message)
+        self.type_name = type_name
+
+
+class JudgeHTTPError(JudgeAttemptError):
+    """A non-2xx status. Retryable for 408, 429 and 5xx (SPEC D14)."""
+
+    type_name = "JudgeHTTPError"
+
+    def __init__(self, status: int, body: bytes, retry_after: float | None = None) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+        self.body = body[:1000]  # only the excerpt is ever shown
+        self.retry_after = retry_after  # seconds, parsed from Retry-After when present
+        self.retryable = status in (408, 429) or 500 <= status <= 599
+
+    def describe(self) -> str:
+        text = f"{self.type_name}: HTTP {self.status}"
+        if self.body:
+            text += f"; response={self.body.decode('utf-8', errors='replace')}"
+        return text
+
+
+class JudgeTimeout(JudgeAttemptError):
+    """The per-attempt deadline (`judge_request_timeout_s`) expired. Not retryable (D14)."""
+
+    type_name = "TimeoutError"
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"judge attempt exceeded {timeout_s}s")
+
+
+class JudgeBadJSON(JudgeAttemptError):
+    """A 2xx body that is not JSON. Not retryable (D14)."""
+
+    type_name = "JSONDecodeError"
+
+
+# --- the error that ends a comparison -----------------------------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token usage summed over the attempts of one comparison that reported it (SPEC §4.6)."""
+
+    input_tokens: int
+    output_tokens: int
+    budget_hit: bool  # any attempt was budget-exhausted
+
+
+class JudgeError(Exception):
+    """A comparison failed: the full §4.4 / §4.5 message, plus the usage its attempts reported.
+
+    `usage` is None when no attempt reported usage; failed comparisons still count in the token
+    metrics (SPEC D32).
+    """
+
+    def __init__(self, message: str, *, usage: Usage | None = None, attempts: int = 0) -> None:
+        super().__init__(message)
+        self.message = message
+        self.usage = usage
+        self.attempts = attempts

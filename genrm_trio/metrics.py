@@ -1,0 +1,80 @@
+"""Prometheus metrics, one registry per engine so that engines (and tests) never share counters.
+
+Names are fixed by SPEC §17.13 and all start with `genrm_trio_`.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+@final
+class Metrics:
+    """Every counter the engine, the judge client and the HTTP layer update."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.judge_calls = Counter(
+            "genrm_trio_judge_calls",
+            "Judge attempts by outcome (completed, budget_exhausted, unusable, http_error, "
+            "transport_error, timeout, bad_json)",
+            ["outcome"],
+            registry=r,
+        )
+        self.judge_attempt_seconds = Histogram(
+            "genrm_trio_judge_attempt_seconds",
+            "Duration of one judge attempt",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
+            registry=r,
+        )
+        self.judge_retries = Counter(
+            "genrm_trio_judge_retries",
+            "Judge retries by cause (transport, http, unusable, parse, budget)",
+            ["cause"],
+            registry=r,
+        )
+        self.judge_inflight = Gauge(
+            "genrm_trio_judge_inflight", "Judge attempts in flight", registry=r
+        )
+        self.judge_queued = Gauge(
+            "genrm_trio_judge_queued",
+            "Judge attempts waiting for a judge.max_concurrency slot",
+            registry=r,
+        )
+        self.judge_queue_wait_seconds = Histogram(
+            "genrm_trio_judge_queue_wait_seconds",
+            "Time spent waiting for a judge.max_concurrency slot",
+            buckets=(0.0, 0.001, 0.01, 0.1, 1, 10, 60, 600),
+            registry=r,
+        )
+        self.cohorts_terminal = Counter(
+            "genrm_trio_cohorts_terminal",
+            "Cohorts that reached a terminal state (scored, partially_masked, failed)",
+            ["state"],
+            registry=r,
+        )
+        self.active_cohorts = Gauge(
+            "genrm_trio_active_cohorts",
+            "Cohorts collecting or judging",
+            ["state"],
+            registry=r,
+        )
+        self.masked_rollouts = Counter(
+            "genrm_trio_masked_rollouts", "Rollouts masked alone after a judge failure", registry=r
+        )
+        self.failed_comparisons = Counter(
+            "genrm_trio_failed_comparisons", "Comparisons that ended in a judge error", registry=r
+        )
+        self.deadline_failures = Counter(
+            "genrm_trio_deadline_failures",
+            "Groups or /compare calls ended by a deadline (collection, evaluation, compare)",
+            ["deadline"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of this registry."""
+        return generate_latest(self.registry)

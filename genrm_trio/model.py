@@ -1,0 +1,123 @@
+"""Engine-facing request and outcome types, shared by the engine, the HTTP layer and the store.
+
+Outcomes are tagged values: a scored member, a member masked alone, or a failed group. The masked
+placeholder reward 0.0 never appears here; only the HTTP layer renders it in the failsafe row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, final
+
+JSONValue = Any  # a decoded JSON value (dict/list/str/int/float/bool/None)
+FailureKind = Literal["judge", "cohort"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class VerifyInput:
+    """One validated `/verify` request, reduced to what the engine needs (SPEC §2.2).
+
+    Roles in `input` were validated by the wire layer (422 on a bad role, SPEC D16).
+    """
+
+    input: JSONValue  # responses_create_params.input as received: a string or a list of items
+    response: Mapping[str, JSONValue]  # the whole policy response object, as received
+    principle: str | None = None
+    metadata: Mapping[str, JSONValue] | None = None  # responses_create_params.metadata
+    task_index: int | None = None
+    group_id: str | None = None
+    group_attempt: int = 0
+    group_attempt_given: bool = False  # False → the "treating legacy requests as zero" log line
+    rollout_index: int | None = None
+    prompt_id: str | None = None
+    expected_rubric_ids: tuple[int, ...] | None = None  # canonical: sorted, unique
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class CompareInput:
+    """One validated `/compare` request (SPEC §2.5)."""
+
+    history: Sequence[Mapping[str, str]]
+    responses: Sequence[Mapping[str, JSONValue]]
+    principle: str | None = None
+    expected_rubric_ids: tuple[int, ...] | None = None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """A scored member. `result` holds every non-echo key of its success row (SPEC §17.12):
+    reward, mask_sample (False), failure_kind/failure_reason (None), reasoning_text, answer_text,
+    reward_* and genrm_* keys. The HTTP layer adds the echoed identity keys."""
+
+    result: Mapping[str, JSONValue]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Masked:
+    """A member masked alone because one of its comparisons failed (SPEC §9.2)."""
+
+    reason: str  # the §9.7 member reason (legacy suffix appended where §17.14 says so)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class GroupFailed:
+    """The whole cohort failed. Judge kind → failsafe rows; cohort kind → 503 with `message`."""
+
+    kind: FailureKind
+    message: str
+
+
+MemberOutcome = Scored | Masked | GroupFailed
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class CompareResult:
+    rewards: list[float]
+    comparison_results: list[dict[str, JSONValue]] | None
+    metrics: dict[str, JSONValue] | None
+
+
+class RequestRejected(Exception):
+    """A request refused before (or instead of) attaching to a cohort: 409, 422 or 503."""
+
+    def __init__(
+        self, status: int, detail: str, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.headers: Mapping[str, str] = headers or {}
+
+
+class CompareFailed(Exception):
+    """`/compare` failed: a judge error (fail-fast), the deadline, or shutdown → 503."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class CohortView:
+    """One active cohort as `GET /cohorts` shows it (SPEC §17.13)."""
+
+    key: str
+    group_id: str | None
+    group_attempt: int
+    state: Literal["collecting", "judging"]
+    members_present: int
+    members_expected: int
+    comparisons_total: int
+    comparisons_done: int
+    comparisons_failed: int
+    comparisons_pending: int
+    deadline: Literal["collection", "evaluation"]
+    deadline_s_left: float
