@@ -87,9 +87,7 @@ class CompareResult:
 class RequestRejected(Exception):
     """A request refused before (or instead of) attaching to a cohort: 409, 422 or 503."""
 
-    def __init__(
-        self, status: int, detail: str, headers: Mapping[str, str] | None = None
-    ) -> None:
+    def __init__(self, status: int, detail: str, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(detail)
         self.status = status
         self.detail = detail
