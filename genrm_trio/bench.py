@@ -1,0 +1,475 @@
+"""`genrm-trio bench`: a load generator for `/verify` groups and `/compare` batches.
+
+Closed loop: G workers each run one group at a time (N concurrent `/verify` requests shaped like
+NeMo Gym's simple agent's body, or one `/compare` of N answers). Open loop: groups start at a fixed
+arrival rate whatever the server's latency. Works against genrm-trio and against the reference
+server alike: judge calls are read from genrm-trio's `/metrics` when it has them, or from the
+simulated judge's `/stats`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, final
+
+import httpx
+import trio
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+Mode = Literal["verify", "compare"]
+
+# Every Responses create-params key the simple agent sends, mostly null (SPEC §2.2).
+_AGENT_CREATE_PARAMS: dict[str, Any] = {
+    "background": None,
+    "context_management": None,
+    "conversation": None,
+    "include": None,
+    "instructions": None,
+    "max_output_tokens": None,
+    "max_tool_calls": None,
+    "metadata": None,
+    "model": None,
+    "moderation": None,
+    "parallel_tool_calls": True,
+    "previous_response_id": None,
+    "prompt": None,
+    "prompt_cache_key": None,
+    "prompt_cache_retention": None,
+    "reasoning": None,
+    "safety_identifier": None,
+    "service_tier": None,
+    "store": None,
+    "stream": None,
+    "stream_options": None,
+    "temperature": None,
+    "text": None,
+    "tool_choice": "auto",
+    "tools": [],
+    "top_logprobs": None,
+    "top_p": None,
+    "truncation": None,
+    "user": None,
+}
+
+_WORDS = (
+    "the answer follows from the constraint because each step preserves the invariant and the "
+    "final value is reached after checking every case carefully so the result holds in general"
+).split()
+
+
+def answer_text(group: int, rollout: int, chars: int) -> str:
+    """A deterministic answer of exactly `chars` characters, different per rollout."""
+    words: list[str] = [f"[g{group}r{rollout}]"]
+    index = group * 31 + rollout * 7
+    while sum(len(w) + 1 for w in words) < chars:
+        words.append(_WORDS[index % len(_WORDS)])
+        index = index * 1103515245 + 12345 & 0x7FFFFFFF
+    return " ".join(words)[:chars]
+
+
+def policy_response(text: str) -> dict[str, Any]:
+    """A Responses API object like the policy model returns, with one message."""
+    return {
+        "id": f"resp_{uuid.uuid4().hex}",
+        "created_at": 1_700_000_000.0,
+        "model": "policy",
+        "object": "response",
+        "output": [
+            {
+                "id": f"msg_{uuid.uuid4().hex}",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {"input_tokens": 64, "output_tokens": max(1, len(text) // 4)},
+    }
+
+
+def verify_body(
+    *, task: int, rollout: int, group_id: str, attempt: int, prompt: str, answer: str
+) -> dict[str, Any]:
+    """A `/verify` body shaped like the simple agent's."""
+    params = dict(_AGENT_CREATE_PARAMS)
+    params["input"] = [{"role": "user", "content": prompt, "type": "message", "phase": None}]
+    return {
+        "responses_create_params": params,
+        "response": policy_response(answer),
+        "_ng_task_index": task,
+        "_ng_rollout_index": rollout,
+        "_ng_group_id": group_id,
+        "_ng_group_attempt": attempt,
+    }
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    url: str
+    mode: Mode = "verify"
+    groups: int = 64  # total groups to run
+    concurrency: int = 16  # G: groups in flight (closed loop)
+    rollouts: int = 16  # N
+    answer_chars: int = 1000
+    rate: float | None = None  # open loop: groups started per second
+    timeout_s: float = 600.0  # per request
+    server_pid: int | None = None
+    judge_stats_url: str | None = None  # the simulated judge's /stats, when not using /metrics
+    api_key: str | None = None
+
+
+@final
+@dataclass(slots=True)
+class _Tally:
+    group_latencies: list[float] = field(default_factory=list)
+    request_latencies: list[float] = field(default_factory=list)
+    rollouts: int = 0
+    masked: int = 0
+    failed_groups: int = 0  # a group with any non-200 reply
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def error(self, text: str) -> None:
+        self.errors[text] = self.errors.get(text, 0) + 1
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class BenchReport:
+    mode: str
+    groups: int
+    rollouts_per_group: int
+    concurrency: int
+    rate: float | None
+    wall_s: float
+    groups_per_s: float
+    group_p50_ms: float | None
+    group_p95_ms: float | None
+    group_p99_ms: float | None
+    request_p50_ms: float | None
+    masked_fraction: float
+    failed_groups: int
+    judge_calls_per_group: float | None
+    server_cpu_s: float | None
+    server_cpu_ms_per_group: float | None
+    server_rss_idle_mb: float | None
+    server_rss_peak_mb: float | None
+    errors: dict[str, int]
+
+    def as_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _proc_cpu_s(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+
+
+def _proc_rss_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+class _ClientPool:
+    """Several small httpx clients: one large pool's bookkeeping is quadratic (DESIGN.md)."""
+
+    def __init__(self, base_url: str, in_flight: int, timeout_s: float, headers: dict[str, str]):
+        count = max(1, math.ceil(in_flight / 16))
+        limits = httpx.Limits(max_connections=16, max_keepalive_connections=16)
+        self._clients = [
+            httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout_s, headers=headers)
+            for _ in range(count)
+        ]
+        self._next = 0
+
+    def client(self) -> httpx.AsyncClient:
+        self._next = (self._next + 1) % len(self._clients)
+        return self._clients[self._next]
+
+    async def aclose(self) -> None:
+        for client in self._clients:
+            await client.aclose()
+
+
+async def _judge_calls(cfg: BenchConfig, client: httpx.AsyncClient) -> float | None:
+    """Judge calls so far: genrm-trio's Prometheus counter, else the simulated judge's /stats."""
+    try:
+        if cfg.judge_stats_url is not None:
+            reply = await client.get(cfg.judge_stats_url)
+            return float(reply.json()["calls"])
+        reply = await client.get(cfg.url.rstrip("/") + "/metrics")
+        if reply.status_code != 200:
+            return None
+        total = 0.0
+        found = False
+        for line in reply.text.splitlines():
+            if line.startswith("genrm_trio_judge_calls_total{"):
+                total += float(line.rsplit(" ", 1)[1])
+                found = True
+        return total if found else None
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+
+
+async def _run_verify_group(pool: _ClientPool, cfg: BenchConfig, group: int, tally: _Tally) -> None:
+    group_id = f"bench-{uuid.uuid4().hex}"
+    prompt = f"Bench prompt {group}: explain the result step by step."
+    bodies = [
+        json.dumps(
+            verify_body(
+                task=group,
+                rollout=r,
+                group_id=group_id,
+                attempt=0,
+                prompt=prompt,
+                answer=answer_text(group, r, cfg.answer_chars),
+            )
+        ).encode()
+        for r in range(cfg.rollouts)
+    ]
+    failed = False
+    start = time.perf_counter()
+
+    async def one(body: bytes) -> None:
+        nonlocal failed
+        t0 = time.perf_counter()
+        try:
+            reply = await pool.client().post(
+                "/verify", content=body, headers={"content-type": "application/json"}
+            )
+        except httpx.HTTPError as exc:
+            failed = True
+            tally.error(type(exc).__name__)
+            return
+        tally.request_latencies.append(time.perf_counter() - t0)
+        if reply.status_code != 200:
+            failed = True
+            tally.error(f"HTTP {reply.status_code}")
+            return
+        tally.rollouts += 1
+        if reply.json().get("mask_sample"):
+            tally.masked += 1
+
+    async with trio.open_nursery() as nursery:
+        for body in bodies:
+            nursery.start_soon(one, body)
+    tally.group_latencies.append(time.perf_counter() - start)
+    if failed:
+        tally.failed_groups += 1
+
+
+async def _run_compare_group(
+    pool: _ClientPool, cfg: BenchConfig, group: int, tally: _Tally
+) -> None:
+    body = {
+        "conversation_history": [
+            {"role": "user", "content": f"Bench prompt {group}: explain the result."}
+        ],
+        "response_objs": [
+            policy_response(answer_text(group, r, cfg.answer_chars)) for r in range(cfg.rollouts)
+        ],
+    }
+    start = time.perf_counter()
+    try:
+        reply = await pool.client().post("/compare", json=body)
+    except httpx.HTTPError as exc:
+        tally.error(type(exc).__name__)
+        tally.failed_groups += 1
+        return
+    latency = time.perf_counter() - start
+    tally.group_latencies.append(latency)
+    tally.request_latencies.append(latency)
+    if reply.status_code != 200:
+        tally.failed_groups += 1
+        tally.error(f"HTTP {reply.status_code}")
+        return
+    tally.rollouts += cfg.rollouts
+
+
+async def run_bench(
+    cfg: BenchConfig, *, on_group_done: Callable[[], None] | None = None
+) -> BenchReport:
+    """Run the configured load against `cfg.url` and return the measured report."""
+    headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    per_group = cfg.rollouts if cfg.mode == "verify" else 1
+    in_flight = per_group * (cfg.groups if cfg.rate is not None else cfg.concurrency)
+    pool = _ClientPool(cfg.url, in_flight, cfg.timeout_s, headers)
+    tally = _Tally()
+    run_group = _run_verify_group if cfg.mode == "verify" else _run_compare_group
+    rss_idle = _proc_rss_mb(cfg.server_pid) if cfg.server_pid else None
+    rss_peak = rss_idle
+    async with httpx.AsyncClient(timeout=10.0, headers=headers) as probe:
+        calls_before = await _judge_calls(cfg, probe)
+        cpu_before = _proc_cpu_s(cfg.server_pid) if cfg.server_pid else None
+        start = time.perf_counter()
+        next_group = 0
+
+        async def finish(group: int) -> None:
+            await run_group(pool, cfg, group, tally)
+            if on_group_done is not None:
+                on_group_done()
+
+        async def closed_worker() -> None:
+            nonlocal next_group
+            while next_group < cfg.groups:
+                group = next_group
+                next_group += 1
+                await finish(group)
+
+        async def sample_rss(stop: trio.Event) -> None:
+            nonlocal rss_peak
+            while not stop.is_set() and cfg.server_pid:
+                rss = _proc_rss_mb(cfg.server_pid)
+                if rss is not None:
+                    rss_peak = max(rss_peak or 0.0, rss)
+                with trio.move_on_after(0.2):
+                    await stop.wait()
+
+        stop = trio.Event()
+        async with trio.open_nursery() as outer:
+            outer.start_soon(sample_rss, stop)
+            async with trio.open_nursery() as nursery:
+                if cfg.rate is None:
+                    for _ in range(min(cfg.concurrency, cfg.groups)):
+                        nursery.start_soon(closed_worker)
+                else:
+                    interval = 1.0 / cfg.rate
+                    origin = trio.current_time()
+                    for group in range(cfg.groups):
+                        nursery.start_soon(finish, group)
+                        await trio.sleep_until(origin + (group + 1) * interval)
+            stop.set()
+        wall = time.perf_counter() - start
+        cpu_after = _proc_cpu_s(cfg.server_pid) if cfg.server_pid else None
+        calls_after = await _judge_calls(cfg, probe)
+    await pool.aclose()
+    done = len(tally.group_latencies)
+    cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+    calls = (
+        None
+        if calls_before is None or calls_after is None or done == 0
+        else (calls_after - calls_before) / done
+    )
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value * 1000, 2)
+
+    return BenchReport(
+        mode=cfg.mode,
+        groups=done,
+        rollouts_per_group=cfg.rollouts,
+        concurrency=cfg.concurrency,
+        rate=cfg.rate,
+        wall_s=round(wall, 3),
+        groups_per_s=round(done / wall, 2) if wall > 0 else 0.0,
+        group_p50_ms=ms(_percentile(tally.group_latencies, 0.5)),
+        group_p95_ms=ms(_percentile(tally.group_latencies, 0.95)),
+        group_p99_ms=ms(_percentile(tally.group_latencies, 0.99)),
+        request_p50_ms=ms(_percentile(tally.request_latencies, 0.5)),
+        masked_fraction=round(tally.masked / tally.rollouts, 4) if tally.rollouts else 0.0,
+        failed_groups=tally.failed_groups,
+        judge_calls_per_group=None if calls is None else round(calls, 2),
+        server_cpu_s=None if cpu is None else round(cpu, 3),
+        server_cpu_ms_per_group=None if cpu is None or done == 0 else round(cpu * 1000 / done, 2),
+        server_rss_idle_mb=None if rss_idle is None else round(rss_idle, 1),
+        server_rss_peak_mb=None if rss_peak is None else round(rss_peak, 1),
+        errors=dict(tally.errors),
+    )
+
+
+# --- command line ---------------------------------------------------------------------------
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `genrm-trio bench` flags."""
+    parser.add_argument("--url", default="http://127.0.0.1:8100", help="server base URL")
+    parser.add_argument("--mode", choices=["verify", "compare"], default="verify")
+    parser.add_argument("--groups", type=int, default=64, help="total groups to run")
+    parser.add_argument("--concurrency", "-G", type=int, default=16, help="groups in flight")
+    parser.add_argument("--rollouts", "-N", type=int, default=16, help="rollouts per group")
+    parser.add_argument("--answer-chars", type=int, default=1000)
+    parser.add_argument("--rate", type=float, default=None, help="open loop: groups per second")
+    parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
+    parser.add_argument("--server-pid", type=int, default=None, help="measure its CPU and RSS")
+    parser.add_argument("--judge-stats-url", default=None, help="simulated judge's /stats URL")
+    parser.add_argument("--api-key-env", default=None, help="variable holding a bearer token")
+    parser.add_argument("--json", dest="json_path", default=None, help="also write JSON here")
+    parser.add_argument("--label", default=None, help="a name for this run in the output")
+
+
+def _render(report: BenchReport, label: str | None) -> Table:
+    table = Table(title=f"genrm-trio bench{f' — {label}' if label else ''}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in asdict(report).items():
+        if name != "errors":
+            table.add_row(name, "-" if value is None else str(value))
+    for error, count in sorted(report.errors.items()):
+        table.add_row(f"error: {error}", str(count))
+    return table
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    """Run `genrm-trio bench` from parsed flags; 0 when every group got answers."""
+    api_key = os.environ.get(args.api_key_env, "") if args.api_key_env else None
+    cfg = BenchConfig(
+        url=args.url,
+        mode=args.mode,
+        groups=args.groups,
+        concurrency=args.concurrency,
+        rollouts=args.rollouts,
+        answer_chars=args.answer_chars,
+        rate=args.rate,
+        timeout_s=args.timeout,
+        server_pid=args.server_pid,
+        judge_stats_url=args.judge_stats_url,
+        api_key=api_key or None,
+    )
+    console = Console(stderr=True)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(f"{cfg.mode} groups", total=cfg.groups)
+        report = trio.run(
+            functools.partial(run_bench, cfg, on_group_done=lambda: progress.advance(task))
+        )
+    Console().print(_render(report, args.label))
+    if args.json_path:
+        payload = json.loads(report.as_json())
+        payload["label"] = args.label
+        with open(args.json_path, "w") as f:
+            json.dump(payload, f, indent=2, sort_keys=True)
+    print(report.as_json())
+    return 0 if report.failed_groups == 0 and report.groups == cfg.groups else 1
