@@ -1,0 +1,385 @@
+"""The quart-trio application: Gym's resources-server routes over an engine (SPEC §2, §17).
+
+`create_app(engine, settings)` builds the app; the engine's lifetime belongs to the caller
+(serve.py or a test). Per request the handler reads the body once, decodes it once, validates it
+once and encodes the reply once. Every non-200 reply is `application/json` `{"detail": ...}`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+import re
+import statistics
+from collections.abc import Mapping
+from contextvars import ContextVar
+from typing import Any, Protocol
+
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
+from prometheus_client import CONTENT_TYPE_LATEST
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
+
+from .. import __version__
+from ..config import Settings, read_secret
+from ..metrics import Metrics
+from ..model import (
+    CohortView,
+    CompareFailed,
+    CompareInput,
+    CompareResult,
+    GroupFailed,
+    Masked,
+    RequestRejected,
+    Scored,
+    VerifyInput,
+)
+from ..wire import (
+    WireError,
+    decode_json,
+    encode_json,
+    error,
+    failsafe_row,
+    openapi_document,
+    parse_compare,
+    parse_verify,
+    success_row,
+)
+
+__all__ = ["PUBLIC_PATHS", "EngineLike", "create_app", "current_rollout_id"]
+
+log = logging.getLogger("genrm_trio.http")
+
+current_rollout_id: ContextVar[str | None] = ContextVar("genrm_trio_rollout_id", default=None)
+"""The rollout id of a `/ng-rollout/{id}/...` request, for the handler's context only."""
+
+PUBLIC_PATHS = frozenset({"/", "/health", "/healthz", "/readyz", "/livez"})
+_PREFIX = re.compile(r"/ng-rollout/([A-Za-z0-9][A-Za-z0-9._-]*)(/.*)?", re.DOTALL)
+_JSON = "application/json"
+_OK = b'{"status":"ok"}'
+_AUTH_DETAIL = "missing or invalid bearer token"
+
+
+class EngineLike(Protocol):
+    """What the app needs of `genrm_trio.engine.Engine`."""
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    async def verify(self, item: VerifyInput) -> Scored | Masked | GroupFailed: ...
+
+    async def compare(self, item: CompareInput) -> CompareResult: ...
+
+    def active_cohorts(self) -> list[CohortView]: ...
+
+
+def _reply(status: int, payload: object, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(
+        encode_json(payload), status=status, headers=dict(headers or {}), content_type=_JSON
+    )
+
+
+def _detail(status: int, detail: object, headers: Mapping[str, str] | None = None) -> Response:
+    return _reply(status, {"detail": detail}, headers)
+
+
+class _App(QuartTrio):
+    """QuartTrio that strips `/ng-rollout/{id}` and sets `current_rollout_id` (SPEC §17.13)."""
+
+    async def asgi_app(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/ng-rollout/"):
+            match = _PREFIX.fullmatch(scope["path"])
+            if match is not None:
+                rest = match.group(2) or "/"
+                stripped = dict(scope)
+                stripped["path"] = rest
+                stripped["raw_path"] = rest.encode("utf-8", "surrogateescape")
+                token = current_rollout_id.set(match.group(1))
+                try:
+                    await super().asgi_app(stripped, receive, send)  # type: ignore[arg-type]
+                finally:
+                    current_rollout_id.reset(token)
+                return
+        await super().asgi_app(scope, receive, send)
+
+
+def _number(value: Any) -> float | int | None:
+    """A metric value for /aggregate_metrics: JSON numbers, not booleans."""
+    if type(value) is int or type(value) is float:
+        return value
+    return None
+
+
+def _describe(columns: Mapping[str, list[float | int]], into: dict[str, Any]) -> None:
+    stats: dict[str, dict[str, Any]] = {"mean": {}, "max": {}, "min": {}, "median": {}, "std": {}}
+    for key, values in columns.items():
+        try:
+            floats = [float(v) for v in values]
+        except OverflowError:
+            raise WireError(
+                [error("number_too_large", ("verify_responses",), f"{key} does not fit a double")]
+            ) from None
+        stats["mean"][key] = math.fsum(floats) / len(floats)
+        stats["max"][key] = max(values)
+        stats["min"][key] = min(values)
+        stats["median"][key] = statistics.median(floats)
+        stats["std"][key] = statistics.stdev(floats) if len(floats) > 1 else 0.0
+    for stat, per_key in stats.items():
+        for key, value in per_key.items():
+            into[f"{stat}/{key}"] = value
+
+
+def aggregate_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Gym's reward-profile aggregation without masked rows (SPEC §17.13)."""
+    if not rows:
+        return {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}}
+    overall: dict[str, list[float | int]] = {}
+    per_task: dict[Any, dict[str, list[float | int]]] = {}
+    measured_tasks: set[Any] = set()
+    all_tasks: set[Any] = set()
+    masked = 0
+    for row in rows:
+        task = row.get("_ng_task_index", 0)
+        task_key = task if type(task) is int else repr(task)
+        all_tasks.add(task_key)
+        if row.get("mask_sample") is True:
+            masked += 1
+            continue
+        measured_tasks.add(task_key)
+        group = per_task.setdefault(task_key, {})
+        for key, value in row.items():
+            if key.startswith("_"):
+                continue
+            number = _number(value)
+            if number is None:
+                continue
+            overall.setdefault(key, []).append(number)
+            group.setdefault(key, []).append(number)
+    agent: dict[str, Any] = {}
+    _describe(overall, agent)
+    if masked:
+        agent["coverage/measured_rollouts"] = len(rows) - masked
+        agent["coverage/masked_rollouts"] = masked
+        agent["coverage/measured_tasks"] = len(measured_tasks)
+        agent["coverage/fully_masked_tasks"] = len(all_tasks - measured_tasks)
+    groups: list[dict[str, Any]] = []
+    for task_key in sorted(per_task, key=lambda t: (type(t) is not int, t)):
+        entry: dict[str, Any] = {"_ng_task_index": task_key}
+        _describe(per_task[task_key], entry)
+        groups.append(entry)
+    key_metrics = {k: v for k, v in agent.items() if k.startswith("mean/")}
+    return {"group_level_metrics": groups, "agent_metrics": agent, "key_metrics": key_metrics}
+
+
+def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
+    """The HTTP application over `engine` (whose lifetime the caller owns).
+
+    Reads the bearer token of `server.api_key_env` now: an unset or empty variable raises
+    `ConfigError` naming it.
+    """
+    app = _App("genrm_trio")
+    limit = settings.server.max_body_bytes
+    app.config.update(
+        MAX_CONTENT_LENGTH=limit,
+        PROVIDE_AUTOMATIC_OPTIONS=False,
+        RESPONSE_TIMEOUT=None,
+    )
+    debug = settings.debug_logging
+    too_large = f"request body exceeds {limit} bytes"
+
+    token: bytes | None = None
+    if settings.server.api_key_env:
+        secret = read_secret(settings.server.api_key_env, key="server.api_key_env")
+        token = secret.encode("utf-8")
+
+    if token is not None:
+        expected = token
+
+        @app.before_request
+        async def _authenticate() -> Response | None:
+            if request.path in PUBLIC_PATHS:
+                return None
+            header = request.headers.get("Authorization", "")
+            scheme, _, given = header.partition(" ")
+            ok = scheme.lower() == "bearer" and hmac.compare_digest(
+                given.strip().encode("latin-1", "replace"), expected
+            )
+            if ok:
+                return None
+            return _detail(401, _AUTH_DETAIL, {"WWW-Authenticate": "Bearer"})
+
+    async def body() -> bytes:
+        return await request.get_data(cache=False, as_text=False, parse_form_data=False)
+
+    # --- error mapping ---------------------------------------------------------------------
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        if isinstance(exc, RequestEntityTooLarge):
+            return _detail(413, too_large)
+        headers: dict[str, str] = {}
+        if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
+            headers["Allow"] = ", ".join(exc.valid_methods)
+        return _detail(status, exc.name, headers)
+
+    @app.errorhandler(WireError)
+    async def _wire_error(exc: WireError) -> Response:
+        return _detail(422, exc.errors)
+
+    @app.errorhandler(RequestRejected)
+    async def _rejected(exc: RequestRejected) -> Response:
+        return _detail(exc.status, exc.detail, exc.headers)
+
+    @app.errorhandler(CompareFailed)
+    async def _compare_failed(exc: CompareFailed) -> Response:
+        return _detail(503, exc.detail)
+
+    @app.errorhandler(Exception)
+    async def _internal(exc: Exception) -> Response:
+        log.error("internal error on %s %s", request.method, request.path, exc_info=exc)
+        return _detail(500, "internal error")
+
+    # --- Gym routes ------------------------------------------------------------------------
+
+    @app.post("/verify")
+    async def verify() -> Response:
+        parsed = parse_verify(decode_json(await body()))
+        outcome = await engine.verify(parsed.input)
+        if type(outcome) is Scored:
+            row = success_row(parsed, outcome)
+        elif type(outcome) is Masked:
+            row = failsafe_row(parsed, outcome.reason)
+        elif type(outcome) is GroupFailed and outcome.kind == "judge":
+            row = failsafe_row(parsed, outcome.message)
+        elif type(outcome) is GroupFailed:
+            return _detail(503, outcome.message)
+        else:
+            raise TypeError(f"unexpected outcome {type(outcome).__name__}")
+        if debug:
+            log.debug(
+                "verify group_id=%r rollout_index=%r -> %s",
+                parsed.input.group_id,
+                parsed.input.rollout_index,
+                type(outcome).__name__,
+            )
+        return _reply(200, row)
+
+    @app.post("/compare")
+    async def compare() -> Response:
+        data = await body()
+        item = parse_compare(decode_json(data))
+        if debug:
+            log.debug("compare: %d bytes, %d responses", len(data), len(item.responses))
+        result = await engine.compare(item)
+        if debug:
+            log.debug("compare rewards: %s", result.rewards)
+        return _reply(
+            200,
+            {
+                "rewards": result.rewards,
+                "comparison_results": result.comparison_results,
+                "metrics": result.metrics,
+            },
+        )
+
+    @app.post("/seed_session")
+    async def seed_session() -> Response:
+        value = decode_json(await body())
+        if type(value) is not dict:
+            raise WireError([error("dict_type", (), "Input should be a valid dictionary")])
+        if value.keys() == _ENV_SEED_KEYS:
+            return _reply(200, {"resources_session_id": value["resources_session_id"]})
+        return _reply(200, {})
+
+    @app.post("/close_session")
+    async def close_session() -> Response:
+        value = decode_json(await body())
+        if type(value) is not dict:
+            raise WireError([error("dict_type", (), "Input should be a valid dictionary")])
+        missing = [
+            error("missing", (key,), "Field required")
+            for key in ("resources_session_id", "episode_id")
+            if key not in value
+        ]
+        if missing:
+            raise WireError(missing)
+        return _reply(200, {"resources_session_id": value["resources_session_id"]})
+
+    @app.post("/aggregate_metrics")
+    async def aggregate() -> Response:
+        value = decode_json(await body())
+        if type(value) is not dict:
+            raise WireError([error("dict_type", (), "Input should be a valid dictionary")])
+        if "verify_responses" not in value:
+            raise WireError([error("missing", ("verify_responses",), "Field required")])
+        rows = value["verify_responses"]
+        if type(rows) is not list:
+            raise WireError(
+                [error("list_type", ("verify_responses",), "Input should be a valid list")]
+            )
+        bad = [
+            error("dict_type", ("verify_responses", idx), "Input should be a valid dictionary")
+            for idx, row in enumerate(rows)
+            if type(row) is not dict
+        ]
+        if bad:
+            raise WireError(bad[:64])
+        return _reply(200, aggregate_metrics(rows))
+
+    @app.get("/reverify_mode")
+    async def reverify_mode() -> Response:
+        return _reply(200, "unsupported")
+
+    async def health() -> Response:
+        return Response(_OK, status=200, content_type=_JSON)
+
+    for path in sorted(PUBLIC_PATHS):
+        app.add_url_rule(path, f"health{path}", health, methods=["GET"])
+
+    # --- operations ------------------------------------------------------------------------
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(engine.metrics.render(), status=200, content_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/cohorts")
+    async def cohorts() -> Response:
+        return _reply(
+            200,
+            [
+                {
+                    "key": view.key,
+                    "group_id": view.group_id,
+                    "group_attempt": view.group_attempt,
+                    "state": view.state,
+                    "members_present": view.members_present,
+                    "members_expected": view.members_expected,
+                    "comparisons_total": view.comparisons_total,
+                    "comparisons_done": view.comparisons_done,
+                    "comparisons_failed": view.comparisons_failed,
+                    "comparisons_pending": view.comparisons_pending,
+                    "deadline": view.deadline,
+                    "deadline_s_left": view.deadline_s_left,
+                }
+                for view in engine.active_cohorts()
+            ],
+        )
+
+    openapi: list[bytes] = []
+
+    @app.get("/openapi.json")
+    async def openapi_json() -> Response:
+        if not openapi:
+            doc = openapi_document(title="genrm-trio", version=__version__, auth=token is not None)
+            openapi.append(encode_json(doc))
+        return Response(openapi[0], status=200, content_type=_JSON)
+
+    return app
+
+
+_ENV_SEED_KEYS = frozenset({"resources_session_id", "episode_id", "task_id", "task_data"})
