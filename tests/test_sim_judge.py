@@ -784,3 +784,37 @@ async def test_serve_sim_judge_from_a_config() -> None:
                 health = await http.get(f"http://127.0.0.1:{port}/health")
             nursery.cancel_scope.cancel()
     assert health.status_code == 200
+
+
+# --- sticky faults and the /stats route (for benchmarks) -------------------------------------
+
+
+async def test_sticky_faults_fail_every_retry_of_a_drawn_pair(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    judge = SimJudge(SimConfig(fault_rate=0.3, fault_kind="http_500", seed=5, sticky_faults=True))
+    pairs = [(f"answer {i}", f"answer {i + 1}") for i in range(100)]
+    fates: dict[tuple[str, str], list[bool]] = {}
+    with trio.fail_after(10):
+        for r1, r2 in pairs:
+            for _ in range(4):
+                try:
+                    await judge.attempt(call(r1, r2))
+                    fates.setdefault((r1, r2), []).append(False)
+                except JudgeHTTPError:
+                    fates.setdefault((r1, r2), []).append(True)
+    assert all(len(set(results)) == 1 for results in fates.values())  # same fate every attempt
+    failing = sum(results[0] for results in fates.values())
+    assert 10 <= failing <= 50
+
+
+async def test_stats_route_reports_counters(autojump_clock: trio.testing.MockClock) -> None:
+    app = sim_asgi_app(SimConfig())
+    async with client(app) as http:
+        with trio.fail_after(10):
+            reply = await http.post("/responses", json=responses_body("a", "b"))
+            assert reply.status_code == 200
+            stats = await http.get("http://sim.test/stats")
+    assert stats.status_code == 200
+    assert stats.json()["calls"] == 1
+    assert stats.json()["in_flight"] == 0

@@ -15,6 +15,7 @@ follows their difference, so both orientations of a pair always agree.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -178,6 +179,7 @@ class SimConfig:
     rules: Sequence[FaultRule] = ()
     api_key: str | None = None
     record_calls: bool = True
+    sticky_faults: bool = False  # random faults depend on content only: a drawn pair always fails
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple(self.rules))
@@ -411,10 +413,12 @@ class _Core:
         occurrence = self._occurrences.get(key, 0)
         self._occurrences[key] = occurrence + 1
         draw = hashlib.sha256(f"{self.config.seed}\0{occurrence}\0".encode() + key).digest()
-        return (
-            int.from_bytes(draw[:8], "big") / 2**64,
-            int.from_bytes(draw[8:16], "big") / 2**64,
-        )
+        fault_draw = int.from_bytes(draw[:8], "big") / 2**64
+        if self.config.sticky_faults:
+            # a pair's fate ignores how often it was seen, so its retries fail too
+            first = hashlib.sha256(f"{self.config.seed}\0{0}\0".encode() + key).digest()
+            fault_draw = int.from_bytes(first[:8], "big") / 2**64
+        return fault_draw, int.from_bytes(draw[8:16], "big") / 2**64
 
     def begin(self, call: JudgeCall, api: Api) -> _Decision:
         """Record a call and decide its fate; pair with `end()` once it is answered."""
@@ -741,6 +745,11 @@ class SimJudgeApp:
                 return
             await _respond(send, 200, b'{"status": "ok"}')
             return
+        if path == "/stats" and method == "GET":
+            # counters for load generators (genrm-trio bench --judge-stats-url)
+            stats = self.sim.statistics()
+            await _respond(send, 200, _json_bytes(dataclasses.asdict(stats)))
+            return
         api: Api
         if path == "/v1/responses":
             api = "responses"
@@ -992,6 +1001,7 @@ def sim_config_from_args(
     faults: Sequence[str] = (),
     api_key: str | None = None,
     record_calls: bool = False,
+    sticky_faults: bool = False,
 ) -> SimConfig:
     """Build a SimConfig from `sim-judge` flags (milliseconds, `--fault` specs). ValueError if bad.
 
@@ -1010,4 +1020,5 @@ def sim_config_from_args(
         rules=tuple(parse_fault_rule(spec) for spec in faults),
         api_key=api_key,
         record_calls=record_calls,
+        sticky_faults=sticky_faults,
     )
