@@ -1,0 +1,399 @@
+"""The `genrm-trio` command (SPEC §16.5, §17.7): serve, sim-judge, demo, bench.
+
+Exit codes: 0 after a graceful stop, 2 for a usage or config error (one stderr line
+`genrm-trio: config error: {file}: {key}: {message}`, no traceback), 1 for any other start-up
+failure (a busy port prints `genrm-trio: cannot listen on {host}:{port}: address already in use`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import IO, Any, Final, NoReturn, TypeVar, final
+
+import trio
+
+from genrm_trio import __version__
+from genrm_trio.config import ConfigError, Settings, load_settings
+
+PROG: Final = "genrm-trio"
+FLAGS_FILE: Final = "<flags>"
+
+log = logging.getLogger("genrm_trio.cli")
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+# --- one-line usage errors ----------------------------------------------------------------------
+
+
+class UsageError(Exception):
+    """A command-line error, reported like a config error with the flag as the key."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
+_ARGUMENT_MESSAGE: Final = re.compile(r"^argument ([^:]+): (.*)$", re.DOTALL)
+
+
+@final
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors raise UsageError instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        match = _ARGUMENT_MESSAGE.match(message)
+        if match is not None:
+            key = match.group(1).split("/")[-1]
+            raise UsageError(key, match.group(2))
+        raise UsageError(self.prog.removeprefix(PROG).strip() or "arguments", message)
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535 (0 picks a free port), got {port}")
+    return port
+
+
+def _non_negative(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not (number >= 0 and number != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {value}")
+    return number
+
+
+def _rate(value: str) -> float:
+    number = _non_negative(value)
+    if number > 1:
+        raise argparse.ArgumentTypeError(f"must be within [0, 1], got {value}")
+    return number
+
+
+# --- logging ------------------------------------------------------------------------------------
+
+
+@final
+class _StderrHandler(logging.StreamHandler[IO[str]]):
+    """Writes to whatever `sys.stderr` is at emit time (so redirection and test capture work)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> IO[str]:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: IO[str]) -> None:
+        pass
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Send `genrm_trio.*` records to stderr, once per process."""
+    logger = logging.getLogger("genrm_trio")
+    logger.setLevel(level)
+    if not any(isinstance(handler, _StderrHandler) for handler in logger.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+        )
+        logger.addHandler(handler)
+
+
+def _say(line: str) -> None:
+    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+
+
+def _config_error(exc: ConfigError | UsageError, file: str = FLAGS_FILE) -> int:
+    if isinstance(exc, ConfigError):
+        _say(f"config error: {exc.file or file}: {exc.key}: {exc.message}")
+    else:
+        _say(f"config error: {file}: {exc.key}: {exc.message}")
+    return 2
+
+
+# --- serve --------------------------------------------------------------------------------------
+
+
+def _serve_settings(args: argparse.Namespace) -> Settings:
+    """Settings from `--config` plus the flags (flags win), checked for what serve needs."""
+    overrides: dict[str, Any] = {}
+    if args.host is not None:
+        overrides["host"] = args.host
+    if args.port is not None:
+        overrides["port"] = args.port
+    if args.judge_url is not None:
+        overrides["judge.base_url"] = args.judge_url
+    if args.state is not None:
+        overrides["state_path"] = args.state
+    settings = load_settings(args.config, instance=args.instance, overrides=overrides)
+    file = str(args.config) if args.config is not None else FLAGS_FILE
+    sim = args.judge == "sim"
+    if not sim and settings.judge.base_url is None:
+        raise ConfigError(
+            file,
+            "judge.base_url",
+            "serve needs a judge: give --judge-url URL, set judge.base_url in the config file, "
+            "or use --judge sim for simulated rewards",
+        )
+    if settings.state_path is not None:
+        parent = Path(settings.state_path).expanduser().absolute().parent
+        if not parent.is_dir():
+            key = "--state" if args.state is not None else "state_path"
+            raise ConfigError(
+                FLAGS_FILE if args.state is not None else file,
+                key,
+                f"directory {str(parent)!r} does not exist",
+            )
+    return settings
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from genrm_trio.serve import ListenError, serve
+
+    try:
+        settings = _serve_settings(args)
+    except ConfigError as exc:
+        return _config_error(exc)
+    code = 0
+    try:
+        trio.run(partial(serve, settings, sim=args.judge == "sim"))
+    except* ConfigError as group:
+        code = _config_error(_first(group, ConfigError))
+    except* ListenError as group:
+        _say(str(_first(group, ListenError)))
+        code = 1
+    except* KeyboardInterrupt:
+        code = 0  # a second Ctrl-C before the signal receiver was installed
+    except* Exception as group:
+        log.error("stopped by an unexpected error", exc_info=group)
+        _say(f"error: {_describe(group)}")
+        code = 1
+    return code
+
+
+def _first(group: BaseExceptionGroup[Any], kind: type[_E]) -> _E:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first(exc, kind)
+        if isinstance(exc, kind):
+            return exc
+    raise AssertionError("empty exception group")
+
+
+def _describe(group: BaseExceptionGroup[Exception]) -> str:
+    exc = _first(group, Exception)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _add_serve(sub: Any) -> None:
+    parser = sub.add_parser(
+        "serve",
+        help="run the GenRM compare service",
+        description=(
+            "Run the service. Prints 'listening on http://HOST:PORT' once ready; SIGINT/SIGTERM "
+            "stop it gracefully (exit 0)."
+        ),
+    )
+    parser.add_argument("--config", metavar="FILE", help="YAML config: flat keys or a Gym file")
+    parser.add_argument("--instance", metavar="NAME", help="Gym config: which genrm_compare block")
+    parser.add_argument("--host", metavar="H", help="numeric bind address (default 127.0.0.1)")
+    parser.add_argument(
+        "--port", metavar="P", type=_port, help="bind port (default 8100; 0 picks a free port)"
+    )
+    judge = parser.add_mutually_exclusive_group()
+    judge.add_argument("--judge-url", metavar="URL", help="judge base URL ending in /v1")
+    judge.add_argument(
+        "--judge",
+        choices=["sim"],
+        help="'sim': the in-process simulated judge (rewards are simulated)",
+    )
+    parser.add_argument(
+        "--state", metavar="PATH", help="SQLite state file (created if absent; its dir must exist)"
+    )
+    parser.set_defaults(handler=_run_serve)
+
+
+# --- sim-judge ----------------------------------------------------------------------------------
+
+
+async def _sim_judge_main(config: Any, host: str, port: int) -> None:
+    from genrm_trio.judge.sim import serve_sim_judge
+
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            bound = await nursery.start(partial(serve_sim_judge, config, host=host, port=port))
+            shown = f"[{host}]" if ":" in host else host
+            print(f"listening on http://{shown}:{bound}", flush=True)
+            async for signum in signals:
+                log.info("received %s: stopping", signal.Signals(signum).name)
+                break
+            nursery.cancel_scope.cancel()
+
+
+def _run_sim_judge(args: argparse.Namespace) -> int:
+    from genrm_trio.judge.sim import sim_config_from_args
+    from genrm_trio.serve import ListenError, bind_socket
+
+    api_key: str | None = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env, "")
+        if not api_key:
+            return _config_error(
+                UsageError(
+                    "--api-key-env", f"environment variable {args.api_key_env} is unset or empty"
+                )
+            )
+    try:
+        config = sim_config_from_args(
+            latency_ms=args.latency_ms,
+            jitter_ms=args.jitter_ms,
+            seed=args.seed,
+            fault_rate=args.fault_rate,
+            fault_kind=args.fault_kind,
+            faults=args.fault,
+            api_key=api_key,
+        )
+    except ValueError as exc:
+        return _config_error(UsageError("--fault", str(exc)))
+    try:
+        # Fail fast with the one-line message; hypercorn would nest the error and leak the socket.
+        bind_socket(args.host, args.port).close()
+    except ListenError as exc:
+        _say(str(exc))
+        return 1
+    code = 0
+    try:
+        trio.run(_sim_judge_main, config, args.host, args.port)
+    except* OSError as group:
+        _say(f"cannot listen on {args.host}:{args.port}: {_first(group, OSError).strerror}")
+        code = 1
+    except* KeyboardInterrupt:
+        code = 0
+    return code
+
+
+def _add_sim_judge(sub: Any) -> None:
+    from genrm_trio.judge.sim import FAULT_KINDS
+
+    parser = sub.add_parser(
+        "sim-judge",
+        help="serve the simulated GenRM judge (both judge APIs under /v1)",
+        description=(
+            "Serve the simulated judge: deterministic verdicts, latency and scripted faults. "
+            "Point serve at it with --judge-url http://HOST:PORT/v1."
+        ),
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="numeric bind address")
+    parser.add_argument("--port", type=_port, default=8000, help="bind port (0 picks a free port)")
+    parser.add_argument("--latency-ms", type=_non_negative, default=0.0, help="per-call latency")
+    parser.add_argument("--jitter-ms", type=_non_negative, default=0.0, help="uniform extra 0..J")
+    parser.add_argument("--seed", type=int, default=0, help="seed for jitter and random faults")
+    parser.add_argument(
+        "--fault-rate", type=_rate, default=0.0, help="probability of a random fault per call"
+    )
+    parser.add_argument(
+        "--fault-kind",
+        choices=FAULT_KINDS,
+        default="http_500",
+        help="the kind of the random faults of --fault-rate (default http_500)",
+    )
+    parser.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="KIND[,match=TEXT,position=first|second|either|both,times=N,...]",
+        help=(
+            "scripted fault for comparisons whose answers contain TEXT (every comparison without "
+            f"match); repeatable. Kinds: {', '.join(FAULT_KINDS)}"
+        ),
+    )
+    parser.add_argument(
+        "--api-key-env", metavar="ENV", help="require this variable's value as bearer token"
+    )
+    parser.set_defaults(handler=_run_sim_judge)
+
+
+# --- demo and bench -----------------------------------------------------------------------------
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from genrm_trio.demo import run_demo
+
+    return run_demo(verbose=args.verbose)
+
+
+def _add_demo(sub: Any) -> None:
+    parser = sub.add_parser(
+        "demo",
+        help="simulated judge + service in-process: four 16-rollout groups, one with failures",
+        description=(
+            "Start the simulated judge and the service on 127.0.0.1, score four 16-rollout groups "
+            "over HTTP (one with injected judge failures) and show rewards and masks."
+        ),
+    )
+    parser.add_argument("--verbose", action="store_true", help="also show the service's log")
+    parser.set_defaults(handler=_run_demo)
+
+
+def _add_bench(sub: Any) -> None:
+    from genrm_trio.bench import add_bench_arguments, run_bench_command
+
+    parser = sub.add_parser(
+        "bench", help="load generator: throughput, latency percentiles, judge-call counts"
+    )
+    add_bench_arguments(parser)
+    parser.set_defaults(handler=run_bench_command)
+
+
+# --- entry point --------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="GenRM pairwise-comparison rewards for RL rollout groups, on trio.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    adders: Sequence[Callable[[Any], None]] = (_add_serve, _add_demo, _add_sim_judge, _add_bench)
+    for add in adders:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `genrm-trio` command; returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        return _config_error(exc)
+    except SystemExit as exc:  # --help / --version
+        return exc.code if isinstance(exc.code, int) else 0
+    if args.command is None:
+        return _config_error(UsageError("command", "choose one of serve, demo, sim-judge, bench"))
+    if args.command in ("serve", "sim-judge"):
+        configure_logging(logging.INFO)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

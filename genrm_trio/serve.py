@@ -1,0 +1,274 @@
+"""Running the service: start-up checks, hypercorn's trio worker, signals and graceful shutdown.
+
+`serve()` is what `genrm-trio serve` runs (SPEC §17.7): it logs the start-up warnings (D12,
+D37), reads the secrets, probes the judge once (§17.5), opens the engine, and serves the app
+with hypercorn on a socket it binds itself, so a busy port is one clear error and never a leaked
+socket. SIGINT/SIGTERM stop it gracefully (D28): stop accepting, fail the active cohorts so their
+waiters get 503 `GenRM server is shutting down`, give those replies up to
+`server.shutdown_grace_s` to be delivered, then stop.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import logging
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any, Final, final
+
+import httpx
+import hypercorn.trio
+import trio
+from hypercorn.config import Config, Sockets
+
+from genrm_trio.config import Settings, read_secret
+from genrm_trio.engine import open_engine
+from genrm_trio.http.app import create_app
+from genrm_trio.judge.base import Judge
+from genrm_trio.judge.http import make_http_judge
+
+log = logging.getLogger("genrm_trio.serve")
+
+PROBE_LIMIT_S: Final = 5.0
+SIM_WARNING: Final = (
+    "judge: simulated (--judge sim): rewards are simulated and say nothing about answer quality"
+)
+
+
+class ListenError(Exception):
+    """The service could not bind its address (busy port, address not on this host, …)."""
+
+    def __init__(self, host: str, port: int, reason: str) -> None:
+        super().__init__(f"cannot listen on {host}:{port}: {reason}")
+        self.host = host
+        self.port = port
+        self.reason = reason
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host:port` (port 0 picks a free port), not yet listening.
+
+    A host name is resolved once, here. Binding here instead of inside hypercorn turns a busy
+    port into one `ListenError` and closes the socket, where hypercorn would raise a doubly
+    nested OSError and leak it.
+    """
+    try:
+        ipaddress.ip_address(host)
+        flags = socket.AI_NUMERICHOST | socket.AI_PASSIVE
+    except ValueError:
+        flags = socket.AI_PASSIVE
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=flags
+        )[0]
+    except (OSError, UnicodeError) as exc:
+        raise ListenError(host, port, f"cannot resolve the host ({exc})") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            reason = "address already in use"
+        else:
+            reason = (exc.strerror or str(exc)).lower()
+        raise ListenError(host, port, reason) from None
+    return sock
+
+
+def url_host(host: str) -> str:
+    """`host` as it appears in a URL (IPv6 in brackets)."""
+    return f"[{host}]" if ":" in host else host
+
+
+@final
+class _PreboundConfig(Config):
+    """A hypercorn Config serving one socket bound by `bind_socket`."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self._sock = sock
+
+    def create_sockets(self) -> Sockets:
+        return Sockets(secure_sockets=[], insecure_sockets=[self._sock], quic_sockets=[])
+
+
+def hypercorn_config(sock: socket.socket, *, grace_s: float) -> Config:
+    """hypercorn settings for the service: no access log (hot path), errors to `genrm_trio.*`."""
+    config = _PreboundConfig(sock)
+    host, port = sock.getsockname()[:2]
+    config.bind = [f"{url_host(host)}:{port}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("genrm_trio.http.server")
+    config.graceful_timeout = grace_s
+    config.include_server_header = False
+    return config
+
+
+async def serve_app(
+    app: Any,
+    sock: socket.socket,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    grace_s: float = 5.0,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve an ASGI app on a socket from `bind_socket` until `shutdown_trigger` returns.
+
+    Reports the bound port through `task_status` once hypercorn listens. After the trigger, new
+    connections are refused, idle keep-alive connections close, and requests in flight get up to
+    `grace_s` seconds to finish. Takes ownership of `sock` (closed on return).
+    """
+    try:
+        config = hypercorn_config(sock, grace_s=grace_s)
+        port: int = sock.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                partial(hypercorn.trio.serve, app, config, shutdown_trigger=shutdown_trigger)
+            )
+            task_status.started(port)
+    finally:
+        sock.close()
+
+
+async def probe_judge(settings: Settings, token: str | None) -> bool:
+    """The start-up probe (SPEC §17.5): one `GET {base_url}/models`; a failure only warns.
+
+    Bounded by min(5 s, judge_request_timeout_s). Never POSTs and is not a judge call in any
+    metric. Returns whether the judge answered 2xx.
+    """
+    base_url = settings.judge.base_url
+    if base_url is None:
+        return False
+    url = base_url.rstrip("/") + "/models"
+    limit = min(PROBE_LIMIT_S, settings.judge_request_timeout_s)
+    headers = {"accept": "application/json"}
+    if token is not None:
+        headers["authorization"] = f"Bearer {token}"
+    problem: str
+    try:
+        with trio.fail_after(limit):
+            async with httpx.AsyncClient(
+                timeout=None, follow_redirects=False, trust_env=False
+            ) as client:
+                response = await client.get(url, headers=headers)
+    except trio.TooSlowError:
+        problem = f"TimeoutError: no reply within {limit:g}s"
+    except httpx.HTTPError as exc:
+        problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    else:
+        if 200 <= response.status_code <= 299:
+            log.info("judge probe GET %s: HTTP %d", url, response.status_code)
+            return True
+        problem = f"HTTP {response.status_code}"
+    log.warning("judge probe GET %s failed: %s; serving anyway", url, problem)
+    return False
+
+
+def _sim_judge() -> Judge:
+    from genrm_trio.judge.sim import SimConfig, SimJudge
+
+    judge: Judge = SimJudge(SimConfig())
+    return judge
+
+
+async def serve(
+    settings: Settings,
+    *,
+    judge: Judge | None = None,
+    sim: bool = False,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the service until SIGINT or SIGTERM, then shut down gracefully (SPEC §17.7, D28).
+
+    `judge`: the judge to use; None → the HTTP judge of `settings.judge` (or, with `sim`, the
+    in-process simulated judge with zero latency and no faults). Reports the bound port through
+    `task_status` right after `listening on http://{host}:{port}` was printed to stdout.
+
+    Raises ConfigError (a missing secret or judge URL) or ListenError (the address) before
+    listening; start-up errors may arrive inside an ExceptionGroup.
+    """
+    server_secret = settings.server.api_key_env
+    if server_secret:
+        read_secret(server_secret, key="server.api_key_env")
+    token: str | None = None
+    if not sim and settings.judge.api_key_env:
+        token = read_secret(settings.judge.api_key_env, key="judge.api_key_env")
+    sock = bind_socket(settings.host, settings.port)
+    try:
+        for line in settings.startup_warnings():
+            log.warning("%s", line)
+        if sim:
+            log.warning("%s", SIM_WARNING)
+        await _serve_on(settings, sock, judge=judge, sim=sim, token=token, task_status=task_status)
+    finally:
+        sock.close()
+
+
+async def _serve_on(
+    settings: Settings,
+    sock: socket.socket,
+    *,
+    judge: Judge | None,
+    sim: bool,
+    token: str | None,
+    task_status: trio.TaskStatus[int],
+) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        stop = trio.Event()
+        listening = False
+        run_scope = trio.CancelScope()
+
+        async def watch_signals() -> None:
+            async for signum in signals:
+                log.info("received %s: shutting down", signal.Signals(signum).name)
+                stop.set()
+                if not listening:
+                    run_scope.cancel()
+                return
+
+        async def run() -> None:
+            nonlocal listening
+            the_judge = judge
+            try:
+                if not sim:
+                    await probe_judge(settings, token)
+                if the_judge is None:
+                    the_judge = _sim_judge() if sim else make_http_judge(settings)
+                async with open_engine(settings, the_judge) as engine:
+                    app = create_app(engine, settings)
+                    stop_accepting = trio.Event()
+                    async with trio.open_nursery() as nursery:
+                        port = await nursery.start(
+                            partial(
+                                serve_app,
+                                app,
+                                sock,
+                                shutdown_trigger=stop_accepting.wait,
+                                grace_s=settings.server.shutdown_grace_s,
+                            )
+                        )
+                        print(f"listening on http://{url_host(settings.host)}:{port}", flush=True)
+                        listening = True
+                        task_status.started(port)
+                        await stop.wait()
+                        # D28: stop accepting, fail the active cohorts (their waiters answer
+                        # 503), and let hypercorn deliver those replies within the grace period.
+                        stop_accepting.set()
+                        await engine.aclose()
+            finally:
+                if judge is None and the_judge is not None:
+                    with trio.CancelScope(shield=True):
+                        await the_judge.aclose()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_signals)
+            with run_scope:
+                await run()
+            nursery.cancel_scope.cancel()
