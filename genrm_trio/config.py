@@ -102,8 +102,14 @@ class JudgeSettings(_Strict):
             raise ValueError("must be an absolute http(s) URL")
         if parts.username is not None or parts.password is not None:
             raise ValueError("must not contain user information")
-        if parts.query or parts.fragment:
+        # `?`/`#` alone leave query and fragment empty but would still corrupt the
+        # concatenated request URL (`.../v1?/responses`).
+        if parts.query or parts.fragment or "?" in value or "#" in value:
             raise ValueError("must not contain a query or fragment")
+        try:
+            parts.port  # noqa: B018 - urlsplit checks the port only when it is read
+        except ValueError:
+            raise ValueError("must have a numeric port in 0-65535") from None
         trimmed = value.rstrip("/")
         if not trimmed.endswith("/v1"):
             log.warning("judge.base_url %s does not end in /v1; posting under it as given", trimmed)
@@ -131,7 +137,10 @@ class ServerSettings(_Strict):
     @field_validator("shutdown_grace_s")
     @classmethod
     def _grace(cls, value: float) -> float:
-        return _finite("shutdown_grace_s", value, positive=False)
+        value = _finite("shutdown_grace_s", value, positive=False)
+        if value < 0:
+            raise ValueError("shutdown_grace_s must be >= 0")
+        return value
 
 
 @final
