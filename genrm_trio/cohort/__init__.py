@@ -1,0 +1,1 @@
+"""Cohorts of `/verify`: the state machine, the cohort model, the registry and evaluation."""
