@@ -25,10 +25,7 @@ import trio
 from hypercorn.config import Config, Sockets
 
 from genrm_trio.config import Settings, read_secret
-from genrm_trio.engine import open_engine
-from genrm_trio.http.app import create_app
 from genrm_trio.judge.base import Judge
-from genrm_trio.judge.http import make_http_judge
 
 log = logging.getLogger("genrm_trio.serve")
 
@@ -220,6 +217,11 @@ async def _serve_on(
     token: str | None,
     task_status: trio.TaskStatus[int],
 ) -> None:
+    # Imported here so that `bind_socket` and `serve_app` (used by sim-judge) stay light.
+    from genrm_trio.engine import open_engine
+    from genrm_trio.http.app import create_app
+    from genrm_trio.judge.http import make_http_judge
+
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         stop = trio.Event()
         listening = False

@@ -1,0 +1,376 @@
+"""The `genrm-trio` command, `serve()` and the demo (SPEC §16.5, §17.5, §17.7, D28).
+
+Real sockets on 127.0.0.1 and the real clock (no autojump: the I/O is real), every wait bounded.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from rich.console import Console
+
+from genrm_trio.cli import main
+from genrm_trio.config import settings_from_mapping
+from genrm_trio.demo import run_demo
+from genrm_trio.judge.sim import SimConfig, serve_sim_judge
+from genrm_trio.serve import bind_socket, probe_judge, serve
+
+SHUTTING_DOWN = "GenRM server is shutting down"
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """main() configures the `genrm_trio` logger; put it back after each test."""
+    logger = logging.getLogger("genrm_trio")
+    saved = (logger.level, list(logger.handlers), logger.propagate)
+    yield
+    logger.setLevel(saved[0])
+    logger.handlers[:] = saved[1]
+    logger.propagate = saved[2]
+
+
+def _one_line(err: str) -> str:
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def _row(rollout: int, group_id: str, answer: str) -> dict[str, Any]:
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": "Why is ice slippery?"}]},
+        "response": {
+            "output": [
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": answer}],
+                }
+            ]
+        },
+        "_ng_group_id": group_id,
+        "_ng_group_attempt": 0,
+        "_ng_rollout_index": rollout,
+    }
+
+
+# --- usage and config errors: exit 2, one line ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["serve"],
+            "genrm-trio: config error: <flags>: judge.base_url: serve needs a judge: give "
+            "--judge-url URL",
+        ),
+        (
+            ["serve", "--judge", "sim", "--judge-url", "http://127.0.0.1:9/v1"],
+            "genrm-trio: config error: <flags>: --judge-url: not allowed with argument --judge",
+        ),
+        (["serve", "--judge", "judge"], "genrm-trio: config error: <flags>: --judge: invalid"),
+        (["serve", "--port", "http"], "genrm-trio: config error: <flags>: --port: not a port"),
+        (["serve", "--port", "70000"], "genrm-trio: config error: <flags>: --port: must be in"),
+        (
+            ["serve", "--judge-url", "ftp://x/v1"],
+            "genrm-trio: config error: <flags>: judge.base_url:",
+        ),
+        (["serve", "--bogus"], "genrm-trio: config error: <flags>: arguments: unrecognized"),
+        ([], "genrm-trio: config error: <flags>: command: choose one of serve"),
+        (["sim-judge", "--fault", "meteor"], "genrm-trio: config error: <flags>: --fault: unknown"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert _one_line(captured.err).startswith(expected)
+    assert captured.out == ""
+
+
+def test_config_file_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "absent.yaml"
+    assert main(["serve", "--judge", "sim", "--config", str(missing)]) == 2
+    assert _one_line(capsys.readouterr().err).startswith(
+        f"genrm-trio: config error: {missing}: file: cannot read"
+    )
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("num_rollouts_per_prompt: 4\nmystery_knob: 1\n")
+    assert main(["serve", "--judge", "sim", "--config", str(bad)]) == 2
+    assert _one_line(capsys.readouterr().err) == (
+        f"genrm-trio: config error: {bad}: mystery_knob: unknown key"
+    )
+
+    # A file without a judge, and no flag giving one: refused, naming the file.
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("num_rollouts_per_prompt: 4\n")
+    assert main(["serve", "--config", str(plain)]) == 2
+    assert _one_line(capsys.readouterr().err).startswith(
+        f"genrm-trio: config error: {plain}: judge.base_url: serve needs a judge"
+    )
+
+
+def test_state_directory_must_exist(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "no-such-dir" / "state.sqlite"
+    assert main(["serve", "--judge", "sim", "--state", str(state)]) == 2
+    assert _one_line(capsys.readouterr().err) == (
+        f"genrm-trio: config error: <flags>: --state: directory '{state.parent}' does not exist"
+    )
+
+
+def test_missing_secret_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("GENRM_TRIO_TEST_UNSET_TOKEN", raising=False)
+    config = tmp_path / "auth.yaml"
+    config.write_text("server:\n  api_key_env: GENRM_TRIO_TEST_UNSET_TOKEN\n")
+    assert main(["serve", "--judge", "sim", "--port", "0", "--config", str(config)]) == 2
+    assert _one_line(capsys.readouterr().err) == (
+        "genrm-trio: config error: environment: server.api_key_env: environment variable "
+        "GENRM_TRIO_TEST_UNSET_TOKEN is unset or empty"
+    )
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--config", "--instance", "--host", "--port", "--judge-url", "--judge", "--state"):
+        assert flag in out
+
+
+# --- port in use: exit 1, one line, no leaked socket ----------------------------------------------
+
+
+def test_busy_port_is_one_line_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--judge", "sim", "--port", str(port)]) == 1
+        captured = capsys.readouterr()
+        assert _one_line(captured.err) == (
+            f"genrm-trio: cannot listen on 127.0.0.1:{port}: address already in use"
+        )
+        assert captured.out == ""
+        assert main(["sim-judge", "--port", str(port)]) == 1
+        assert _one_line(capsys.readouterr().err) == (
+            f"genrm-trio: cannot listen on 127.0.0.1:{port}: address already in use"
+        )
+    # filterwarnings=error turns an unclosed socket's ResourceWarning into a failure at GC.
+
+
+# --- serve in-process: listening line, /health, graceful shutdown ---------------------------------
+
+
+async def test_serve_sim_health_then_sigterm_fails_waiting_group_with_503(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    settings = settings_from_mapping(
+        {
+            "port": 0,
+            "num_rollouts_per_prompt": 2,
+            "cohort_collection_timeout_s": 60.0,
+            "server": {"shutdown_grace_s": 2.0},
+        }
+    )
+    replies: list[httpx.Response] = []
+    with trio.fail_after(20):
+        async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(partial(serve, settings, sim=True))
+                assert capsys.readouterr().out == f"listening on http://127.0.0.1:{port}\n"
+                base = f"http://127.0.0.1:{port}"
+                health = await client.get(f"{base}/health")
+                assert health.status_code == 200
+                assert health.json() == {"status": "ok"}
+
+                async def lonely_member() -> None:
+                    replies.append(
+                        await client.post(f"{base}/verify", json=_row(0, "g-shutdown", "ice"))
+                    )
+
+                nursery.start_soon(lonely_member)
+                while not (await client.get(f"{base}/cohorts")).json():  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+                os.kill(os.getpid(), signal.SIGTERM)
+            # serve() returned: the group's waiter got its 503 first.
+            assert len(replies) == 1
+            assert replies[0].status_code == 503
+            assert replies[0].json() == {"detail": SHUTTING_DOWN}
+            with pytest.raises(httpx.ConnectError):
+                await client.get(f"{base}/health")
+
+
+async def test_probe_warns_once_and_never_fails(caplog: pytest.LogCaptureFixture) -> None:
+    closed = bind_socket("127.0.0.1", 0)
+    dead_port = closed.getsockname()[1]
+    closed.close()
+    settings = settings_from_mapping({"judge": {"base_url": f"http://127.0.0.1:{dead_port}/v1"}})
+    with trio.fail_after(10):
+        assert await probe_judge(settings, None) is False
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(
+        f"judge probe GET http://127.0.0.1:{dead_port}/v1/models failed: ConnectError"
+    )
+    assert warnings[0].endswith("; serving anyway")
+
+    caplog.clear()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            sim_port = await nursery.start(partial(serve_sim_judge, SimConfig()))
+            ok = settings_from_mapping({"judge": {"base_url": f"http://127.0.0.1:{sim_port}/v1"}})
+            assert await probe_judge(ok, None) is True
+            nursery.cancel_scope.cancel()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+# --- real processes: sim-judge + serve, a 4-rollout group end to end, SIGTERM → 0 ----------------
+
+
+def _command() -> list[str]:
+    script = Path(sys.executable).with_name("genrm-trio")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("genrm-trio")
+    return [found] if found else [sys.executable, "-m", "genrm_trio.cli"]
+
+
+def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"no output within {timeout}s"
+    return proc.stdout.readline()
+
+
+def _stop(proc: subprocess.Popen[str]) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+def test_processes_score_a_group_end_to_end_then_stop_with_0(tmp_path: Path) -> None:
+    config = tmp_path / "genrm.yaml"
+    config.write_text(
+        textwrap.dedent(
+            """\
+            num_rollouts_per_prompt: 4
+            cohort_collection_timeout_s: 20
+            cohort_evaluation_timeout_s: 20
+            judge_request_timeout_s: 5
+            genrm_parse_retry_sleep_s: 0.01
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    judge_err = (tmp_path / "judge.err").open("w")
+    serve_err = (tmp_path / "serve.err").open("w")
+    judge = subprocess.Popen(
+        [*_command(), "sim-judge", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=judge_err,
+        text=True,
+        env=env,
+    )
+    server: subprocess.Popen[str] | None = None
+    try:
+        line = _read_line(judge, 20)
+        assert line.startswith("listening on http://127.0.0.1:")
+        judge_url = line.strip().removeprefix("listening on ") + "/v1"
+        server = subprocess.Popen(
+            [
+                *_command(),
+                "serve",
+                "--config",
+                str(config),
+                "--port",
+                "0",
+                "--judge-url",
+                judge_url,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=serve_err,
+            text=True,
+            env=env,
+        )
+        line = _read_line(server, 20)
+        assert line.startswith("listening on http://127.0.0.1:")
+        base = line.strip().removeprefix("listening on ")
+
+        async def score_group() -> list[httpx.Response]:
+            replies: list[httpx.Response] = []
+            async with httpx.AsyncClient(trust_env=False, timeout=20.0) as client:
+                assert (await client.get(f"{base}/health")).status_code == 200
+
+                async def member(i: int) -> None:
+                    answer = f"answer {i}: ice is slippery because of a thin liquid-like layer"
+                    body = _row(i, "g-e2e", answer)
+                    replies.append(await client.post(f"{base}/verify", json=body))
+
+                with trio.fail_after(20):
+                    async with trio.open_nursery() as nursery:
+                        for i in range(4):
+                            nursery.start_soon(member, i)
+            return replies
+
+        replies = trio.run(score_group)
+        assert sorted(r.status_code for r in replies) == [200] * 4
+        rows = sorted((r.json() for r in replies), key=lambda row: row["_ng_rollout_index"])
+        assert [row["_ng_rollout_index"] for row in rows] == [0, 1, 2, 3]
+        for row in rows:
+            assert row["mask_sample"] is False
+            assert row["failure_kind"] is None
+            assert 1.0 <= row["reward"] <= 5.0
+        assert _stop(server) == 0
+        assert _stop(judge) == 0
+    finally:
+        for proc in (server, judge):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if proc is not None and proc.stdout is not None:
+                proc.stdout.close()
+        judge_err.close()
+        serve_err.close()
+    serve_log = (tmp_path / "serve.err").read_text()
+    assert "Traceback" not in serve_log
+    assert "judge probe" not in serve_log  # the simulated judge answers GET /v1/models
+    assert "masked rows carry a placeholder reward 0.0" in serve_log
+    assert "Traceback" not in (tmp_path / "judge.err").read_text()
+
+
+# --- the demo ------------------------------------------------------------------------------------
+
+
+def test_demo_runs_and_every_group_comes_out_as_intended() -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=100, force_terminal=False, color_system=None)
+    assert run_demo(console=console) == 0
+    text = out.getvalue()
+    assert "Rewards per rollout and group" in text
+    assert text.count("masked") >= 3
+    assert "env.should_mask_flagged_samples: true" in text
+    assert "demo OK" in text
