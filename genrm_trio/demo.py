@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -354,6 +355,13 @@ def explanation(outcome: DemoOutcome) -> str:
     )
 
 
+_ROLLOUT_INDEX: Final = re.compile(r"rollout_index=(\d+)")
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 @final
 class _Collect(logging.Handler):
     """Keeps the §9.7 dropped/masked log lines to show them after the table."""
@@ -365,7 +373,7 @@ class _Collect(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
         if message.startswith(("GenRM dropped comparison", "GenRM masked one rollout")):
-            self.lines.append(message if len(message) <= 240 else message[:237] + "...")
+            self.lines.append(message)
 
 
 def run_demo(*, verbose: bool = False, console: Console | None = None) -> int:
@@ -413,9 +421,21 @@ def run_demo(*, verbose: bool = False, console: Console | None = None) -> int:
         f"({failed} comparisons failed)."
     )
     if outcome.log_lines:
-        console.print("[bold]The server logged[/bold] (WARNING):")
+        console.print("[bold]The server logged[/bold] (WARNING, shortened):")
+        masked_lines = [line for line in outcome.log_lines if line.startswith("GenRM masked")]
         for line in outcome.log_lines:
-            console.print(f"  {escape(line)}", soft_wrap=False)
+            if not line.startswith("GenRM masked"):
+                console.print(f"  {escape(_shorten(line, 150))}")
+        if masked_lines:
+            indexes = ", ".join(
+                match.group(1)
+                for line in masked_lines
+                if (match := _ROLLOUT_INDEX.search(line)) is not None
+            )
+            console.print(
+                f"  GenRM masked one rollout of key=… ({len(masked_lines)} lines: "
+                f"rollout_index={indexes})"
+            )
     console.print(Panel(explanation(outcome), expand=False))
     problems = outcome.problems()
     if problems:
