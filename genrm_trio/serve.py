@@ -203,6 +203,13 @@ async def serve(
             log.warning("%s", line)
         if sim:
             log.warning("%s", SIM_WARNING)
+        if settings.state_path is not None:
+            # TODO(store): open the durable store here and pass it to open_engine.
+            log.warning(
+                "state_path %s: durable state is not wired into serve in this build; "
+                "cohort results are kept in memory only",
+                settings.state_path,
+            )
         await _serve_on(settings, sock, judge=judge, sim=sim, token=token, task_status=task_status)
     finally:
         sock.close()
