@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from genrm_trio.config import RESPONSES_CREATE_PARAM_KEYS
@@ -126,6 +128,37 @@ def test_depth_counts_no_brackets_inside_strings() -> None:
     assert decode_json(tricky)["s"].startswith("[{")
     nested_with_strings = b'[" [ ",' * 512 + b"1" + b"]" * 512
     assert decode_json(nested_with_strings) is not None
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+_tricky_text = st.text(alphabet='[]{}"\\ax\u00e9\udc80', max_size=8)
+_json_values = st.recursive(
+    st.none() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | _tricky_text,
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(_tricky_text, children, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=_json_values, pad=st.integers(min_value=495, max_value=515), noise=st.booleans())
+def test_depth_limit_matches_the_true_depth(value: Any, pad: int, noise: bool) -> None:
+    wrapped = value
+    for level in range(pad):
+        wrapped = [wrapped, "]]}{[\\\\"] if noise and level % 2 else {"k[": wrapped}
+    raw = json.dumps(wrapped).encode()
+    if _depth(wrapped) <= 512:
+        assert decode_json(raw) == wrapped
+    else:
+        assert "deeper than 512" in json_invalid(raw)
 
 
 @pytest.mark.parametrize("depth", [1000, 100_000])
