@@ -189,7 +189,8 @@ async def serve(
     `task_status` right after `listening on http://{host}:{port}` was printed to stdout.
 
     Raises ConfigError (a missing secret or judge URL) or ListenError (the address) before
-    listening; start-up errors may arrive inside an ExceptionGroup.
+    listening; later start-up errors may arrive inside an ExceptionGroup. A second signal
+    during the shutdown stops at once. Must run in the main thread (signal handling).
     """
     server_secret = settings.server.api_key_env
     if server_secret:
@@ -236,11 +237,15 @@ async def _serve_on(
 
         async def watch_signals() -> None:
             async for signum in signals:
-                log.info("received %s: shutting down", signal.Signals(signum).name)
+                name = signal.Signals(signum).name
+                if stop.is_set():
+                    log.warning("received %s again: stopping without waiting", name)
+                    run_scope.cancel()
+                    return
+                log.info("received %s: shutting down", name)
                 stop.set()
                 if not listening:
                     run_scope.cancel()
-                return
 
         async def run() -> None:
             nonlocal listening
