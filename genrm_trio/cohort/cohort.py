@@ -1,0 +1,263 @@
+"""One cohort: its compact members, their waiters, and the state machine's callbacks.
+
+A cohort is a model of the shared :data:`~genrm_trio.cohort.machine.MACHINE`. It keeps only what
+scoring and replay need (SPEC D22): per member the answer and reasoning texts, the response
+digest, the rubric ids and the baseline digest; the request bodies stay with their HTTP handlers.
+Once terminal, the members are dropped and the :class:`~genrm_trio.cohort.records.TerminalRecord`
+is the only source of replies.
+
+Waiters are a ``trio.Event`` plus an outcome slot. Outcomes are decided when the cohort enters a
+terminal state; waiters are released later, by the cohort's run task, after the durable store has
+committed the record (SPEC §17.11).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Final, Protocol, final
+
+import trio
+from transitions import EventData
+
+from genrm_trio.cohort import machine
+from genrm_trio.cohort.records import MemberRecord, TerminalRecord
+from genrm_trio.model import GroupFailed, Masked, MemberOutcome, Scored
+
+if TYPE_CHECKING:
+    from genrm_trio.cohort.machine import State
+
+__all__ = [
+    "LEGACY_SUFFIX",
+    "REASON_LIMIT",
+    "Cohort",
+    "CohortHost",
+    "Member",
+    "Waiter",
+    "with_legacy_suffix",
+]
+
+LEGACY_SUFFIX: Final = (
+    " This legacy group has failed; retry requires a fresh _ng_group_id shared by every member."
+    " Reusing the task/prompt key could mix delayed answers with a replacement group."
+)
+REASON_LIMIT: Final = 2000  # failsafe rows keep the first 2000 characters (SPEC §2.4.2)
+
+
+def with_legacy_suffix(message: str) -> str:
+    """``message`` plus the §8.7 legacy advice, cut so that the advice survives 2000 chars."""
+    return message[: REASON_LIMIT - len(LEGACY_SUFFIX)] + LEGACY_SUFFIX
+
+
+@final
+class Waiter:
+    """One attached request: an event and the outcome it will carry."""
+
+    __slots__ = ("event", "outcome")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.outcome: MemberOutcome | None = None
+
+
+@final
+class Member:
+    """One rollout slot, compacted to what scoring and replay need."""
+
+    __slots__ = (
+        "answer_text",
+        "baseline_digest",
+        "index",
+        "reasoning_text",
+        "response_digest",
+        "rubric_ids",
+        "waiters",
+    )
+
+    def __init__(
+        self,
+        *,
+        index: int,
+        response_digest: str,
+        answer_text: str,
+        reasoning_text: str,
+        rubric_ids: tuple[int, ...] | None,
+        baseline_digest: str | None,
+    ) -> None:
+        self.index = index
+        self.response_digest = response_digest
+        self.answer_text = answer_text
+        self.reasoning_text = reasoning_text
+        self.rubric_ids = rubric_ids
+        self.baseline_digest = baseline_digest
+        self.waiters: list[Waiter] = []
+
+
+class CohortHost(Protocol):
+    """The registry side of a cohort's state changes."""
+
+    def cohort_state_changed(self, cohort: Cohort, source: str, dest: str) -> None: ...
+
+    def cohort_terminal(self, cohort: Cohort) -> None: ...
+
+
+@final
+class Cohort:
+    """One `/verify` cohort (SPEC §8.3). Identity equality: never ``==`` by content."""
+
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+    def __init__(
+        self,
+        *,
+        key: str,
+        group_id: str | None,
+        group_attempt: int,
+        prompt_digest: str,
+        size: int,
+        history: Sequence[Mapping[str, str]],
+        principle: str | None,
+        baseline: str | None,
+        baseline_digest: str | None,
+        rubric_ids: tuple[int, ...] | None,
+        created_at: float,
+        collect_deadline: float,
+        host: CohortHost,
+        state: State = "collecting",
+        record: TerminalRecord | None = None,
+    ) -> None:
+        self.key = key
+        self.group_id = group_id
+        self.group_attempt = group_attempt
+        self.prompt_digest = prompt_digest
+        self.size = size
+        self.history = [dict(item) for item in history]
+        self.principle = principle  # the request principle (None or text), from the first member
+        self.baseline = baseline
+        self.baseline_digest = baseline_digest
+        self.rubric_ids = rubric_ids
+        self.created_at = created_at
+        self.collect_deadline = collect_deadline
+        self.eval_deadline: float | None = None
+        self.terminal_at: float | None = None
+        self.state: str = state
+        self.members: dict[int, Member] = {}
+        self.record = record
+        self.scope = trio.CancelScope()  # the run task's scope: cancelled when terminal
+        self.full = trio.Event()  # set on entering `judging`
+        self.released = trio.Event()  # set once the terminal record is committed and waiters woken
+        self.comparisons_total = 0
+        self.comparisons_done = 0
+        self.comparisons_failed = 0
+        self._host = host
+        if record is not None:
+            self.released.set()
+
+    def __repr__(self) -> str:
+        return f"<Cohort key={self.key[:160]!r} state={self.state} members={len(self.members)}>"
+
+    @property
+    def legacy(self) -> bool:
+        return self.group_id is None
+
+    @property
+    def terminal(self) -> bool:
+        return machine.is_terminal(self.state)
+
+    @property
+    def waiter_count(self) -> int:
+        return sum(len(m.waiters) for m in self.members.values())
+
+    # --- state machine callbacks (named in machine.STATES / TRANSITIONS) ----------------------
+
+    def is_full(self, event: EventData) -> bool:
+        return len(self.members) == self.size
+
+    def has_masked_members(self, event: EventData) -> bool:
+        outcomes: Mapping[int, MemberOutcome] = event.kwargs["outcomes"]
+        return any(isinstance(o, Masked) for o in outcomes.values())
+
+    def on_enter_judging(self, event: EventData) -> None:
+        self.full.set()
+
+    def on_enter_terminal(self, event: EventData) -> None:
+        failure: GroupFailed | None = event.kwargs.get("failure")
+        if failure is not None:
+            self.record = TerminalRecord(
+                key=self.key,
+                group_id=self.group_id,
+                group_attempt=self.group_attempt,
+                legacy=self.legacy,
+                prompt_digest=self.prompt_digest,
+                phase="failed",
+                failure=failure.message,
+                failure_kind=failure.kind,
+            )
+        else:
+            outcomes: Mapping[int, Scored | Masked] = event.kwargs["outcomes"]
+            members: dict[int, MemberRecord] = {}
+            for index in sorted(outcomes):
+                outcome = outcomes[index]
+                digest = self.members[index].response_digest
+                if isinstance(outcome, Scored):
+                    members[index] = MemberRecord(digest, result=outcome.result)
+                else:
+                    members[index] = MemberRecord(
+                        digest, masked_alone=True, failure_reason=outcome.reason
+                    )
+            self.record = TerminalRecord(
+                key=self.key,
+                group_id=self.group_id,
+                group_attempt=self.group_attempt,
+                legacy=self.legacy,
+                prompt_digest=self.prompt_digest,
+                phase="completed",
+                members=members,
+            )
+        self.terminal_at = trio.current_time()
+        self.scope.cancel()  # wakes the run task (timer or evaluation) to finalize
+        self._host.cohort_terminal(self)
+
+    def on_state_changed(self, event: EventData) -> None:
+        assert event.transition is not None
+        self._host.cohort_state_changed(self, event.transition.source, str(event.transition.dest))
+
+    # --- replies ----------------------------------------------------------------------------
+
+    def failure_outcome(self) -> GroupFailed:
+        """The recorded failure as a reply (legacy advice appended, SPEC §8.7)."""
+        assert self.record is not None and self.record.phase == "failed"
+        message = self.record.failure or "GenRM cohort evaluation failed"
+        if self.legacy:
+            message = with_legacy_suffix(message)
+        return GroupFailed(self.record.failure_kind or "cohort", message)
+
+    def member_outcome(self, index: int) -> MemberOutcome:
+        """The terminal outcome of slot ``index`` (requires a terminal record)."""
+        record = self.record
+        assert record is not None
+        if record.phase == "failed":
+            return self.failure_outcome()
+        member = record.members[index]
+        if member.masked_alone:
+            assert member.failure_reason is not None
+            reason = member.failure_reason
+            return Masked(with_legacy_suffix(reason) if self.legacy else reason)
+        assert member.result is not None
+        return Scored(member.result)
+
+    def release(self) -> int:
+        """Wake every waiter with its outcome, then drop the members. Returns waiters woken."""
+        woken = 0
+        for index, member in self.members.items():
+            if member.waiters:
+                outcome = self.member_outcome(index)
+                for waiter in member.waiters:
+                    waiter.outcome = outcome
+                    waiter.event.set()
+                    woken += 1
+                member.waiters.clear()
+        self.members.clear()
+        self.history = []
+        self.released.set()
+        return woken

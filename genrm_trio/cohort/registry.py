@@ -1,0 +1,292 @@
+"""The cohort registry: keys, active cohorts, terminal records, group watermarks and retention.
+
+Retention (SPEC §8.10) uses ordered indexes instead of scanning the registry (D21): a heap of
+terminal cohorts by ``terminal_at`` and a heap of *idle* group watermarks (groups with no active
+cohort) by ``updated_at``, both with lazy deletion and amortised compaction. Pruning pops only
+what it drops, so a request pays O(log n) amortised however many records are retained.
+
+Every method is synchronous: the engine calls them inside its registry critical section, and
+the state machine's callbacks call :meth:`Registry.cohort_state_changed` and
+:meth:`Registry.cohort_terminal`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final, final
+
+from genrm_trio.cohort.cohort import Cohort
+from genrm_trio.cohort.machine import ACTIVE_STATES
+from genrm_trio.config import Settings
+from genrm_trio.metrics import Metrics
+from genrm_trio.model import CohortView
+
+__all__ = ["Registry", "RegistryStatistics", "Watermark"]
+
+log = logging.getLogger("genrm_trio.cohort")
+
+KEY_LOG_LIMIT: Final = 160
+_COMPACT_SLACK: Final = 64
+
+
+@final
+class Watermark:
+    """The newest attempt seen for one explicit group (SPEC §8.3)."""
+
+    __slots__ = ("heap_seq", "latest_attempt", "prompt_digest", "updated_at")
+
+    def __init__(self, latest_attempt: int, prompt_digest: str, updated_at: float) -> None:
+        self.latest_attempt = latest_attempt
+        self.prompt_digest = prompt_digest
+        self.updated_at = updated_at
+        self.heap_seq = -1  # sequence number of its live idle-heap entry; -1 while none
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RegistryStatistics:
+    cohorts: int  # keys held (active + retained terminal)
+    by_state: dict[str, int]
+    active: int
+    terminal_records: int
+    watermarks: int
+    waiters: int
+    terminal_index: int  # heap entries, live or stale
+    watermark_index: int
+
+
+@final
+class Registry:
+    """All cohorts of one engine, with the indexes retention needs."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self.cohorts: dict[str, Cohort] = {}
+        self.active: dict[Cohort, None] = {}  # insertion order = creation order (oldest first)
+        self._group_active: dict[str, dict[Cohort, None]] = {}
+        self.watermarks: dict[str, Watermark] = {}
+        self._terminal_heap: list[tuple[float, int, Cohort]] = []
+        self._terminal_count = 0
+        self._watermark_heap: list[tuple[float, int, str]] = []
+        self._seq = itertools.count()
+
+    # --- lookups ------------------------------------------------------------------------------
+
+    def get(self, key: str) -> Cohort | None:
+        return self.cohorts.get(key)
+
+    def group_actives(self, group_id: str) -> Iterator[Cohort]:
+        return iter(list(self._group_active.get(group_id, ())))
+
+    def views(self, now: float) -> list[CohortView]:
+        """Active cohorts, oldest first (SPEC §17.13)."""
+        out: list[CohortView] = []
+        for c in self.active:
+            judging = c.state == "judging"
+            deadline = (c.eval_deadline if judging else c.collect_deadline) or now
+            out.append(
+                CohortView(
+                    key=c.key,
+                    group_id=c.group_id,
+                    group_attempt=c.group_attempt,
+                    state="judging" if judging else "collecting",
+                    members_present=len(c.members),
+                    members_expected=c.size,
+                    comparisons_total=c.comparisons_total,
+                    comparisons_done=c.comparisons_done,
+                    comparisons_failed=c.comparisons_failed,
+                    comparisons_pending=c.comparisons_total - c.comparisons_done,
+                    deadline="evaluation" if judging else "collection",
+                    deadline_s_left=max(0.0, deadline - now),
+                )
+            )
+        return out
+
+    def statistics(self) -> RegistryStatistics:
+        by_state: dict[str, int] = {}
+        for c in self.cohorts.values():
+            by_state[c.state] = by_state.get(c.state, 0) + 1
+        for c in self.active:  # superseded keys never hide an active cohort, but be exact
+            if self.cohorts.get(c.key) is not c:
+                by_state[c.state] = by_state.get(c.state, 0) + 1
+        return RegistryStatistics(
+            cohorts=len(self.cohorts),
+            by_state=by_state,
+            active=len(self.active),
+            terminal_records=self._terminal_count,
+            watermarks=len(self.watermarks),
+            waiters=sum(c.waiter_count for c in self.cohorts.values()),
+            terminal_index=len(self._terminal_heap),
+            watermark_index=len(self._watermark_heap),
+        )
+
+    # --- registration -----------------------------------------------------------------------
+
+    def add(self, cohort: Cohort) -> None:
+        """Register a new active cohort under its key."""
+        self.cohorts[cohort.key] = cohort
+        self.active[cohort] = None
+        self._metrics.active_cohorts.labels(cohort.state).inc()
+        if cohort.group_id is not None:
+            group = self._group_active.setdefault(cohort.group_id, {})
+            group[cohort] = None
+            watermark = self.watermarks.get(cohort.group_id)
+            if watermark is not None:
+                watermark.heap_seq = -1  # active groups' watermarks are never pruned
+
+    def adopt(self, cohort: Cohort, terminal_at: float) -> None:
+        """Register a restored terminal cohort with the given (possibly back-dated) clock."""
+        assert cohort.terminal
+        cohort.terminal_at = terminal_at
+        self.cohorts[cohort.key] = cohort
+        self._push_terminal(cohort)
+
+    def discard(self, cohort: Cohort) -> None:
+        """Forget a terminal cohort (no-op when its key now names another cohort)."""
+        if self.cohorts.get(cohort.key) is cohort and cohort.terminal:
+            del self.cohorts[cohort.key]
+            self._terminal_count -= 1
+
+    def clear(self) -> None:
+        self.cohorts.clear()
+        self.active.clear()
+        self._group_active.clear()
+        self.watermarks.clear()
+        self._terminal_heap.clear()
+        self._watermark_heap.clear()
+        self._terminal_count = 0
+
+    # --- watermarks ---------------------------------------------------------------------------
+
+    def set_watermark(self, group_id: str, attempt: int, prompt_digest: str, now: float) -> None:
+        watermark = self.watermarks.get(group_id)
+        if watermark is None:
+            watermark = self.watermarks[group_id] = Watermark(attempt, prompt_digest, now)
+        else:
+            watermark.latest_attempt = attempt
+            watermark.prompt_digest = prompt_digest
+            watermark.updated_at = now
+        self._index_watermark(group_id, watermark)
+
+    def touch_watermark(self, group_id: str, now: float) -> None:
+        watermark = self.watermarks[group_id]
+        watermark.updated_at = now
+        self._index_watermark(group_id, watermark)
+
+    def _index_watermark(self, group_id: str, watermark: Watermark) -> None:
+        if self._group_active.get(group_id):
+            watermark.heap_seq = -1
+            return
+        seq = next(self._seq)
+        watermark.heap_seq = seq
+        heapq.heappush(self._watermark_heap, (watermark.updated_at, seq, group_id))
+        if len(self._watermark_heap) > 2 * len(self.watermarks) + _COMPACT_SLACK:
+            self._watermark_heap = [
+                entry
+                for entry in self._watermark_heap
+                if (w := self.watermarks.get(entry[2])) is not None and w.heap_seq == entry[1]
+            ]
+            heapq.heapify(self._watermark_heap)
+
+    # --- retention (SPEC §8.10) ---------------------------------------------------------------
+
+    def prune(self, now: float) -> None:
+        ttl = self._settings.cohort_result_ttl_s
+        cap = self._settings.max_terminal_cohorts
+        heap = self._terminal_heap
+        while heap:
+            terminal_at, _, cohort = heap[0]
+            if self.cohorts.get(cohort.key) is not cohort:
+                heapq.heappop(heap)
+                continue
+            if (ttl is not None and now - terminal_at >= ttl) or self._terminal_count > cap:
+                heapq.heappop(heap)
+                del self.cohorts[cohort.key]
+                self._terminal_count -= 1
+                continue
+            break
+        wheap = self._watermark_heap
+        while wheap:
+            updated_at, seq, group_id = wheap[0]
+            watermark = self.watermarks.get(group_id)
+            if watermark is None or watermark.heap_seq != seq:
+                heapq.heappop(wheap)
+                continue
+            expired = ttl is not None and now - updated_at >= ttl
+            if expired or len(self.watermarks) > cap:
+                heapq.heappop(wheap)
+                del self.watermarks[group_id]
+                continue
+            break
+
+    def _push_terminal(self, cohort: Cohort) -> None:
+        assert cohort.terminal_at is not None
+        heapq.heappush(self._terminal_heap, (cohort.terminal_at, next(self._seq), cohort))
+        self._terminal_count += 1
+        if len(self._terminal_heap) > 2 * self._terminal_count + _COMPACT_SLACK:
+            self._terminal_heap = [
+                entry for entry in self._terminal_heap if self.cohorts.get(entry[2].key) is entry[2]
+            ]
+            heapq.heapify(self._terminal_heap)
+
+    # --- state machine hooks ------------------------------------------------------------------
+
+    def cohort_state_changed(self, cohort: Cohort, source: str, dest: str) -> None:
+        gauge = self._metrics.active_cohorts
+        if source in ACTIVE_STATES:
+            gauge.labels(source).dec()
+        if dest in ACTIVE_STATES:
+            gauge.labels(dest).inc()
+
+    def cohort_terminal(self, cohort: Cohort) -> None:
+        record = cohort.record
+        assert record is not None
+        self.active.pop(cohort, None)
+        group_id = cohort.group_id
+        if group_id is not None:
+            group = self._group_active.get(group_id)
+            if group is not None:
+                group.pop(cohort, None)
+                if not group:
+                    del self._group_active[group_id]
+                    watermark = self.watermarks.get(group_id)
+                    if watermark is not None:
+                        self._index_watermark(group_id, watermark)
+        self._metrics.cohorts_terminal.labels(record.state).inc()
+        key = cohort.key[:KEY_LOG_LIMIT]
+        members = len(cohort.members)
+        if record.phase == "completed":
+            masked = record.masked
+            if masked:
+                self._metrics.masked_rollouts.inc(masked)
+                for member in record.members.values():
+                    if member.masked_alone:
+                        log.warning(
+                            "GenRM masked one rollout of key=%r: %s", key, member.failure_reason
+                        )
+            log.info(
+                "GenRM cohort disposition=completed key=%r attempt=%s members=%s",
+                key,
+                cohort.group_attempt,
+                members,
+            )
+        else:
+            log.warning(
+                "GenRM cohort disposition=failed key=%r attempt=%s members=%s kind=%s reason=%r",
+                key,
+                cohort.group_attempt,
+                members,
+                record.failure_kind,
+                (record.failure or "")[:500],
+            )
+        if self.cohorts.get(cohort.key) is not cohort:
+            return  # already evicted or replaced: nothing to retain
+        if record.retained:
+            self._push_terminal(cohort)
+        else:
+            del self.cohorts[cohort.key]  # completed legacy cohorts are not replayable (§8.7)
