@@ -1,0 +1,337 @@
+"""From comparison outcomes to member outcomes: masking, aggregation and result rows.
+
+Pure (no trio): the engine runs the judge calls and records each planned comparison's outcome in
+an :class:`Evaluation`; :func:`score_cohort` turns those into scored and masked members (SPEC
+§9.2, §9.3) or an all-masked group failure (D30), and :func:`compare_result` into the `/compare`
+reply (§2.5, §17.8).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, final
+
+from genrm_trio.config import Settings
+from genrm_trio.judge.base import JudgeCall, Usage
+from genrm_trio.model import CompareResult, JSONValue, Masked, Scored
+from genrm_trio.scoring import (
+    Aggregation,
+    ComparisonStats,
+    JudgedComparison,
+    MemberTexts,
+    PlannedComparison,
+    aggregate,
+    group_metrics,
+    position_disagreement_rate,
+)
+
+__all__ = [
+    "NON_FINITE_MESSAGE",
+    "AllMasked",
+    "Evaluation",
+    "MemberText",
+    "compare_result",
+    "default_result",
+    "score_cohort",
+]
+
+NON_FINITE_MESSAGE: Final = "GenRM returned non-finite cohort rewards"
+_RATE_KEYS: Final = (
+    "genrm_failed_comparison_rate_per_group",
+    "genrm_masked_rollout_rate_per_group",
+)
+_DISAGREEMENT: Final = "genrm_position_disagreement_rate_per_group"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class MemberText:
+    """A member's texts as its result row shows them and the adjustments measure them."""
+
+    reasoning_text: str
+    answer_text: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class AllMasked:
+    """Every member lost a comparison: the group fails as a judge failure (SPEC §9.4, D30)."""
+
+    message: str
+
+
+class Evaluation:
+    """The planned comparisons of one cohort or `/compare` call and what became of each.
+
+    ``judge_texts[x]`` is the text shown to the judge for index ``x`` (the baseline at index N in
+    fixed-baseline mode). Exactly one of ``results[c]`` / ``errors[c]`` is set once comparison
+    ``c`` has finished; both are None while it is pending.
+    """
+
+    def __init__(
+        self,
+        plan: Sequence[PlannedComparison],
+        judge_texts: Sequence[str],
+        history: Sequence[Mapping[str, str]],
+        principle: str | None,
+    ) -> None:
+        self.plan = list(plan)
+        self.judge_texts = list(judge_texts)
+        self.history = [dict(item) for item in history]
+        self.principle = principle
+        self.results: list[Any] = [None] * len(self.plan)  # ComparisonResult
+        self.errors: list[str | None] = [None] * len(self.plan)
+        self.error_usage: list[Usage | None] = [None] * len(self.plan)
+
+    @property
+    def total(self) -> int:
+        return len(self.plan)
+
+    def call(self, planned: PlannedComparison) -> JudgeCall:
+        first, second = planned.shown
+        return JudgeCall(
+            history=self.history,
+            response_1=self.judge_texts[first],
+            response_2=self.judge_texts[second],
+            principle=self.principle,
+        )
+
+    def pending(self) -> list[int]:
+        return [c for c in range(self.total) if self.results[c] is None and self.errors[c] is None]
+
+    def failed(self) -> list[int]:
+        return [c for c in range(self.total) if self.errors[c] is not None]
+
+    def judged(self, *, overall: bool = False) -> list[tuple[int, JudgedComparison]]:
+        """Successful comparisons in member orientation (flipped back when shown swapped)."""
+        out: list[tuple[int, JudgedComparison]] = []
+        for c, planned in enumerate(self.plan):
+            result = self.results[c]
+            if result is None:
+                continue
+            verdict = result.overall if overall else result.selected
+            scores = planned.to_member_orientation(tuple(verdict))
+            out.append((c, JudgedComparison(planned.i, planned.j, planned.k, scores)))
+        return out
+
+    def stats(self) -> list[ComparisonStats]:
+        out: list[ComparisonStats] = []
+        for c in range(self.total):
+            result = self.results[c]
+            if result is not None:
+                usage: Usage | None = result.usage
+                out.append(
+                    ComparisonStats(
+                        failed=False,
+                        overall_parse_failed=bool(result.overall_parse_failed),
+                        rubric_parse_failed=bool(result.rubric_parse_failed),
+                        input_tokens=usage.input_tokens if usage else None,
+                        output_tokens=usage.output_tokens if usage else None,
+                        budget_hit=usage.budget_hit if usage else False,
+                    )
+                )
+            else:
+                usage = self.error_usage[c]
+                out.append(
+                    ComparisonStats(
+                        failed=True,
+                        overall_parse_failed=False,
+                        rubric_parse_failed=False,
+                        input_tokens=usage.input_tokens if usage else None,
+                        output_tokens=usage.output_tokens if usage else None,
+                        budget_hit=usage.budget_hit if usage else False,
+                    )
+                )
+        return out
+
+
+def _aggregate(
+    settings: Settings,
+    comparisons: Sequence[JudgedComparison],
+    population: Sequence[int],
+    texts: Mapping[int, MemberTexts],
+    *,
+    adjust: bool,
+) -> Aggregation:
+    s = settings
+    return aggregate(
+        comparisons,
+        population,
+        texts,
+        default_score=s.default_score,
+        reasoning_bonus=s.reasoning_bonus if adjust else 0.0,
+        answer_bonus=s.answer_bonus if adjust else 0.0,
+        top_percentile=s.top_percentile,
+        group_reasoning_length_penalty_coeff=(
+            s.group_reasoning_length_penalty_coeff if adjust else 0.0
+        ),
+        group_answer_length_penalty_coeff=s.group_answer_length_penalty_coeff if adjust else 0.0,
+        group_style_penalty_coeff=s.group_style_penalty_coeff if adjust else 0.0,
+    )
+
+
+def _rubric_valid(
+    settings: Settings,
+    evaluation: Evaluation,
+    population: Sequence[int],
+    texts: Mapping[int, MemberTexts],
+) -> dict[int, float | None]:
+    """``reward_rubric_aggregate_valid`` per member (SPEC §6.5), over successful comparisons."""
+    out: dict[int, float | None] = dict.fromkeys(population)
+    if settings.score_source != "rubric_mean":
+        return out
+    valid: list[JudgedComparison] = []
+    touched: set[int] = set()
+    for c, judged in evaluation.judged():
+        if evaluation.results[c].rubric_parse_failed:
+            touched.update((judged.i, judged.j))
+        else:
+            valid.append(judged)
+    if not valid:
+        return out
+    base = _aggregate(settings, valid, population, texts, adjust=False).base
+    return {m: (None if m in touched else base[m]) for m in population}
+
+
+def _metrics(
+    settings: Settings, evaluation: Evaluation, *, masked: int, members: int
+) -> dict[str, JSONValue]:
+    metrics: dict[str, JSONValue] = dict(
+        group_metrics(
+            evaluation.stats(),
+            rubric_mode=settings.score_source == "rubric_mean",
+            masked=masked,
+            members=members,
+        )
+    )
+    if settings.position_balance == "alternate":
+        pairs = [(judged, evaluation.plan[c].swapped) for c, judged in evaluation.judged()]
+        metrics[_DISAGREEMENT] = position_disagreement_rate(pairs)
+    return metrics
+
+
+def default_result(settings: Settings, text: MemberText) -> dict[str, JSONValue]:
+    """The singleton-path result (SPEC §2.3, §17.9): defaults and metrics at their defaults."""
+    score = settings.default_score
+    result: dict[str, JSONValue] = {
+        "reward": score,
+        "mask_sample": False,
+        "failure_kind": None,
+        "failure_reason": None,
+        "reasoning_text": text.reasoning_text,
+        "answer_text": text.answer_text,
+        "reward_score_raw": score,
+        "reward_rubric_aggregate_valid": None,
+        "reward_overall_score_raw": score,
+        "reward_overall_score": score,
+        "reward_length_adjustment": 0.0,
+    }
+    metrics = group_metrics(
+        [], rubric_mode=settings.score_source == "rubric_mean", masked=0, members=1
+    )
+    result.update(metrics)
+    if settings.position_balance == "alternate":
+        result[_DISAGREEMENT] = None
+    return result
+
+
+def score_cohort(
+    settings: Settings,
+    evaluation: Evaluation,
+    size: int,
+    texts: Mapping[int, MemberText],
+) -> dict[int, Scored | Masked] | AllMasked:
+    """Mask the members of failed comparisons and score the rest from all their comparisons.
+
+    Raises ValueError when a reward is not finite (a cohort-kind failure, SPEC §8.6).
+    """
+    total = evaluation.total
+    failed = evaluation.failed()
+    first_error: dict[int, str] = {}
+    for c in failed:  # comparison order: judge-major, then pair order (D31)
+        planned = evaluation.plan[c]
+        message = evaluation.errors[c]
+        assert message is not None
+        for m in (planned.i, planned.j):
+            if m < size:  # the fixed baseline (index N) is never masked
+                first_error.setdefault(m, message)
+    f = len(failed)
+    if len(first_error) == size:
+        first = evaluation.errors[failed[0]]
+        return AllMasked(
+            "GenRM masked every rollout of the group after judge failures "
+            f"({f} of {total} comparisons failed): {first}"
+        )
+    population = [m for m in range(size) if m not in first_error]
+    member_texts = {
+        m: MemberTexts.from_texts(texts[m].reasoning_text, texts[m].answer_text) for m in population
+    }
+    selected = [judged for _, judged in evaluation.judged()]
+    overall = [judged for _, judged in evaluation.judged(overall=True)]
+    agg = _aggregate(settings, selected, population, member_texts, adjust=True)
+    ovr = _aggregate(settings, overall, population, member_texts, adjust=True)
+    if not all(math.isfinite(agg.final[m]) for m in population):
+        raise ValueError(NON_FINITE_MESSAGE)
+    valid = _rubric_valid(settings, evaluation, population, member_texts)
+    metrics = _metrics(settings, evaluation, masked=len(first_error), members=size)
+    outcomes: dict[int, Scored | Masked] = {}
+    for m in range(size):
+        if m in first_error:
+            outcomes[m] = Masked(
+                f"GenRM rollout_index={m} lost a comparison to a judge failure "
+                f"({f} of {total} comparisons failed): {first_error[m]}"
+            )
+            continue
+        result: dict[str, JSONValue] = {
+            "reward": agg.final[m],
+            "mask_sample": False,
+            "failure_kind": None,
+            "failure_reason": None,
+            "reasoning_text": texts[m].reasoning_text,
+            "answer_text": texts[m].answer_text,
+            "reward_score_raw": agg.base[m],
+            "reward_rubric_aggregate_valid": valid[m],
+            "reward_overall_score_raw": ovr.base[m],
+            "reward_overall_score": ovr.final[m],
+            "reward_length_adjustment": agg.adjustments[m],
+        }
+        result.update(metrics)
+        outcomes[m] = Scored(result)
+    return outcomes
+
+
+def compare_result(
+    settings: Settings, evaluation: Evaluation, texts: Sequence[MemberText]
+) -> CompareResult:
+    """The `/compare` reply once every comparison succeeded (SPEC §2.5, §17.8).
+
+    Rewards carry the group adjustments over all inputs, as in the reference.
+    """
+    n = len(texts)
+    comparisons = [j for _, j in evaluation.judged()]
+    population = list(range(n))
+    member_texts = {
+        m: MemberTexts.from_texts(texts[m].reasoning_text, texts[m].answer_text) for m in population
+    }
+    agg = _aggregate(settings, comparisons, population, member_texts, adjust=True)
+    rows: list[dict[str, JSONValue]] = [
+        {
+            "response_i": j.i,
+            "response_j": j.j,
+            "judge_idx": j.k,
+            "score_1": j.scores[0],
+            "score_2": j.scores[1],
+            "ranking": j.scores[2],
+        }
+        for j in comparisons
+    ]
+    metrics: dict[str, JSONValue] = dict(agg.metrics)
+    group = _metrics(settings, evaluation, masked=0, members=n)
+    for key in _RATE_KEYS:
+        group.pop(key, None)
+    metrics.update(group)
+    return CompareResult(
+        rewards=[agg.final[m] for m in population], comparison_results=rows, metrics=metrics
+    )

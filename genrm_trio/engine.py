@@ -1,0 +1,773 @@
+"""The engine: `/verify` cohorts and `/compare` batches on one engine-owned trio nursery.
+
+``open_engine(settings, judge)`` opens the nursery that owns every cohort's run (collection
+deadline, then evaluation under the group deadline) and every `/verify` judge call; request
+handlers only attach waiters and wait, so a client disconnect cancels its own wait and never a
+cohort (SPEC §8.11, §8.13). Cohort tasks start in a fresh, empty ``contextvars`` context so that
+no per-request variable leaks into shared judge calls. `/compare` runs in the request's own task
+and context, fail-fast (§9.5), under ``cohort_evaluation_timeout_s`` (D27).
+
+The request algorithm is SPEC §8.4, in order. The registry section (prune, watermarks,
+supersession, get-or-create, attach) runs under one lock; it awaits only the durable store's
+commit points (§17.11), shielded, and everything from the cohort checks to attaching the waiter is
+synchronous, so a state transition (the final arrival's ``start_judging`` or the collection
+timer's ``fail``) decides every race: all members get rewards or none do.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Final, final
+
+import trio
+
+from genrm_trio.cohort import machine
+from genrm_trio.cohort.cohort import Cohort, Member, Waiter
+from genrm_trio.cohort.evaluation import (
+    AllMasked,
+    Evaluation,
+    MemberText,
+    compare_result,
+    default_result,
+    score_cohort,
+)
+from genrm_trio.cohort.records import (
+    CohortStore,
+    OpenRecord,
+    TerminalRecord,
+    WatermarkRecord,
+)
+from genrm_trio.cohort.registry import KEY_LOG_LIMIT, Registry
+from genrm_trio.config import Settings
+from genrm_trio.judge.attempts import Comparator
+from genrm_trio.judge.base import Judge, JudgeError, Usage
+from genrm_trio.metrics import Metrics
+from genrm_trio.model import (
+    CohortView,
+    CompareFailed,
+    CompareInput,
+    CompareResult,
+    FailureKind,
+    GroupFailed,
+    MemberOutcome,
+    RequestRejected,
+    Scored,
+    VerifyInput,
+)
+from genrm_trio.scoring import PlannedComparison, plan_comparisons, plan_fixed_baseline
+from genrm_trio.text import (
+    HistoryError,
+    answer_text,
+    digest_text,
+    judge_text,
+    normalize_history,
+    prompt_digest,
+    reasoning_text,
+    response_digest,
+)
+
+__all__ = ["Engine", "EngineStatistics", "RestoreReport", "open_engine"]
+
+log = logging.getLogger("genrm_trio.engine")
+
+SHUTTING_DOWN: Final = "GenRM server is shutting down"
+RUBRIC_REQUIRED: Final = "score_source=rubric_mean requires expected_rubric_ids"
+BASELINE_REQUIRED: Final = (
+    "fixed_baseline requires responses_create_params.metadata.baseline_response"
+)
+LEGACY_ATTEMPT_MESSAGE: Final = (
+    "GenRM group attempt omitted; treating legacy requests as group attempt zero"
+)
+
+_legacy_attempt_logged = False
+
+
+def _log_legacy_attempt_once() -> None:
+    """The once-per-process migration line of SPEC §2.2 (a log record, never warnings.warn)."""
+    global _legacy_attempt_logged
+    if not _legacy_attempt_logged:
+        _legacy_attempt_logged = True
+        log.warning(LEGACY_ATTEMPT_MESSAGE)
+
+
+def _first_leaf(error: BaseException) -> BaseException:
+    """The first non-group exception inside (possibly nested) exception groups."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return error
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class EngineStatistics:
+    """A frozen snapshot of everything the engine holds; all zeros after ``aclose()``."""
+
+    closed: bool
+    cohorts: int  # keys held: active cohorts plus retained terminal records
+    cohorts_by_state: Mapping[str, int]
+    active_cohorts: int
+    terminal_records: int
+    watermarks: int
+    waiters: int  # attached requests not yet answered
+    running_tasks: int  # cohort run tasks in the engine nursery
+    compares_in_flight: int
+    judge: Any  # the comparator's own statistics() snapshot
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RestoreReport:
+    """What :meth:`Engine.restore_records` did (SPEC §17.12 merge semantics)."""
+
+    added: int = 0
+    unchanged: int = 0
+    watermarks_updated: int = 0
+    conflicts: list[dict[str, str]] = field(default_factory=list)
+
+
+@final
+class Engine:
+    """Cohort verification and batch comparison. Create it with :func:`open_engine`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        judge: Judge,
+        metrics: Metrics,
+        store: CohortStore | None,
+        nursery: trio.Nursery,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self._store = store
+        self._nursery = nursery
+        self._comparator = Comparator(judge, settings, metrics)
+        self._registry = Registry(settings, metrics)
+        self._lock = trio.Lock()
+        self._closed = False
+        self._running = 0
+        self._idle = trio.Event()
+        self._idle.set()
+        self._compare_scopes: set[trio.CancelScope] = set()
+
+    # --- public surface ---------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def active_cohorts(self) -> list[CohortView]:
+        """Collecting and judging cohorts, oldest first (``GET /cohorts``, SPEC §17.13)."""
+        return self._registry.views(trio.current_time())
+
+    def statistics(self) -> EngineStatistics:
+        r = self._registry.statistics()
+        return EngineStatistics(
+            closed=self._closed,
+            cohorts=r.cohorts,
+            cohorts_by_state=r.by_state,
+            active_cohorts=r.active,
+            terminal_records=r.terminal_records,
+            watermarks=r.watermarks,
+            waiters=r.waiters,
+            running_tasks=self._running,
+            compares_in_flight=len(self._compare_scopes),
+            judge=self._comparator.statistics(),
+        )
+
+    async def aclose(self) -> None:
+        """Shutdown (SPEC §8.12, D28): refuse new work, fail active cohorts with 503, cancel
+        timers, evaluations and `/compare` calls, wait for them, then clear every record."""
+        if not self._closed:
+            async with self._lock:
+                self._closed = True
+                for cohort in list(self._registry.active):
+                    self._fail(cohort, "cohort", SHUTTING_DOWN)
+            for scope in list(self._compare_scopes):
+                scope.cancel()
+        await self._idle.wait()
+        self._registry.clear()
+
+    # --- /verify ----------------------------------------------------------------------------
+
+    async def verify(self, item: VerifyInput) -> MemberOutcome:
+        """One `/verify` request (SPEC §8.4). Raises RequestRejected for 422, 409 and 503
+        refusals; a cohort-kind GroupFailed is the caller's 503, the others are 200 rows."""
+        s = self.settings
+        if item.group_id is not None and not item.group_attempt_given:
+            _log_legacy_attempt_once()
+        if self._closed:
+            raise RequestRejected(503, SHUTTING_DOWN)
+        if s.score_source == "rubric_mean" and not item.expected_rubric_ids:
+            raise RequestRejected(422, RUBRIC_REQUIRED)
+        if not s.cohorting:
+            text = MemberText(reasoning_text(item.response), answer_text(item.response))
+            return Scored(default_result(s, text))
+
+        size = s.num_rollouts_per_prompt
+        index = item.rollout_index
+        if index is None:
+            raise RequestRejected(422, "_ng_rollout_index is required for cohort comparison")
+        if not 0 <= index < size:
+            raise RequestRejected(422, f"_ng_rollout_index must be in [0, {size}); got {index}")
+        baseline: str | None = None
+        if s.comparison_mode == "fixed_baseline":
+            raw = (item.metadata or {}).get("baseline_response")
+            if not isinstance(raw, str) or not raw.strip():
+                raise RequestRejected(422, BASELINE_REQUIRED)
+            baseline = raw
+        try:
+            history = normalize_history(item.input)
+        except HistoryError as error:
+            raise RequestRejected(422, str(error)) from None
+
+        base_digest = prompt_digest(item.input, item.principle)
+        if item.group_id is not None:
+            key = f"group_id::{item.group_id}::group_attempt::{item.group_attempt}"
+        elif item.task_index is not None:
+            key = f"task_idx::{item.task_index}::{base_digest}::group_attempt::{item.group_attempt}"
+        elif item.prompt_id is not None:
+            key = f"prompt_id::{item.prompt_id}::{base_digest}::group_attempt::{item.group_attempt}"
+        else:
+            key = f"{base_digest}::group_attempt::{item.group_attempt}"
+        suffix = ""
+        baseline_digest: str | None = None
+        if baseline is not None:
+            baseline_digest = digest_text(baseline)
+            suffix += f":{baseline_digest}"
+        if item.expected_rubric_ids is not None:
+            suffix += ":rubrics:" + ",".join(map(str, item.expected_rubric_ids))
+        key += suffix
+        digest = base_digest + suffix
+        member = Member(
+            index=index,
+            response_digest=response_digest(item.response),
+            answer_text=answer_text(item.response),
+            reasoning_text=reasoning_text(item.response),
+            rubric_ids=item.expected_rubric_ids,
+            baseline_digest=baseline_digest,
+        )
+
+        async with self._lock:
+            cohort = await self._resolve(item, key, digest, history, baseline, baseline_digest)
+            attached = self._attach(cohort, member, digest)
+
+        if not isinstance(attached, Waiter):
+            if not cohort.released.is_set():  # terminal, record not yet committed
+                await cohort.released.wait()
+            return attached
+        try:
+            await attached.event.wait()
+        except BaseException:
+            # Detach only this request (SPEC §8.11); shielded so it completes even if it awaits.
+            with trio.CancelScope(shield=True):  # noqa: ASYNC100
+                slot = cohort.members.get(index)
+                if slot is not None and attached in slot.waiters:
+                    slot.waiters.remove(attached)
+            raise
+        assert attached.outcome is not None
+        return attached.outcome
+
+    async def _resolve(
+        self,
+        item: VerifyInput,
+        key: str,
+        digest: str,
+        history: list[dict[str, str]],
+        baseline: str | None,
+        baseline_digest: str | None,
+    ) -> Cohort:
+        """Step 7 of SPEC §8.4: watermarks and supersession, then get or create the cohort."""
+        s = self.settings
+        reg = self._registry
+        if self._closed:
+            raise RequestRejected(503, SHUTTING_DOWN)
+        now = trio.current_time()
+        reg.prune(now)
+        group_id = item.group_id
+        attempt = item.group_attempt
+        advances = False
+        if group_id is not None:
+            watermark = reg.watermarks.get(group_id)
+            if watermark is not None and watermark.prompt_digest != digest:
+                raise RequestRejected(
+                    409,
+                    f"GenRM group {group_id!r} received inconsistent prompt or principle content",
+                )
+            if watermark is not None and attempt < watermark.latest_attempt:
+                raise RequestRejected(
+                    409,
+                    f"GenRM group {group_id!r} attempt {attempt} was superseded by attempt "
+                    f"{watermark.latest_attempt}",
+                )
+            advances = watermark is None or attempt > watermark.latest_attempt
+        if reg.get(key) is None:
+            active = len(reg.active)
+            if advances and group_id is not None:
+                active -= sum(1 for c in reg.group_actives(group_id) if c.group_attempt < attempt)
+            if active >= s.server.max_active_cohorts:
+                raise RequestRejected(
+                    503,
+                    f"GenRM server is at capacity ({len(reg.active)} active cohorts); retry later",
+                    {"Retry-After": "1"},
+                )
+        if group_id is not None:
+            if advances:
+                reg.set_watermark(group_id, attempt, digest, now)
+                for old in reg.group_actives(group_id):
+                    if old.group_attempt < attempt:
+                        self._fail(
+                            old,
+                            "cohort",
+                            f"GenRM group {group_id!r} attempt {old.group_attempt} was superseded "
+                            f"by attempt {attempt}",
+                        )
+                await self._commit_watermark(WatermarkRecord(group_id, attempt, digest))
+            else:
+                reg.touch_watermark(group_id, now)
+        cohort = reg.get(key)
+        if cohort is not None:
+            return cohort
+        cohort = Cohort(
+            key=key,
+            group_id=group_id,
+            group_attempt=attempt,
+            prompt_digest=digest,
+            size=s.num_rollouts_per_prompt,
+            history=history,
+            principle=item.principle,
+            baseline=baseline,
+            baseline_digest=baseline_digest,
+            rubric_ids=item.expected_rubric_ids,
+            created_at=now,
+            collect_deadline=now + s.cohort_collection_timeout_s,
+            host=reg,
+        )
+        await self._commit_open(OpenRecord(key, group_id, attempt, group_id is None, digest))
+        if self._closed:
+            raise RequestRejected(503, SHUTTING_DOWN)
+        reg.add(cohort)
+        self._spawn(self._run, cohort)
+        return cohort
+
+    def _attach(self, cohort: Cohort, member: Member, digest: str) -> Waiter | MemberOutcome:
+        """Step 8 of SPEC §8.4 (synchronous): the replay/conflict matrix, then attach."""
+        index = member.index
+        if cohort.prompt_digest != digest:
+            raise RequestRejected(
+                409,
+                f"GenRM cohort {cohort.key!r} received inconsistent prompt or principle content",
+            )
+        state = cohort.state
+        if state == "failed":
+            return cohort.failure_outcome()
+        if cohort.terminal:
+            assert cohort.record is not None
+            record = cohort.record.members.get(index)
+            if record is None:
+                raise RequestRejected(
+                    409,
+                    f"GenRM cohort {cohort.key!r} is already {machine.wire_phase(state)}; "
+                    f"rollout_index={index} cannot be added",
+                )
+            if not record.masked_alone and record.response_digest != member.response_digest:
+                raise RequestRejected(
+                    409,
+                    f"GenRM cohort {cohort.key!r} already has a different response for "
+                    f"rollout_index={index}",
+                )
+            return cohort.member_outcome(index)
+        present = cohort.members.get(index)
+        waiter = Waiter()
+        if present is not None:
+            if present.response_digest != member.response_digest:
+                raise RequestRejected(
+                    409,
+                    f"GenRM cohort {cohort.key!r} already has a different response for "
+                    f"rollout_index={index}",
+                )
+            present.waiters.append(waiter)
+            return waiter
+        if state != "collecting":
+            raise RequestRejected(
+                409,
+                f"GenRM cohort {cohort.key!r} is already {machine.wire_phase(state)}; "
+                f"rollout_index={index} cannot be added",
+            )
+        member.waiters.append(waiter)
+        cohort.members[index] = member
+        machine.start_judging(cohort)  # guarded by is_full: a no-op until all N are present
+        return waiter
+
+    # --- cohort run (engine nursery) ----------------------------------------------------------
+
+    def _spawn(self, fn: Callable[[Cohort], Awaitable[None]], cohort: Cohort) -> None:
+        """Start ``fn(cohort)`` in the engine nursery, in a fresh empty context (SPEC §8.13)."""
+        if self._running == 0:
+            self._idle = trio.Event()
+        self._running += 1
+        name = f"genrm-cohort {cohort.key[:80]}"
+        contextvars.Context().run(lambda: self._nursery.start_soon(fn, cohort, name=name))
+
+    def _task_done(self) -> None:
+        self._running -= 1
+        if self._running == 0:
+            self._idle.set()
+
+    def _fail(self, cohort: Cohort, kind: FailureKind, message: str) -> bool:
+        return machine.fail(cohort, failure=GroupFailed(kind, message))
+
+    async def _commit_watermark(self, record: WatermarkRecord) -> None:
+        if self._store is not None:
+            with trio.CancelScope(shield=True):
+                await self._store.commit_watermark(record)
+
+    async def _commit_open(self, record: OpenRecord) -> None:
+        if self._store is not None:
+            with trio.CancelScope(shield=True):
+                await self._store.commit_open(record)
+
+    async def _commit_terminal(self, record: TerminalRecord) -> None:
+        if self._store is not None:
+            with trio.CancelScope(shield=True):
+                await self._store.commit_terminal(record)
+
+    async def _run(self, cohort: Cohort) -> None:
+        """Collection deadline, then evaluation; finally commit the record and release."""
+        s = self.settings
+        try:
+            with cohort.scope:
+                with trio.move_on_at(cohort.collect_deadline):
+                    await cohort.full.wait()
+                if cohort.state == "collecting":
+                    self.metrics.deadline_failures.labels("collection").inc()
+                    self._fail(
+                        cohort,
+                        "cohort",
+                        f"GenRM cohort {cohort.key!r} did not collect {cohort.size} unique rollout "
+                        f"indices within {s.cohort_collection_timeout_s}s",
+                    )
+                elif cohort.state == "judging":
+                    await self._evaluate(cohort)
+        except Exception as exc:
+            error = _first_leaf(exc)
+            log.error(
+                "GenRM cohort evaluation failed for key=%r",
+                cohort.key[:KEY_LOG_LIMIT],
+                exc_info=error,
+            )
+            self._fail(
+                cohort,
+                "cohort",
+                f"GenRM cohort evaluation failed: {type(error).__name__}: {str(error)[:1000]}",
+            )
+        finally:
+            if not cohort.terminal:
+                self._fail(cohort, "cohort", "GenRM cohort evaluation was cancelled")
+            with trio.CancelScope(shield=True):
+                await self._finalize(cohort)
+            self._task_done()
+
+    async def _finalize(self, cohort: Cohort) -> None:
+        """Commit the terminal record (SPEC §17.11), then wake every waiter."""
+        record = cohort.record
+        assert record is not None
+        if self._store is not None:
+            try:
+                await self._store.commit_terminal(record)
+            except Exception:
+                log.exception(
+                    "GenRM durable store failed to commit key=%r", cohort.key[:KEY_LOG_LIMIT]
+                )
+        cohort.release()
+
+    def _judge_principle(self, principle: str | None) -> str | None:
+        s = self.settings
+        if not s.use_principle:
+            return None
+        return principle if principle else s.default_principle
+
+    def _build_evaluation(self, cohort: Cohort) -> tuple[Evaluation, dict[int, MemberText]]:
+        s = self.settings
+        members = [cohort.members[i] for i in range(cohort.size)]
+        for m in members:
+            if m.rubric_ids != cohort.rubric_ids:
+                raise ValueError("GenRM cohort members have inconsistent expected_rubric_ids")
+        judge_texts = [judge_text(m.answer_text) for m in members]
+        plan: list[PlannedComparison]
+        if s.comparison_mode == "fixed_baseline":
+            if cohort.baseline is None or any(
+                m.baseline_digest != cohort.baseline_digest for m in members
+            ):
+                raise ValueError("GenRM cohort members have inconsistent baseline_response values")
+            plan = plan_fixed_baseline(cohort.size, s.num_judges_per_comparison, cohort.key)
+            judge_texts.append(judge_text(cohort.baseline))
+        else:
+            plan = plan_comparisons(
+                cohort.size,
+                s.comparison_strategy,
+                s.num_judges_per_comparison,
+                s.position_balance,
+            )
+        evaluation = Evaluation(
+            plan, judge_texts, cohort.history, self._judge_principle(cohort.principle)
+        )
+        texts = {m.index: MemberText(m.reasoning_text, m.answer_text) for m in members}
+        return evaluation, texts
+
+    async def _evaluate(self, cohort: Cohort) -> None:
+        """All comparisons, collect-all (SPEC §9.4), under the group deadline."""
+        s = self.settings
+        timeout = s.cohort_evaluation_timeout_s
+        cohort.eval_deadline = trio.current_time() + timeout
+        evaluation, texts = self._build_evaluation(cohort)
+        cohort.comparisons_total = evaluation.total
+        with trio.move_on_at(cohort.eval_deadline) as deadline:
+            async with trio.open_nursery() as nursery:
+                for c, planned in enumerate(evaluation.plan):
+                    nursery.start_soon(self._verify_comparison, cohort, evaluation, c, planned)
+        if deadline.cancelled_caught:
+            if s.evaluation_deadline_policy == "fail_group":
+                self.metrics.deadline_failures.labels("evaluation").inc()
+                self._fail(
+                    cohort, "judge", f"GenRM cohort evaluation deadline exceeded after {timeout}s"
+                )
+                return
+            for c in evaluation.pending():  # mask_pending (D12, §17.10)
+                planned = evaluation.plan[c]
+                self.metrics.deadline_failures.labels("evaluation").inc()
+                self._comparison_failed(
+                    cohort,
+                    evaluation,
+                    c,
+                    f"GenRM comparison {planned.pair} (judge {planned.k}) was still running at "
+                    f"the group deadline ({timeout}s) and was cancelled",
+                    None,
+                )
+        outcome = score_cohort(s, evaluation, cohort.size, texts)
+        if isinstance(outcome, AllMasked):
+            self._fail(cohort, "judge", outcome.message)
+        elif not machine.publish(cohort, outcomes=outcome):
+            log.debug("Discarding late GenRM completion for key=%r", cohort.key[:KEY_LOG_LIMIT])
+
+    async def _verify_comparison(
+        self, cohort: Cohort, evaluation: Evaluation, c: int, planned: PlannedComparison
+    ) -> None:
+        """One comparison of a cohort: a JudgeError is recorded, anything else escapes."""
+        call = evaluation.call(planned)
+        try:
+            result = await self._comparator.compare(
+                call,
+                pair=planned.pair,
+                judge_pass=planned.k,
+                expected_rubric_ids=cohort.rubric_ids,
+            )
+        except JudgeError as error:
+            self._comparison_failed(cohort, evaluation, c, error.message, error.usage)
+            return
+        evaluation.results[c] = result
+        cohort.comparisons_done += 1
+
+    def _comparison_failed(
+        self,
+        cohort: Cohort,
+        evaluation: Evaluation,
+        c: int,
+        message: str,
+        usage: Usage | None,
+    ) -> None:
+        planned = evaluation.plan[c]
+        evaluation.errors[c] = message
+        evaluation.error_usage[c] = usage
+        cohort.comparisons_done += 1
+        cohort.comparisons_failed += 1
+        self.metrics.failed_comparisons.inc()
+        log.warning(
+            "GenRM dropped comparison %s (judge %s) of %s after a judge failure: %s",
+            planned.pair,
+            planned.k,
+            evaluation.total,
+            message,
+        )
+
+    # --- /compare -----------------------------------------------------------------------------
+
+    async def compare(self, item: CompareInput) -> CompareResult:
+        """Batch comparison (SPEC §2.5, §17.8), fail-fast, in the caller's task and context."""
+        s = self.settings
+        if self._closed:
+            raise CompareFailed(SHUTTING_DOWN)
+        if s.score_source == "rubric_mean" and not item.expected_rubric_ids:
+            raise RequestRejected(422, RUBRIC_REQUIRED)
+        n = len(item.responses)
+        if s.debug_logging:
+            log.info("GenRM compare request: %s responses", n)
+        if n < 2:
+            return CompareResult([s.default_score] * n, None, None)
+        texts = [MemberText(reasoning_text(r), answer_text(r)) for r in item.responses]
+        plan = plan_comparisons(
+            n, s.comparison_strategy, s.num_judges_per_comparison, s.position_balance
+        )
+        evaluation = Evaluation(
+            plan,
+            [judge_text(t.answer_text) for t in texts],
+            item.history,
+            self._judge_principle(item.principle),
+        )
+        first_error: list[JudgeError] = []
+        timeout = s.cohort_evaluation_timeout_s
+        scope = trio.CancelScope(deadline=trio.current_time() + timeout)
+        self._compare_scopes.add(scope)
+        try:
+            with scope:
+                async with trio.open_nursery() as nursery:
+                    for c, planned in enumerate(plan):
+                        nursery.start_soon(
+                            self._compare_one,
+                            evaluation,
+                            c,
+                            planned,
+                            item.expected_rubric_ids,
+                            first_error,
+                            nursery.cancel_scope,
+                        )
+        except BaseExceptionGroup as group:
+            leaf = _first_leaf(group)
+            if len(group.exceptions) == 1 and isinstance(leaf, Exception):
+                raise leaf from group
+            raise
+        finally:
+            self._compare_scopes.discard(scope)
+        if first_error:
+            raise CompareFailed(first_error[0].message)
+        if scope.cancelled_caught:
+            if self._closed:
+                raise CompareFailed(SHUTTING_DOWN)
+            self.metrics.deadline_failures.labels("compare").inc()
+            raise CompareFailed(f"GenRM compare deadline exceeded after {timeout}s")
+        result = compare_result(s, evaluation, texts)
+        if s.debug_logging:
+            log.info("GenRM compare final rewards: %s", [f"{r:.4f}" for r in result.rewards])
+        return result
+
+    async def _compare_one(
+        self,
+        evaluation: Evaluation,
+        c: int,
+        planned: PlannedComparison,
+        rubric_ids: tuple[int, ...] | None,
+        first_error: list[JudgeError],
+        siblings: trio.CancelScope,
+    ) -> None:
+        try:
+            evaluation.results[c] = await self._comparator.compare(
+                evaluation.call(planned),
+                pair=planned.pair,
+                judge_pass=planned.k,
+                expected_rubric_ids=rubric_ids,
+            )
+        except JudgeError as error:
+            if not first_error:
+                first_error.append(error)
+            siblings.cancel()  # fail-fast: every other comparison ends now (SPEC §9.5)
+
+    # --- terminal records (durable state and checkpoints) ------------------------------------
+
+    def terminal_records(self) -> list[TerminalRecord]:
+        """Every retained terminal cohort's record, oldest first (checkpoint export)."""
+        cohorts = [
+            c for c in self._registry.cohorts.values() if c.terminal and c.record is not None
+        ]
+        cohorts.sort(key=lambda c: c.terminal_at or 0.0)
+        return [c.record for c in cohorts if c.record is not None]
+
+    def watermark_records(self) -> list[WatermarkRecord]:
+        return [
+            WatermarkRecord(group_id, w.latest_attempt, w.prompt_digest)
+            for group_id, w in self._registry.watermarks.items()
+        ]
+
+    async def restore_records(
+        self,
+        records: Iterable[TerminalRecord],
+        watermarks: Iterable[WatermarkRecord] = (),
+        *,
+        age_s: Mapping[str, float] | None = None,
+    ) -> RestoreReport:
+        """Merge terminal records and watermarks (SPEC §10.3, §17.12): an absent key is added
+        with a fresh retention clock (or one set back by ``age_s[key]``), an identical record is
+        left alone, anything else is a conflict. Restored members replay without judging."""
+        report = RestoreReport()
+        added = unchanged = updated = 0
+        reg = self._registry
+        async with self._lock:
+            if self._closed:
+                raise RequestRejected(503, SHUTTING_DOWN)
+            now = trio.current_time()
+            for record in records:
+                present = reg.get(record.key)
+                if present is not None:
+                    if present.terminal and present.record == record:
+                        unchanged += 1
+                    else:
+                        reason = "active cohort" if not present.terminal else "different record"
+                        report.conflicts.append({"key": record.key, "reason": reason})
+                    continue
+                await self._commit_terminal(record)
+                cohort = Cohort(
+                    key=record.key,
+                    group_id=record.group_id,
+                    group_attempt=record.group_attempt,
+                    prompt_digest=record.prompt_digest,
+                    size=self.settings.num_rollouts_per_prompt,
+                    history=(),
+                    principle=None,
+                    baseline=None,
+                    baseline_digest=None,
+                    rubric_ids=None,
+                    created_at=now,
+                    collect_deadline=now,
+                    host=reg,
+                    state=record.state,
+                    record=record,
+                )
+                reg.adopt(cohort, now - (age_s or {}).get(record.key, 0.0))
+                added += 1
+            for mark in watermarks:
+                current = reg.watermarks.get(mark.group_id)
+                if current is not None and current.prompt_digest != mark.prompt_digest:
+                    report.conflicts.append(
+                        {"group_id": mark.group_id, "reason": "different prompt digest"}
+                    )
+                    continue
+                if current is None or mark.latest_attempt > current.latest_attempt:
+                    await self._commit_watermark(mark)
+                    reg.set_watermark(mark.group_id, mark.latest_attempt, mark.prompt_digest, now)
+                    updated += 1
+        return RestoreReport(added, unchanged, updated, report.conflicts)
+
+
+@asynccontextmanager
+async def open_engine(
+    settings: Settings,
+    judge: Judge,
+    *,
+    metrics: Metrics | None = None,
+    store: CohortStore | None = None,
+) -> AsyncIterator[Engine]:
+    """Open the engine nursery and yield the :class:`Engine`; on exit, ``aclose()`` it.
+
+    The judge is not closed: it belongs to the caller.
+    """
+    async with trio.open_nursery() as nursery:
+        engine = Engine(settings, judge, metrics or Metrics(), store, nursery)
+        try:
+            yield engine
+        finally:
+            with trio.CancelScope(shield=True):
+                await engine.aclose()
+            nursery.cancel_scope.cancel()
