@@ -1,0 +1,861 @@
+"""The HTTP judges (SPEC §4.2–§4.5, §16.1, §17.5): request shapes, reply classification, usage,
+error mapping, URLs and tokens; the keep-alive pool over real sockets (reuse, interrupted bodies,
+cancellation without leaks, a closed port)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Awaitable, Callable, MutableMapping
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from genrm_trio.config import ConfigError, Settings, settings_from_mapping
+from genrm_trio.judge.base import (
+    JudgeBadJSON,
+    JudgeCall,
+    JudgeHTTPError,
+    JudgeReply,
+    JudgeTransportError,
+    ReplyStatus,
+)
+from genrm_trio.judge.http import (
+    HttpJudge,
+    chat_params,
+    interpret_chat,
+    interpret_responses,
+    make_http_judge,
+    parse_retry_after,
+)
+
+HISTORY = [{"role": "system", "content": "Be fair."}, {"role": "user", "content": "What is 2+2?"}]
+CALL = JudgeCall(HISTORY, "four", "4", None)
+VERDICT_TEXT = '{"score_1": 4, "score_2": 2, "ranking": 2}'
+TOKEN = "sk-test-secret-token-1234"
+
+
+def settings(**judge: Any) -> Settings:
+    data: dict[str, Any] = {"judge": {"base_url": "http://judge.test:8000/v1", **judge}}
+    return settings_from_mapping(data)
+
+
+def responses_reply(
+    text: str | None = VERDICT_TEXT, *, status: str | None = "completed", **extra: Any
+) -> dict[str, Any]:
+    reply: dict[str, Any] = {
+        "status": status,
+        "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}],
+    }
+    reply.update(extra)
+    return reply
+
+
+def chat_reply(
+    content: object = VERDICT_TEXT, finish: str | None = "stop", **extra: Any
+) -> dict[str, Any]:
+    reply: dict[str, Any] = {
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]
+    }
+    reply["choices"][0]["finish_reason"] = finish
+    reply.update(extra)
+    return reply
+
+
+class Recorder:
+    """An httpx.MockTransport handler that records requests and answers from a script."""
+
+    def __init__(self, *answers: httpx.Response | Exception | Callable[[], httpx.Response]):
+        self.answers = list(answers)
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        if callable(answer):
+            return answer()
+        return answer
+
+    @property
+    def bodies(self) -> list[dict[str, Any]]:
+        return [json.loads(r.content) for r in self.requests]
+
+
+def judge_with(recorder: Recorder, **judge: Any) -> HttpJudge:  # a judge over a MockTransport
+    return make_http_judge(settings(**judge), transport=httpx.MockTransport(recorder))
+
+
+def ok(payload: object, **kwargs: Any) -> httpx.Response:
+    return httpx.Response(200, json=payload, **kwargs)
+
+
+# --- URLs, endpoint, path -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("base_url", "api", "url", "path"),
+    [
+        ("http://j.test:8000/v1", "responses", "http://j.test:8000/v1/responses", "/v1/responses"),
+        ("http://j.test:8000/v1/", "responses", "http://j.test:8000/v1/responses", "/v1/responses"),
+        ("http://j.test:8000/v1", "chat_completions", "http://j.test:8000/v1/chat/completions",
+         "/v1/chat/completions"),
+        ("https://j.test/a/v1", "responses", "https://j.test/a/v1/responses", "/a/v1/responses"),
+        ("http://j.test:9/gym", "responses", "http://j.test:9/gym/responses", "/gym/responses"),
+    ],
+)  # fmt: skip
+async def test_url_is_base_url_plus_path_keeping_v1(
+    base_url: str, api: str, url: str, path: str
+) -> None:
+    recorder = Recorder(ok(responses_reply() if api == "responses" else chat_reply()))
+    judge = judge_with(recorder, base_url=base_url, api=api)
+    assert judge.url == url
+    assert judge.path == path
+    with trio.fail_after(5):
+        reply = await judge.attempt(CALL)
+    assert reply.status is ReplyStatus.COMPLETED
+    assert str(recorder.requests[0].url) == url
+    assert recorder.requests[0].method == "POST"
+    await judge.aclose()
+
+
+def test_endpoint_is_host_and_port() -> None:
+    assert make_http_judge(settings()).endpoint == "judge.test:8000"
+    assert make_http_judge(settings(base_url="https://judge.test/v1")).endpoint == "judge.test:443"
+
+
+def test_missing_base_url_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"judge\.base_url"):
+        make_http_judge(settings_from_mapping({}))
+
+
+def test_unset_token_variable_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GENRM_TEST_JUDGE_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match="GENRM_TEST_JUDGE_TOKEN"):
+        make_http_judge(settings(api_key_env="GENRM_TEST_JUDGE_TOKEN"))
+
+
+# --- request bodies -------------------------------------------------------------------------
+
+
+async def test_responses_body_carries_history_and_answers_in_metadata() -> None:
+    recorder = Recorder(ok(responses_reply()))
+    judge = make_http_judge(
+        settings_from_mapping(
+            {
+                "judge": {"base_url": "http://judge.test:8000/v1", "model": "judge-model"},
+                "genrm_responses_create_params": {
+                    "input": [{"role": "user", "content": "ignored"}],
+                    "max_output_tokens": 128,
+                    "temperature": 0.3,
+                },
+            }
+        ),
+        transport=httpx.MockTransport(recorder),
+    )
+    with trio.fail_after(5):
+        await judge.attempt(JudgeCall(HISTORY, "answer one", "None", None))
+    body = recorder.bodies[0]
+    assert body == {
+        "input": [
+            {"role": "system", "content": "Be fair.", "type": "message"},
+            {"role": "user", "content": "What is 2+2?", "type": "message"},
+        ],
+        "max_output_tokens": 128,
+        "temperature": 0.3,
+        "model": "judge-model",
+        "metadata": {"response_1": "answer one", "response_2": "None"},
+    }
+    assert "top_p" not in body  # only explicitly set create params
+    request = recorder.requests[0]
+    assert request.headers["content-type"] == "application/json"
+    assert "authorization" not in request.headers
+
+
+@pytest.mark.parametrize("principle", ["Be strict.", ""])
+async def test_responses_principle_in_metadata_only_when_given(principle: str) -> None:
+    recorder = Recorder(ok(responses_reply()))
+    judge = judge_with(recorder)
+    with trio.fail_after(5):
+        await judge.attempt(JudgeCall(HISTORY, "a", "b", principle))
+        await judge.attempt(JudgeCall(HISTORY, "a", "b", None))
+    with_principle, without = recorder.bodies
+    assert with_principle["metadata"] == {
+        "response_1": "a",
+        "response_2": "b",
+        "principle": principle,
+    }
+    assert without["metadata"] == {"response_1": "a", "response_2": "b"}
+    assert all(m["role"] in ("system", "user") for m in with_principle["input"])
+
+
+async def test_lone_surrogates_are_sent_as_json_escapes() -> None:
+    recorder = Recorder(ok(responses_reply()))
+    judge = judge_with(recorder)
+    with trio.fail_after(5):
+        await judge.attempt(JudgeCall(HISTORY, "bad \ud800 text", "ünïcode", None))
+    assert recorder.requests[0].content.isascii()
+    assert recorder.bodies[0]["metadata"]["response_1"] == "bad \ud800 text"
+    assert recorder.bodies[0]["metadata"]["response_2"] == "ünïcode"
+
+
+async def test_chat_body_appends_principle_and_answers_after_history() -> None:
+    recorder = Recorder(ok(chat_reply()))
+    judge = make_http_judge(
+        settings_from_mapping(
+            {
+                "judge": {"base_url": "http://judge.test:8000/v1", "api": "chat_completions"},
+                "genrm_responses_create_params": {
+                    "input": [],
+                    "max_output_tokens": 512,
+                    "temperature": 0.6,
+                    "top_p": 0.95,
+                    "model": "m",
+                    "metadata": {"x": "y"},
+                    "truncation": "auto",
+                    "reasoning": {"effort": "low"},
+                    "instructions": "You are a judge.",
+                },
+            }
+        ),
+        transport=httpx.MockTransport(recorder),
+    )
+    with trio.fail_after(5):
+        await judge.attempt(JudgeCall(HISTORY, "one", "two", "Prefer brevity."))
+        await judge.attempt(JudgeCall(HISTORY, "one", "two", None))
+    first, second = recorder.bodies
+    assert first == {
+        "max_tokens": 512,
+        "temperature": 0.6,
+        "top_p": 0.95,
+        "model": "m",
+        "reasoning_effort": "low",
+        "n": 1,
+        "messages": [
+            {"role": "system", "content": "You are a judge."},
+            {"role": "system", "content": "Be fair."},
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "principle", "content": "Prefer brevity."},
+            {"role": "response_1", "content": "one"},
+            {"role": "response_2", "content": "two"},
+        ],
+    }
+    assert [m["role"] for m in second["messages"]] == [
+        "system", "system", "user", "response_1", "response_2"
+    ]  # fmt: skip
+    assert str(recorder.requests[0].url) == "http://judge.test:8000/v1/chat/completions"
+
+
+def test_chat_params_mapping() -> None:
+    params, instructions, dropped = chat_params(
+        {
+            "input": [],
+            "metadata": {},
+            "max_output_tokens": 7,
+            "top_logprobs": 2,
+            "stream": False,
+            "tools": [],
+            "text": {"format": {"type": "json_schema", "name": "v", "schema": {}, "strict": True}},
+        }
+    )
+    assert params == {
+        "max_tokens": 7,
+        "top_logprobs": 2,
+        "logprobs": True,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "v", "schema": {}, "strict": True},
+        },
+        "n": 1,
+    }
+    assert instructions is None
+    assert sorted(dropped) == ["stream", "tools"]
+    assert chat_params({"text": {"format": {"type": "json_object"}}})[0]["response_format"] == {
+        "type": "json_object"
+    }
+
+
+# --- tokens ---------------------------------------------------------------------------------
+
+
+async def test_bearer_token_sent_and_never_echoed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GENRM_TEST_JUDGE_TOKEN", TOKEN)
+    recorder = Recorder(
+        ok(responses_reply()),
+        httpx.Response(401, text="judge offline"),
+        httpx.ConnectError("connection refused"),
+    )
+    judge = judge_with(recorder, api_key_env="GENRM_TEST_JUDGE_TOKEN")
+    with trio.fail_after(5):
+        await judge.attempt(CALL)
+        with pytest.raises(JudgeHTTPError) as http_error:
+            await judge.attempt(CALL)
+        with pytest.raises(JudgeTransportError) as transport_error:
+            await judge.attempt(CALL)
+    assert recorder.requests[0].headers["authorization"] == f"Bearer {TOKEN}"
+    for text in (
+        http_error.value.describe(),
+        transport_error.value.describe(),
+        repr(judge),
+        str(http_error.value),
+    ):
+        assert TOKEN not in text
+    assert http_error.value.describe() == "JudgeHTTPError: HTTP 401; response=judge offline"
+
+
+# --- reply classification (SPEC §4.4 step 2, §4.5, §17.5) -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reply", "status"),
+    [
+        (responses_reply(), ReplyStatus.COMPLETED),
+        (responses_reply(status=None), ReplyStatus.COMPLETED),
+        ({k: v for k, v in responses_reply().items() if k != "status"}, ReplyStatus.COMPLETED),
+        (responses_reply(status="incomplete", incomplete_details={"reason": "max_output_tokens"}),
+         ReplyStatus.BUDGET_EXHAUSTED),
+        (responses_reply(None, status="incomplete",
+                         incomplete_details={"reason": "max_output_tokens"}),
+         ReplyStatus.BUDGET_EXHAUSTED),
+        (responses_reply(status="incomplete", incomplete_details={"reason": "content_filter"}),
+         ReplyStatus.UNUSABLE),
+        (responses_reply(status="incomplete"), ReplyStatus.UNUSABLE),
+        (responses_reply(status="failed"), ReplyStatus.UNUSABLE),
+        (responses_reply(status="cancelled"), ReplyStatus.UNUSABLE),
+        (responses_reply(status="queued"), ReplyStatus.UNUSABLE),
+        (responses_reply(None), ReplyStatus.UNUSABLE),
+        (responses_reply(""), ReplyStatus.UNUSABLE),
+        (responses_reply(" \n\t"), ReplyStatus.UNUSABLE),
+        ({"status": "completed", "output": []}, ReplyStatus.UNUSABLE),
+        ({"status": "completed", "output": [{"type": "reasoning", "summary": []}]},
+         ReplyStatus.UNUSABLE),
+        ({"status": "completed", "output": "text"}, ReplyStatus.UNUSABLE),
+        (None, ReplyStatus.UNUSABLE),
+        ({}, ReplyStatus.UNUSABLE),
+        ([], ReplyStatus.UNUSABLE),
+        ("completed", ReplyStatus.UNUSABLE),
+        (3, ReplyStatus.UNUSABLE),
+    ],
+)  # fmt: skip
+def test_responses_classification(reply: object, status: ReplyStatus) -> None:
+    result = interpret_responses(reply)
+    assert result.status is status
+    if status is ReplyStatus.COMPLETED:
+        assert result.text == VERDICT_TEXT
+    else:
+        assert result.text == ""
+
+
+def test_responses_text_concatenates_output_text_of_message_items() -> None:
+    reply = {
+        "output": [
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "hmm"}]},
+            {"type": "message", "content": [
+                {"type": "output_text", "text": "a"},
+                {"type": "refusal", "refusal": "no"},
+                {"type": "output_text", "text": None},
+                {"type": "output_text", "text": "b"},
+            ]},
+            "junk",
+            {"type": "message", "content": [{"type": "output_text", "text": "c"}]},
+        ]
+    }  # fmt: skip
+    assert interpret_responses(reply).text == "abc"
+
+
+@pytest.mark.parametrize(
+    ("reply", "status"),
+    [
+        (chat_reply(), ReplyStatus.COMPLETED),
+        (chat_reply(finish=None), ReplyStatus.COMPLETED),
+        (chat_reply(finish="length"), ReplyStatus.BUDGET_EXHAUSTED),
+        (chat_reply(None, finish="length"), ReplyStatus.BUDGET_EXHAUSTED),
+        (chat_reply(finish="content_filter"), ReplyStatus.UNUSABLE),
+        (chat_reply(finish="tool_calls"), ReplyStatus.UNUSABLE),
+        (chat_reply(None), ReplyStatus.UNUSABLE),
+        (chat_reply("  "), ReplyStatus.UNUSABLE),
+        (chat_reply([{"type": "text", "text": VERDICT_TEXT}]), ReplyStatus.UNUSABLE),
+        ({"choices": []}, ReplyStatus.UNUSABLE),
+        ({"choices": [None]}, ReplyStatus.UNUSABLE),
+        ({"choices": [{"finish_reason": "stop"}]}, ReplyStatus.UNUSABLE),
+        ({}, ReplyStatus.UNUSABLE),
+        (None, ReplyStatus.UNUSABLE),
+    ],
+)
+def test_chat_classification(reply: object, status: ReplyStatus) -> None:
+    assert interpret_chat(reply).status is status
+
+
+def test_chat_ignores_reasoning_content() -> None:
+    reply = chat_reply()
+    reply["choices"][0]["message"]["reasoning_content"] = "thinking"
+    assert interpret_chat(reply).text == VERDICT_TEXT
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        ({"input_tokens": 10, "output_tokens": 3}, (10, 3)),
+        ({"prompt_tokens": 11, "completion_tokens": 4}, (11, 4)),
+        ({"input_tokens": 12, "completion_tokens": 5}, (12, 5)),
+        ({"input_tokens": 10.0, "output_tokens": 3.0}, (10, 3)),
+        ({"input_tokens": True, "output_tokens": 3}, (None, None)),
+        ({"input_tokens": 10, "output_tokens": False}, (None, None)),
+        ({"input_tokens": "10", "output_tokens": 3}, (None, None)),
+        ({"input_tokens": float("nan"), "output_tokens": 3}, (None, None)),
+        ({"input_tokens": 10}, (None, None)),
+        ({}, (None, None)),
+        (None, (None, None)),
+        ("10", (None, None)),
+    ],
+)
+def test_usage_fields(usage: object, expected: tuple[int | None, int | None]) -> None:
+    for reply in (responses_reply(usage=usage), chat_reply(usage=usage)):
+        for interpret in (interpret_responses, interpret_chat):
+            result = interpret(reply)
+            assert (result.input_tokens, result.output_tokens) == expected
+
+
+def test_usage_is_read_from_unusable_replies_too() -> None:
+    reply = responses_reply(
+        status="incomplete",
+        incomplete_details={"reason": "max_output_tokens"},
+        usage={"input_tokens": 100, "output_tokens": 16384},
+    )
+    result = interpret_responses(reply)
+    assert (result.status, result.input_tokens, result.output_tokens) == (
+        ReplyStatus.BUDGET_EXHAUSTED,
+        100,
+        16384,
+    )
+
+
+# --- status, JSON and transport errors (SPEC D14, §17.5) ------------------------------------
+
+
+async def test_json_parsed_regardless_of_content_type_and_nan_allowed() -> None:
+    text = json.dumps(responses_reply('{"score_1": NaN}'))
+    recorder = Recorder(
+        httpx.Response(200, text=text, headers={"content-type": "text/plain"}),
+        httpx.Response(200, content=b'{"status": "completed", "x": NaN}'),
+    )
+    judge = judge_with(recorder)
+    with trio.fail_after(5):
+        reply = await judge.attempt(CALL)
+        assert reply.status is ReplyStatus.COMPLETED
+        assert reply.text == '{"score_1": NaN}'
+        assert (await judge.attempt(CALL)).status is ReplyStatus.UNUSABLE
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"<html>proxy error</html>", b"", b'{"status": ', b"\xff\xfe\x00garbage", b"[" * 100_000],
+)
+async def test_non_json_2xx_is_bad_json(content: bytes) -> None:
+    judge = judge_with(Recorder(httpx.Response(200, content=content)))
+    with trio.fail_after(5), pytest.raises(JudgeBadJSON) as info:
+        await judge.attempt(CALL)
+    assert info.value.describe().startswith("JSONDecodeError: ")
+    assert not info.value.retryable
+
+
+@pytest.mark.parametrize(
+    ("status", "retryable"),
+    [(400, False), (401, False), (403, False), (404, False), (409, False), (422, False),
+     (408, True), (429, True), (500, True), (502, True), (503, True), (599, True),
+     (302, False), (600, False)],
+)  # fmt: skip
+async def test_non_2xx_is_http_error_with_body(status: int, retryable: bool) -> None:
+    recorder = Recorder(
+        httpx.Response(status, content=b"judge offline", headers={"content-type": "text/plain"})
+    )
+    judge = judge_with(recorder)
+    with trio.fail_after(5), pytest.raises(JudgeHTTPError) as info:
+        await judge.attempt(CALL)
+    error = info.value
+    assert (error.status, error.body, error.retryable) == (status, b"judge offline", retryable)
+    assert error.describe() == f"JudgeHTTPError: HTTP {status}; response=judge offline"
+    assert error.retry_after is None
+
+
+async def test_http_error_body_is_cut_and_not_json_read() -> None:
+    body = b'{"error": "' + b"x" * 5000 + b'"}'
+    judge = judge_with(Recorder(httpx.Response(500, content=body)))
+    with trio.fail_after(5), pytest.raises(JudgeHTTPError) as info:
+        await judge.attempt(CALL)
+    assert info.value.body == body[:1000]
+    assert info.value.describe() == "JudgeHTTPError: HTTP 500; response=" + body[:1000].decode()
+
+
+async def test_http_error_without_body() -> None:
+    judge = judge_with(Recorder(httpx.Response(503)))
+    with trio.fail_after(5), pytest.raises(JudgeHTTPError) as info:
+        await judge.attempt(CALL)
+    assert info.value.describe() == "JudgeHTTPError: HTTP 503"
+
+
+async def test_retry_after_seconds_and_http_date() -> None:
+    when = datetime.now(UTC) + timedelta(seconds=120)
+    recorder = Recorder(
+        httpx.Response(429, headers={"retry-after": "7"}),
+        httpx.Response(503, headers={"retry-after": format_datetime(when, usegmt=True)}),
+        httpx.Response(429, headers={"retry-after": "soon"}),
+    )
+    judge = judge_with(recorder)
+    found: list[float | None] = []
+    with trio.fail_after(5):
+        for _ in range(3):
+            with pytest.raises(JudgeHTTPError) as info:
+                await judge.attempt(CALL)
+            found.append(info.value.retry_after)
+    assert found[0] == 7.0
+    assert found[1] is not None and 100 < found[1] <= 120
+    assert found[2] is None
+
+
+def test_parse_retry_after() -> None:
+    assert parse_retry_after(None) is None
+    assert parse_retry_after(" 0 ") == 0.0
+    assert parse_retry_after("1.5") == 1.5
+    assert parse_retry_after("-1") is None
+    assert parse_retry_after("inf") is None
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412490.0) == 0.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00") is None  # no zone
+    assert parse_retry_after("not a date") is None
+
+
+@pytest.mark.parametrize(
+    ("exc", "name", "retryable"),
+    [
+        (httpx.ConnectError("connection refused"), "ConnectError", True),
+        (httpx.ReadError("connection reset"), "ReadError", True),
+        (httpx.WriteError("broken pipe"), "WriteError", True),
+        (httpx.CloseError("close failed"), "CloseError", True),
+        (httpx.RemoteProtocolError("peer closed connection without sending complete message body"),
+         "RemoteProtocolError", True),
+        (httpx.LocalProtocolError("bad request"), "LocalProtocolError", False),
+        (httpx.ProxyError("proxy"), "ProxyError", False),
+        (httpx.UnsupportedProtocol("ftp"), "UnsupportedProtocol", False),
+        (httpx.DecodingError("bad gzip"), "DecodingError", False),
+    ],
+)  # fmt: skip
+async def test_transport_errors_are_mapped(exc: Exception, name: str, retryable: bool) -> None:
+    judge = judge_with(Recorder(exc))
+    with trio.fail_after(5), pytest.raises(JudgeTransportError) as info:
+        await judge.attempt(CALL)
+    assert info.value.type_name == name
+    assert info.value.retryable is retryable
+    assert info.value.describe() == f"{name}: {exc}"
+    assert info.value.__cause__ is exc
+
+
+async def test_asgi_transport() -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        assert scope["type"] == "http"
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        seen.append({"path": scope["path"], "body": json.loads(body)})
+        payload = json.dumps(responses_reply(usage={"input_tokens": 5, "output_tokens": 6}))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": payload.encode()})
+
+    judge = make_http_judge(settings(), transport=httpx.ASGITransport(app))
+    with trio.fail_after(5):
+        reply = await judge.attempt(CALL)
+    assert reply == JudgeReply(ReplyStatus.COMPLETED, VERDICT_TEXT, 5, 6)
+    assert seen[0]["path"] == "/v1/responses"
+    assert seen[0]["body"]["metadata"] == {"response_1": "four", "response_2": "4"}
+    await judge.aclose()
+    await judge.aclose()  # idempotent
+    with pytest.raises(RuntimeError):
+        await judge.attempt(CALL)
+
+
+# --- the keep-alive pool over real sockets (real clock, numeric 127.0.0.1) -----------------
+
+Script = Callable[[int, bytes, trio.SocketStream], Awaitable[bool]]
+
+
+class TinyServer:
+    """A scripted HTTP/1.1 server on 127.0.0.1: `script(n, request, stream)` answers request n
+    (0-based, across connections) and returns whether to keep the connection open."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self.open = 0
+        self.got_request = trio.Event()
+        self._new_request = trio.Event()
+        self.all_closed = trio.Event()
+        self.port = 0
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
+        self.open += 1
+        self.all_closed = trio.Event()
+        buffer = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    data = await stream.receive_some()
+                    if not data:
+                        return
+                    buffer += data
+                head, _, rest = buffer.partition(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    key, _, value = line.partition(b":")
+                    if key.strip().lower() == b"content-length":
+                        length = int(value)
+                while len(rest) < length:
+                    data = await stream.receive_some()
+                    if not data:
+                        return
+                    rest += data
+                request, buffer = head + b"\r\n\r\n" + rest[:length], rest[length:]
+                n = len(self.requests)
+                self.requests.append(request)
+                self.got_request.set()
+                self._new_request.set()
+                self._new_request = trio.Event()
+                if not await self.script(n, request, stream):
+                    return
+        except trio.BrokenResourceError:
+            return
+        finally:
+            self.open -= 1
+            if self.open == 0:
+                self.all_closed.set()
+            await stream.aclose()
+
+    async def wait_requests(self, count: int) -> None:
+        while len(self.requests) < count:
+            await self._new_request.wait()
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        listeners = await nursery.start(trio.serve_tcp, self.handle, 0)
+        self.port = listeners[0].socket.getsockname()[1]
+
+
+def response_bytes(status: int, body: bytes, *headers: str) -> bytes:
+    lines = [f"HTTP/1.1 {status} X", f"content-length: {len(body)}", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def real_judge(port: int, **judge: Any) -> HttpJudge:
+    return make_http_judge(settings(base_url=f"http://127.0.0.1:{port}/v1", **judge))
+
+
+async def test_pool_reuses_one_connection_for_sequential_calls() -> None:
+    body = json.dumps(responses_reply(usage={"input_tokens": 1, "output_tokens": 2})).encode()
+
+    async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
+        await stream.send_all(response_bytes(200, body, "content-type: text/plain"))
+        return True
+
+    server = TinyServer(script)
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        judge = real_judge(server.port)
+        with trio.fail_after(5):
+            for _ in range(3):
+                assert (await judge.attempt(CALL)).status is ReplyStatus.COMPLETED
+            assert server.connections == 1
+            assert judge.open_connections == 1
+            head = server.requests[0].split(b"\r\n\r\n")[0].lower()
+            assert head.startswith(b"post /v1/responses http/1.1")
+            assert f"host: 127.0.0.1:{server.port}".encode() in head
+            await judge.aclose()
+            await server.all_closed.wait()
+            assert judge.open_connections == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_pool_concurrent_calls_use_one_connection_each() -> None:
+    release = trio.Event()
+    body = json.dumps(responses_reply()).encode()
+
+    async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
+        await release.wait()
+        await stream.send_all(response_bytes(200, body))
+        return True
+
+    server = TinyServer(script)
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        judge = real_judge(server.port)
+        with trio.fail_after(5):
+            async with trio.open_nursery() as calls:
+                for _ in range(20):
+                    calls.start_soon(judge.attempt, CALL)
+                await server.wait_requests(20)
+                assert judge.in_flight == 20
+                assert server.connections == 20
+                release.set()
+            assert judge.in_flight == 0
+            assert judge.open_connections == 20  # kept alive for reuse
+            await judge.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_pool_real_http_error_with_retry_after_and_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GENRM_TEST_JUDGE_TOKEN", TOKEN)
+
+    async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
+        await stream.send_all(response_bytes(429, b"slow down", "Retry-After: 3"))
+        return True
+
+    server = TinyServer(script)
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        judge = real_judge(server.port, api_key_env="GENRM_TEST_JUDGE_TOKEN")
+        with trio.fail_after(5), pytest.raises(JudgeHTTPError) as info:
+            await judge.attempt(CALL)
+        assert (info.value.status, info.value.body, info.value.retry_after) == (
+            429,
+            b"slow down",
+            3.0,
+        )
+        assert f"authorization: Bearer {TOKEN}".encode() in server.requests[0]
+        assert TOKEN not in info.value.describe()
+        await judge.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_pool_interrupted_body_is_remote_protocol_error_and_connection_dropped() -> None:
+    async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
+        if n == 0:
+            await stream.send_all(b'HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{"status":')
+            return False  # close mid-body
+        await stream.send_all(response_bytes(200, json.dumps(responses_reply()).encode()))
+        return True
+
+    server = TinyServer(script)
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        judge = real_judge(server.port)
+        with trio.fail_after(5):
+            with pytest.raises(JudgeTransportError) as info:
+                await judge.attempt(CALL)
+            assert info.value.type_name == "RemoteProtocolError"
+            assert info.value.retryable
+            assert judge.open_connections == 0
+            assert (await judge.attempt(CALL)).status is ReplyStatus.COMPLETED
+            assert server.connections == 2
+        await judge.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_pool_server_closing_idle_connection_is_not_a_failure() -> None:
+    body = json.dumps(responses_reply()).encode()
+
+    async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
+        await stream.send_all(response_bytes(200, body))
+        return False  # keep-alive refused by closing after each reply
+
+    server = TinyServer(script)
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        judge = real_judge(server.port)
+        with trio.fail_after(5):
+            for _ in range(3):
+                await judge.attempt(CALL)
+                await server.all_closed.wait()
+            assert server.connections == 3
+        await judge.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_pool_cancelled_attempt_closes_its_connection() -> None:
+    async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
+        # The judge never answers; the client must close the connection when cancelled.
+        assert await stream.receive_some() == b""
+        return False
+
+    server = TinyServer(script)
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        judge = real_judge(server.port)
+        with trio.fail_after(5):
+            async with trio.open_nursery() as calls:
+                calls.start_soon(judge.attempt, CALL)
+                await server.got_request.wait()
+                assert (judge.in_flight, judge.open_connections) == (1, 1)
+                calls.cancel_scope.cancel()
+            assert (judge.in_flight, judge.open_connections) == (0, 0)
+            await server.all_closed.wait()  # the server saw the connection close
+        await judge.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_closed_port_is_one_connect_error() -> None:
+    with socket.socket() as sock:  # a port that was just free: nothing listens on it
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    judge = real_judge(port)
+    with trio.fail_after(5), pytest.raises(JudgeTransportError) as info:
+        await judge.attempt(CALL)
+    assert info.value.type_name == "ConnectError"
+    assert info.value.retryable
+    assert info.value.describe().startswith("ConnectError: ")
+    assert judge.open_connections == 0
+    await judge.aclose()
+
+
+async def test_pool_closes_connections_idle_past_keepalive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import genrm_trio.judge.http as http_module
+
+    monkeypatch.setattr(http_module, "KEEPALIVE_EXPIRY_S", 0.05)
+    body = json.dumps(responses_reply()).encode()
+
+    async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
+        await stream.send_all(response_bytes(200, body))
+        return True
+
+    server = TinyServer(script)
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        judge = real_judge(server.port)
+        with trio.fail_after(5):
+            async with trio.open_nursery() as calls:  # two connections
+                for _ in range(2):
+                    calls.start_soon(judge.attempt, CALL)
+            assert judge.open_connections == 2
+            await trio.sleep(0.1)  # both idle longer than the keep-alive expiry
+            await judge.attempt(CALL)
+            assert judge.open_connections == 1
+            assert server.connections == 3
+        await judge.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_mock_clock_does_not_leak_into_mock_transport(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def slow(request: httpx.Request) -> httpx.Response:
+        await trio.sleep(30)
+        return ok(responses_reply())
+
+    judge = make_http_judge(settings(), transport=httpx.MockTransport(slow))
+    start = trio.current_time()
+    with trio.fail_after(60):
+        await judge.attempt(CALL)
+    assert trio.current_time() - start == 30
