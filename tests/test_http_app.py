@@ -6,10 +6,12 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from fake_engine import SCORED_RESULT, FakeEngine, Outcome
 from quart_trio import QuartTrio
 
@@ -757,3 +759,173 @@ async def test_debug_logging_path(caplog: pytest.LogCaptureFixture) -> None:
         assert (await call(app, "/compare", body=COMPARE))[0] == 200
     assert "verify group_id='g1' rollout_index=1 -> Scored" in caplog.text
     assert "compare rewards" in caplog.text
+
+
+# --- end to end: the real engine and the in-process simulated judge ----------------------------
+
+ROW_KEYS = {
+    "responses_create_params",
+    "response",
+    "reward",
+    "mask_sample",
+    "failure_kind",
+    "failure_reason",
+    "reasoning_text",
+    "answer_text",
+    "reward_score_raw",
+    "reward_rubric_aggregate_valid",
+    "reward_overall_score_raw",
+    "reward_overall_score",
+    "reward_length_adjustment",
+    "genrm_parse_failure_rate_per_group",
+    "genrm_rubric_parse_failure_rate_per_group",
+    "genrm_input_tokens_per_comparison_mean",
+    "genrm_input_tokens_per_comparison_p50",
+    "genrm_input_tokens_per_comparison_p95",
+    "genrm_output_tokens_per_comparison_mean",
+    "genrm_output_tokens_per_comparison_p50",
+    "genrm_output_tokens_per_comparison_p95",
+    "genrm_output_tokens_total_per_group",
+    "genrm_max_output_tokens_hit_rate_per_group",
+    "genrm_failed_comparison_rate_per_group",
+    "genrm_masked_rollout_rate_per_group",
+    "_ng_group_id",
+    "_ng_group_attempt",
+    "_ng_rollout_index",
+}
+
+
+def member(index: int, answer: str, *, group: str = "e2e", **extra: Any) -> dict[str, Any]:
+    return {
+        "responses_create_params": {
+            "input": [{"role": "user", "content": "Name a prime.", "type": "message"}],
+            "tools": [],
+            "tool_choice": "auto",
+            "parallel_tool_calls": True,
+        },
+        "response": {
+            "id": f"resp_{group}_{index}_{answer}",
+            "output": [
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": answer}],
+                }
+            ],
+        },
+        "_ng_group_id": group,
+        "_ng_group_attempt": 0,
+        "_ng_rollout_index": index,
+        "_ng_task_index": 0,
+        **extra,
+    }
+
+
+async def post_group(app: QuartTrio, bodies: list[dict[str, Any]]) -> list[tuple[int, Any]]:
+    replies: list[tuple[int, Any]] = [(0, None)] * len(bodies)
+
+    async def one(i: int) -> None:
+        status, reply, _ = await call(app, f"/ng-rollout/r{i}/verify", body=bodies[i])
+        replies[i] = (status, reply)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(bodies)):
+            nursery.start_soon(one, i)
+    return replies
+
+
+def e2e_settings() -> Settings:
+    return Settings(
+        num_rollouts_per_prompt=4,
+        genrm_parse_retries=0,
+        genrm_parse_retry_sleep_s=0.0,
+        cohort_collection_timeout_s=60.0,
+    )
+
+
+async def test_e2e_group_replay_conflict_and_compare() -> None:
+    engine_mod = pytest.importorskip("genrm_trio.engine")
+    sim = pytest.importorskip("genrm_trio.judge.sim")
+    judge = sim.SimJudge(sim.SimConfig())
+    settings_ = e2e_settings()
+    bodies = [member(i, f"[quality={q}] answer {i}") for i, q in enumerate((5, 1, 3, 4))]
+    with trio.fail_after(20):
+        async with engine_mod.open_engine(settings_, judge) as engine:
+            app = create_app(engine, settings_)
+            replies = await post_group(app, bodies)
+            for i, (status, row) in enumerate(replies):
+                assert status == 200
+                assert set(row) == ROW_KEYS
+                assert row["mask_sample"] is False
+                assert row["_ng_rollout_index"] == i
+                assert row["response"] == bodies[i]["response"]
+            rewards = [row["reward"] for _, row in replies]
+            assert rewards[0] == max(rewards) and rewards[1] == min(rewards)
+
+            # an identical retry replays the same row without judging again
+            status, again, _ = await call(app, "/verify", body=bodies[2])
+            assert (status, again) == (200, replies[2][1])
+            # a regenerated answer for a scored slot is a 409
+            status, reply, _ = await call(app, "/verify", body=member(2, "something else"))
+            assert status == 409
+            assert "already has a different response for rollout_index=2" in reply["detail"]
+            # a slot outside [0, N) is a 422 from the engine
+            status, reply, _ = await call(app, "/verify", body=member(7, "x", group="other"))
+            assert (status, reply) == (
+                422,
+                {"detail": "_ng_rollout_index must be in [0, 4); got 7"},
+            )
+
+            status, result, _ = await call(
+                app,
+                "/compare",
+                body={
+                    "conversation_history": [{"role": "user", "content": "Name a prime."}],
+                    "response_objs": [b["response"] for b in bodies[:3]],
+                },
+            )
+            assert status == 200
+            assert len(result["rewards"]) == 3
+            assert result["rewards"][0] > result["rewards"][1]
+            assert isinstance(result["comparison_results"], list)
+            assert "mean_individual_score" in result["metrics"]
+
+            status, text, _ = await call(app, "/metrics", method="GET")
+            assert status == 200 and "genrm_trio_cohorts_terminal_total" in text
+
+
+async def test_e2e_partial_masking_and_cohorts_view() -> None:
+    engine_mod = pytest.importorskip("genrm_trio.engine")
+    sim = pytest.importorskip("genrm_trio.judge.sim")
+    judge = sim.SimJudge(sim.SimConfig(rules=[sim.FaultRule("http_500", match="BAD")]))
+    settings_ = e2e_settings()
+    bodies = [member(i, f"answer {i}" + (" BAD" if i == 2 else ""), group="m") for i in range(4)]
+    with trio.fail_after(20):
+        async with engine_mod.open_engine(settings_, judge) as engine:
+            app = create_app(engine, settings_)
+            async with trio.open_nursery() as nursery:
+                for body in bodies[:2]:
+                    nursery.start_soon(partial(call, app, "/verify", body=body))
+                await trio.testing.wait_all_tasks_blocked()
+                status, views, _ = await call(app, "/cohorts", method="GET")
+                assert status == 200
+                [view] = views
+                assert view["group_id"] == "m"
+                assert (view["state"], view["deadline"]) == ("collecting", "collection")
+                assert (view["members_present"], view["members_expected"]) == (2, 4)
+                nursery.cancel_scope.cancel()
+            replies = await post_group(app, bodies)
+            # circular pairs (1,2) and (2,3) fail: members 1, 2, 3 are masked, 0 is scored
+            statuses = [status for status, _ in replies]
+            assert statuses == [200, 200, 200, 200]
+            assert replies[0][1]["mask_sample"] is False
+            assert replies[0][1]["genrm_masked_rollout_rate_per_group"] == 0.75
+            for i in (1, 2, 3):
+                row = replies[i][1]
+                assert row["mask_sample"] is True
+                assert row["reward"] == 0.0
+                assert row["failure_kind"] == row["_ng_failure_class"] == "judge_failed"
+                assert f"rollout_index={i} lost a comparison" in row["failure_reason"]
+                assert row["instance_config"] == {"mask_sample": True}
+                assert row["_ng_task_index"] == 0
+    assert engine.active_cohorts() == []
