@@ -929,3 +929,31 @@ async def test_e2e_partial_masking_and_cohorts_view() -> None:
                 assert row["instance_config"] == {"mask_sample": True}
                 assert row["_ng_task_index"] == 0
     assert engine.active_cohorts() == []
+
+
+async def test_aggregate_task_index_of_any_json_type() -> None:
+    rows = [
+        {"reward": 1.0, "_ng_task_index": None},
+        {"reward": 2.0, "_ng_task_index": "a"},
+        {"reward": 3.0, "_ng_task_index": 10},
+        {"reward": 4.0, "_ng_task_index": 2},
+        {"reward": 5.0, "_ng_task_index": 2},
+        {"reward": 0.0, "_ng_task_index": [1], "mask_sample": True},
+    ]
+    status, reply = await aggregate(rows)
+    assert status == 200
+    groups = reply["group_level_metrics"]
+    assert [g["_ng_task_index"] for g in groups] == [2, 10, "a", None]
+    assert groups[0]["mean/reward"] == 4.5
+    assert reply["agent_metrics"]["coverage/fully_masked_tasks"] == 1
+    assert reply["agent_metrics"]["coverage/measured_tasks"] == 4
+
+
+async def test_aggregate_huge_integer_metric_is_422() -> None:
+    status, reply, _ = await call(
+        app_for(FakeEngine()),
+        "/aggregate_metrics",
+        raw=b'{"verify_responses": [{"reward": 1' + b"0" * 400 + b"}]}",
+    )
+    assert status == 422
+    assert reply["detail"][0]["type"] == "number_too_large"

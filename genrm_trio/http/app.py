@@ -138,13 +138,15 @@ def aggregate_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if not rows:
         return {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}}
     overall: dict[str, list[float | int]] = {}
-    per_task: dict[Any, dict[str, list[float | int]]] = {}
-    measured_tasks: set[Any] = set()
-    all_tasks: set[Any] = set()
+    per_task: dict[bytes, dict[str, list[float | int]]] = {}
+    measured_tasks: set[bytes] = set()
+    all_tasks: set[bytes] = set()
+    task_values: dict[bytes, Any] = {}
     masked = 0
     for row in rows:
         task = row.get("_ng_task_index", 0)
-        task_key = task if type(task) is int else repr(task)
+        task_key = encode_json(task)  # any JSON value groups; equal values share a group
+        task_values.setdefault(task_key, task)
         all_tasks.add(task_key)
         if row.get("mask_sample") is True:
             masked += 1
@@ -167,8 +169,15 @@ def aggregate_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
         agent["coverage/measured_tasks"] = len(measured_tasks)
         agent["coverage/fully_masked_tasks"] = len(all_tasks - measured_tasks)
     groups: list[dict[str, Any]] = []
-    for task_key in sorted(per_task, key=lambda t: (type(t) is not int, t)):
-        entry: dict[str, Any] = {"_ng_task_index": task_key}
+
+    def order(task_key: bytes) -> tuple[int, float, bytes]:
+        value = task_values[task_key]
+        if type(value) is int or type(value) is float:
+            return (0, value, b"")
+        return (1, 0.0, task_key)
+
+    for task_key in sorted(per_task, key=order):
+        entry: dict[str, Any] = {"_ng_task_index": task_values[task_key]}
         _describe(per_task[task_key], entry)
         groups.append(entry)
     key_metrics = {k: v for k, v in agent.items() if k.startswith("mean/")}
