@@ -1,0 +1,351 @@
+"""One comparison's shared retry budget: attempts, pacing, parsing, usage (SPEC §4.4–§4.7).
+
+A `Comparator` turns one `JudgeCall` into a `ComparisonResult` or a `JudgeError`. Every attempt
+takes a `judge.max_concurrency` slot (waiting for it is never a failed attempt), runs under its
+own `trio.fail_after(judge_request_timeout_s)`, and gives the slot back before any retry sleep.
+All A = `genrm_parse_retries + 1` attempts share one budget across transport errors, retryable
+HTTP statuses, unusable replies and parse failures. Sleeps are plain `trio.sleep` calls under the
+caller's cancel scope, so a group or `/compare` deadline ends them.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, final
+
+import trio
+
+from genrm_trio.config import Settings
+from genrm_trio.judge.base import (
+    Judge,
+    JudgeAttemptError,
+    JudgeBadJSON,
+    JudgeCall,
+    JudgeError,
+    JudgeHTTPError,
+    JudgeReply,
+    JudgeTimeout,
+    JudgeTransportError,
+    ReplyStatus,
+    Usage,
+)
+from genrm_trio.metrics import Metrics
+from genrm_trio.verdict import Verdict, VerdictParseError, parse_overall, parse_rubric
+
+log = logging.getLogger("genrm_trio.judge")
+
+__all__ = ["MAX_BACKOFF_S", "Comparator", "ComparatorStatistics", "ComparisonResult"]
+
+MAX_BACKOFF_S: Final = 30.0
+"""Cap of one exponential-backoff sleep (SPEC D13)."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ComparisonResult:
+    """One successful comparison (SPEC §4.7), in display orientation: the caller flips it back
+    when it showed the pair swapped. A default fallback is a success with a parse flag set."""
+
+    selected: Verdict  # the overall verdict, or the rubric mean under score_source=rubric_mean
+    overall: Verdict
+    usage: Usage | None  # summed over attempts that reported usage; None when none did
+    overall_parse_failed: bool
+    rubric_parse_failed: bool
+    attempts: int  # judge calls made
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ComparatorStatistics:
+    """A snapshot of the comparator's work, for `Engine.statistics()` and `/cohorts`."""
+
+    max_concurrency: int
+    in_flight: int  # attempts holding a slot now
+    queued: int  # attempts waiting for a slot now
+    comparisons_active: int
+    calls: int  # attempts started since the start
+    retries: int
+    comparisons: int  # comparisons finished (success or fallback)
+    fallbacks: int  # comparisons that ended in the default-score fallback
+    failures: int  # comparisons that ended in a JudgeError
+
+
+def _outcome(error: JudgeAttemptError) -> tuple[str, str]:
+    """(metric outcome, retry cause) of a failed attempt."""
+    if isinstance(error, JudgeHTTPError):
+        return "http_error", "http"
+    if isinstance(error, JudgeTimeout):
+        return "timeout", "timeout"
+    if isinstance(error, JudgeBadJSON):
+        return "bad_json", "bad_json"
+    if isinstance(error, JudgeTransportError):
+        return "transport_error", "transport"
+    return "transport_error", "transport"
+
+
+@final
+class Comparator:
+    """Runs comparisons against one judge with the settings' retry budget and pacing."""
+
+    def __init__(
+        self,
+        judge: Judge,
+        settings: Settings,
+        metrics: Metrics,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._judge = judge
+        self._settings = settings
+        self._metrics = metrics
+        self._rng = rng if rng is not None else random.Random()
+        self._limiter = trio.CapacityLimiter(settings.judge.max_concurrency)
+        self._timeout = settings.judge_request_timeout_s
+        self._attempts = settings.attempts
+        params = settings.judge_create_params
+        self._budget_tokens = params.get("max_output_tokens", params.get("max_tokens"))
+        self._rubric = settings.score_source == "rubric_mean"
+        self._defaults = Verdict(
+            settings.default_score, settings.default_score, settings.default_ranking
+        )
+        self._in_flight = 0
+        self._queued = 0
+        self._active = 0
+        self._calls = 0
+        self._retries = 0
+        self._done = 0
+        self._fallbacks = 0
+        self._failures = 0
+
+    @property
+    def limiter(self) -> trio.CapacityLimiter:
+        """The `judge.max_concurrency` limiter every attempt takes a slot of."""
+        return self._limiter
+
+    def statistics(self) -> ComparatorStatistics:
+        return ComparatorStatistics(
+            max_concurrency=int(self._limiter.total_tokens),
+            in_flight=self._in_flight,
+            queued=self._queued,
+            comparisons_active=self._active,
+            calls=self._calls,
+            retries=self._retries,
+            comparisons=self._done,
+            fallbacks=self._fallbacks,
+            failures=self._failures,
+        )
+
+    # --- one attempt ----------------------------------------------------------------------
+
+    async def _attempt(self, call: JudgeCall) -> JudgeReply:
+        """One judge call holding a concurrency slot, under the per-attempt deadline."""
+        metrics = self._metrics
+        self._queued += 1
+        metrics.judge_queued.inc()
+        queued_at = trio.current_time()
+        try:
+            await self._limiter.acquire()
+        finally:
+            self._queued -= 1
+            metrics.judge_queued.dec()
+        try:
+            started = trio.current_time()
+            metrics.judge_queue_wait_seconds.observe(started - queued_at)
+            self._in_flight += 1
+            self._calls += 1
+            metrics.judge_inflight.inc()
+            try:
+                with trio.fail_after(self._timeout):
+                    reply = await self._judge.attempt(call)
+            except trio.TooSlowError:
+                error: JudgeAttemptError = JudgeTimeout(self._timeout)
+                metrics.judge_calls.labels(outcome="timeout").inc()
+                raise error from None
+            except JudgeAttemptError as exc:
+                metrics.judge_calls.labels(outcome=_outcome(exc)[0]).inc()
+                raise
+            else:
+                metrics.judge_calls.labels(outcome=reply.status.value).inc()
+                return reply
+            finally:
+                self._in_flight -= 1
+                metrics.judge_inflight.dec()
+                metrics.judge_attempt_seconds.observe(trio.current_time() - started)
+        finally:
+            self._limiter.release()
+
+    # --- pacing ---------------------------------------------------------------------------
+
+    def _pause(self, retry: int, retry_after: float | None) -> float:
+        """Seconds to sleep before retry number `retry` (1 = the first retry), SPEC §17.6."""
+        if retry_after is not None:
+            if trio.current_time() + retry_after < trio.current_effective_deadline():
+                return retry_after
+            log.debug("Retry-After %.3fs does not fit before the deadline; ignored", retry_after)
+        base = self._settings.genrm_parse_retry_sleep_s
+        if self._settings.retry_backoff == "exponential":
+            return self._rng.uniform(0.0, min(MAX_BACKOFF_S, base * 2.0 ** (retry - 1)))
+        return base
+
+    # --- the comparison -------------------------------------------------------------------
+
+    async def compare(
+        self,
+        call: JudgeCall,
+        *,
+        pair: tuple[int, int],
+        judge_pass: int,
+        expected_rubric_ids: Sequence[int] | None = None,
+    ) -> ComparisonResult:
+        """Judge one pair within the shared budget; raise JudgeError when the comparison fails."""
+        if self._rubric and expected_rubric_ids is None:
+            raise ValueError("score_source=rubric_mean requires expected_rubric_ids")
+        self._active += 1
+        try:
+            result = await self._compare(call, pair, judge_pass, expected_rubric_ids)
+        except JudgeError:
+            self._failures += 1
+            raise
+        finally:
+            self._active -= 1
+        self._done += 1
+        return result
+
+    async def _compare(
+        self,
+        call: JudgeCall,
+        pair: tuple[int, int],
+        judge_pass: int,
+        rubric_ids: Sequence[int] | None,
+    ) -> ComparisonResult:
+        settings = self._settings
+        total = self._attempts
+        tokens_in = tokens_out = 0
+        usage_seen = False
+        budget_hits = 0
+        completed_seen = False
+        retry_after: float | None = None
+        last_overall: Verdict | None = None  # parsed overall of the final attempt, if any
+
+        def usage() -> Usage | None:
+            if not usage_seen:
+                return None
+            return Usage(tokens_in, tokens_out, budget_hits > 0)
+
+        for n in range(1, total + 1):
+            if n > 1:
+                await trio.sleep(self._pause(n - 1, retry_after))
+            retry_after = None
+            last_overall = None
+            try:
+                reply = await self._attempt(call)
+            except JudgeAttemptError as error:
+                if error.retryable and n < total:
+                    cause = _outcome(error)[1]
+                    self._retry(cause, pair, judge_pass, n, error.describe())
+                    if isinstance(error, JudgeHTTPError):
+                        retry_after = error.retry_after
+                    continue
+                message = (
+                    f"GenRM judge {self._judge.endpoint} {self._judge.path} pair={pair} "
+                    f"deadline={self._timeout}s: {error.describe()}"
+                )
+                raise JudgeError(message, usage=usage(), attempts=n) from error
+
+            if reply.input_tokens is not None and reply.output_tokens is not None:
+                usage_seen = True
+                tokens_in += reply.input_tokens
+                tokens_out += reply.output_tokens
+
+            if reply.status is ReplyStatus.BUDGET_EXHAUSTED:
+                budget_hits += 1
+                log.warning(
+                    "GenRM output budget exhausted for pair %s (attempt %d/%d, "
+                    "max_output_tokens=%s): response is incomplete (reason=max_output_tokens) "
+                    "and contains no verdict",
+                    pair,
+                    n,
+                    total,
+                    self._budget_tokens,
+                )
+                cause = "budget"
+            elif reply.status is ReplyStatus.UNUSABLE:
+                cause = "unusable"
+            else:
+                completed_seen = True
+                try:
+                    overall = parse_overall(
+                        reply.text,
+                        default_score=settings.default_score,
+                        default_ranking=settings.default_ranking,
+                        validate_range=settings.validate_verdict_range,
+                    )
+                except VerdictParseError:
+                    overall = None
+                if not self._rubric:
+                    if overall is not None:
+                        return ComparisonResult(overall, overall, usage(), False, False, n)
+                else:
+                    assert rubric_ids is not None
+                    last_overall = overall
+                    try:
+                        selected = parse_rubric(
+                            reply.text,
+                            expected_ids=rubric_ids,
+                            validate_range=settings.validate_verdict_range,
+                        )
+                    except VerdictParseError:
+                        pass
+                    else:
+                        return ComparisonResult(
+                            selected,
+                            overall if overall is not None else self._defaults,
+                            usage(),
+                            overall is None,
+                            False,
+                            n,
+                        )
+                cause = "parse"
+
+            if n < total:
+                self._retry(cause, pair, judge_pass, n, cause)
+
+        if completed_seen:
+            self._fallbacks += 1
+            log.warning(
+                "GenRM %s parse failed for pair %s after %d attempts; using defaults",
+                settings.score_source,
+                pair,
+                total,
+            )
+            overall_verdict = last_overall if last_overall is not None else self._defaults
+            return ComparisonResult(
+                selected=self._defaults,
+                overall=overall_verdict,
+                usage=usage(),
+                overall_parse_failed=last_overall is None,
+                rubric_parse_failed=self._rubric,
+                attempts=total,
+            )
+        message = f"Judge returned no completed answer after {total} attempts"
+        if budget_hits:
+            message += (
+                f" ({budget_hits} of them exhausted max_output_tokens={self._budget_tokens} "
+                "without emitting a verdict; raise the budget or constrain the judge's reasoning)"
+            )
+        raise JudgeError(message, usage=usage(), attempts=total)
+
+    def _retry(self, cause: str, pair: tuple[int, int], judge_pass: int, n: int, why: str) -> None:
+        self._retries += 1
+        self._metrics.judge_retries.labels(cause=cause).inc()
+        log.debug(
+            "judge attempt %d/%d for pair %s (judge %d) failed (%s); retrying",
+            n,
+            self._attempts,
+            pair,
+            judge_pass,
+            why,
+        )
