@@ -17,7 +17,6 @@ from contextvars import ContextVar
 from typing import Any, Protocol
 
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
-from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
@@ -59,6 +58,8 @@ PUBLIC_PATHS = frozenset({"/", "/health", "/healthz", "/readyz", "/livez"})
 _PREFIX = re.compile(r"/ng-rollout/([A-Za-z0-9][A-Za-z0-9._-]*)(/.*)?", re.DOTALL)
 _JSON = "application/json"
 _OK = b'{"status":"ok"}'
+# The exposition format Metrics.render() produces; accepted by every Prometheus version.
+_PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 _AUTH_DETAIL = "missing or invalid bearer token"
 
 
@@ -354,7 +355,7 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(engine.metrics.render(), status=200, content_type=CONTENT_TYPE_LATEST)
+        return Response(engine.metrics.render(), status=200, content_type=_PROMETHEUS)
 
     @app.get("/cohorts")
     async def cohorts() -> Response:
