@@ -193,11 +193,7 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
     """
     app = _App("genrm_trio")
     limit = settings.server.max_body_bytes
-    app.config.update(
-        MAX_CONTENT_LENGTH=limit,
-        PROVIDE_AUTOMATIC_OPTIONS=False,
-        RESPONSE_TIMEOUT=None,
-    )
+    app.config.update(MAX_CONTENT_LENGTH=limit, PROVIDE_AUTOMATIC_OPTIONS=False)
     debug = settings.debug_logging
     too_large = f"request body exceeds {limit} bytes"
 
