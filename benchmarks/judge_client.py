@@ -5,7 +5,8 @@ answers every POST after `--latency` seconds with a valid Responses verdict), th
 `HttpJudge.attempt()` from N concurrent trio tasks for `--seconds` per level and prints a table.
 The server is deliberately tiny so that the client, not the server, is what is measured; the
 ideal rate is in_flight / latency. CPU columns are shares of one core (client = this process,
-server = the delay server), so a rate below ideal can be told apart from a busy machine.
+server = the delay server); "CPU wait" is the share of time the client was runnable but had no
+CPU (other processes), so a rate below ideal can be told apart from a busy machine.
 
     python benchmarks/judge_client.py [--latency 0.2] [--seconds 5] [--levels 16,64,256,512]
 """
@@ -124,6 +125,19 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def runqueue_wait() -> float:
+    """Seconds this process spent runnable but waiting for a CPU (Linux schedstat; else 0.0).
+
+    A high value means other processes held the CPUs: a rate below ideal is then the machine's,
+    not the client's.
+    """
+    try:
+        with open("/proc/self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 @dataclass
 class Level:
     in_flight: int
@@ -132,6 +146,7 @@ class Level:
     cpu_ms: float  # client CPU per call
     client_cpu: float  # share of one core used by the client
     server_cpu: float  # share of one core used by the delay server
+    runqueue: float  # share of the time the client waited for a CPU
     connections: int
 
 
@@ -167,9 +182,11 @@ async def run_level(url: str, in_flight: int, seconds: float, server_pid: int) -
             await trio.sleep(1.0)  # warm-up: connections opened
             measuring = True
             cpu0, wall0, srv0 = time.process_time(), time.perf_counter(), process_cpu(server_pid)
+            rq0 = runqueue_wait()
             await trio.sleep(seconds)
             measuring = False
             cpu1, wall1, srv1 = time.process_time(), time.perf_counter(), process_cpu(server_pid)
+            rq1 = runqueue_wait()
             connections = judge.open_connections
             nursery.cancel_scope.cancel()
     finally:
@@ -182,6 +199,7 @@ async def run_level(url: str, in_flight: int, seconds: float, server_pid: int) -
         cpu_ms=(cpu1 - cpu0) / max(done, 1) * 1000,
         client_cpu=(cpu1 - cpu0) / wall,
         server_cpu=(srv1 - srv0) / wall,
+        runqueue=(rq1 - rq0) / wall,
         connections=connections,
     )
 
@@ -194,7 +212,7 @@ async def bench(
         f"load average {os.getloadavg()[0]:.2f}"
     )
     header = ("in flight", "ideal/s", "calls/s", "% ideal", "CPU ms/call", "client CPU",
-              "server CPU", "conns")  # fmt: skip
+              "server CPU", "CPU wait", "conns")  # fmt: skip
     print("  ".join(f"{h:>11}" for h in header))
     for in_flight in levels:
         r = await run_level(url, in_flight, seconds, server_pid)
@@ -207,6 +225,7 @@ async def bench(
             f"{r.cpu_ms:.3f}",
             f"{r.client_cpu * 100:.0f}%",
             f"{r.server_cpu * 100:.0f}%",
+            f"{r.runqueue * 100:.0f}%",
             f"{r.connections}",
         )
         print("  ".join(f"{c:>11}" for c in row), flush=True)
