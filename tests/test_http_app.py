@@ -13,6 +13,7 @@ import pytest
 import trio
 import trio.testing
 from fake_engine import SCORED_RESULT, FakeEngine, Outcome
+from quart import request
 from quart_trio import QuartTrio
 
 from genrm_trio.config import ConfigError, Settings
@@ -957,3 +958,19 @@ async def test_aggregate_huge_integer_metric_is_422() -> None:
     )
     assert status == 422
     assert reply["detail"][0]["type"] == "number_too_large"
+
+
+async def test_prefix_rewrites_path_and_raw_path_for_the_app() -> None:
+    seen: list[tuple[str, bytes]] = []
+    app = app_for(FakeEngine())
+
+    @app.get("/probe-path")
+    async def probe() -> str:
+        seen.append((request.path, request.scope["raw_path"]))
+        return "ok"
+
+    status, _, _ = await call(app, "/ng-rollout/x_1/probe-path", method="GET")
+    assert status == 200
+    assert seen == [("/probe-path", b"/probe-path")]
+    status, _, _ = await call(app, "/ng-rollout/x_1", method="GET")
+    assert status == 200  # the bare prefix is "/"

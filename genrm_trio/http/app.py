@@ -98,7 +98,12 @@ class _App(QuartTrio):
                 rest = match.group(2) or "/"
                 stripped = dict(scope)
                 stripped["path"] = rest
-                stripped["raw_path"] = rest.encode("utf-8", "surrogateescape")
+                raw_path = scope.get("raw_path")
+                prefix = f"/ng-rollout/{match.group(1)}".encode("ascii")
+                if isinstance(raw_path, bytes) and raw_path.startswith(prefix):
+                    stripped["raw_path"] = raw_path[len(prefix) :] or b"/"
+                else:
+                    stripped["raw_path"] = rest.encode("utf-8", "replace")
                 token = current_rollout_id.set(match.group(1))
                 try:
                     await super().asgi_app(stripped, receive, send)  # type: ignore[arg-type]
