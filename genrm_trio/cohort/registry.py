@@ -288,5 +288,7 @@ class Registry:
             return  # already evicted or replaced: nothing to retain
         if record.retained:
             self._push_terminal(cohort)
+            assert cohort.terminal_at is not None
+            self.prune(cohort.terminal_at)  # keep the cap between resolutions too
         else:
             del self.cohorts[cohort.key]  # completed legacy cohorts are not replayable (§8.7)
