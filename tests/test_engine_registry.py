@@ -153,7 +153,7 @@ async def test_restored_failed_fence_answers_without_judging(autojump_clock: Moc
             group_id="g",
             group_attempt=0,
             legacy=False,
-            prompt_digest="ignored" * 0 + engine_digest(),
+            prompt_digest=engine_digest(),
             phase="failed",
             failure="GenRM cohort 'k' was interrupted by a server restart",
             failure_kind="cohort",
@@ -242,3 +242,29 @@ async def test_capacity_error_is_not_raised_for_replays(autojump_clock: MockCloc
             reply = await verify(engine, member(0, group="other"))
             assert isinstance(reply, RequestRejected) and reply.status == 503
             await engine.aclose()
+
+
+async def test_new_slot_on_a_completed_record_is_409_in_wire_words(
+    autojump_clock: MockClock,
+) -> None:
+    """Unreachable for a cohort that collected all N slots, but a restored record may hold only
+    some members: a new slot gets `already completed` (the wire word, not `scored`)."""
+    judge = ScriptedJudge()
+    async with running(settings(), judge) as engine:
+        key = "group_id::g::group_attempt::0"
+        record = TerminalRecord(
+            key,
+            "g",
+            0,
+            False,
+            engine_digest(),
+            "completed",
+            members={0: MemberRecord("d", result={"reward": 1.0})},
+        )
+        await engine.restore_records([record])
+        reply = await verify(engine, member(1))
+        assert isinstance(reply, RequestRejected) and reply.status == 409
+        assert reply.detail == (
+            f"GenRM cohort {key!r} is already completed; rollout_index=1 cannot be added"
+        )
+    assert judge.calls == []

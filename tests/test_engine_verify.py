@@ -536,3 +536,95 @@ async def test_masked_member_replays_its_reason_for_any_answer(autojump_clock: M
             "already has a different response for rollout_index=2",
         )
         assert len(judge.calls) == 4
+
+
+# --- rubric contracts, metrics denominators, principles ----------------------------------------
+
+
+def rubric_text(entries: list[tuple[int, float, float, float]], overall: tuple[float, ...]) -> str:
+    import json
+
+    return json.dumps(
+        {
+            "rubric_evaluations": [
+                {"rubric_id": rid, "score_1": s1, "score_2": s2, "ranking": r}
+                for rid, s1, s2, r in entries
+            ],
+            "overall": dict(zip(("score_1", "score_2", "ranking"), overall, strict=True)),
+        }
+    )
+
+
+async def test_rubric_mean_scores_and_validity(autojump_clock: MockClock) -> None:
+    from judges import Step
+
+    judge = ScriptedJudge(
+        pairs={
+            ("a0", "a1"): Step(text=rubric_text([(1, 4, 2, 2), (2, 2, 2, 3)], (5, 1, 1))),
+            ("a1", "a2"): Step(text='{"score_1": 4, "score_2": 2, "ranking": 2}'),  # no rubric
+            ("a2", "a0"): Step(text=rubric_text([(1, 3, 3, 2), (2, 5, 1, 1)], (3, 3, 3.5))),
+        }
+    )
+    config = settings(num_rollouts_per_prompt=3, score_source="rubric_mean")
+    async with running(config, judge) as engine:
+        replies = await gather(engine, [member(i, rubric_ids=(1, 2)) for i in range(3)])
+    rows = [r.result for r in replies if isinstance(r, Scored)]
+    assert len(rows) == 3
+    # selected triples: (0,1) -> (3, 2, 2.5); (1,2) -> fallback (3, 3, 3.5) tie, d=0;
+    # (2,0) -> (4, 2, 1.5). member 0: (3 + 2) / 2; member 1: (2 + 3) / 2; member 2: (3 + 4) / 2
+    assert [row["reward"] for row in rows] == [2.5, 2.5, 3.5]
+    # overall triples: (5,1,1), (4,2,2), (3,3,3.5)->tie d=0: m0 (5+3)/2, m1 (1+4)/2, m2 (2+3)/2
+    assert [row["reward_overall_score"] for row in rows] == [4.0, 2.5, 2.5]
+    # validity: (1,2) failed rubric parsing, so members 1 and 2 are None; member 0 from the rest
+    assert [row["reward_rubric_aggregate_valid"] for row in rows] == [2.5, None, None]
+    assert rows[0]["genrm_rubric_parse_failure_rate_per_group"] == 1 / 3
+    assert rows[0]["genrm_parse_failure_rate_per_group"] == 0.0
+
+
+async def test_failed_comparisons_count_in_token_metrics_only(autojump_clock: MockClock) -> None:
+    """D32: parse-failure rates over successful comparisons; token metrics over every comparison
+    that reported usage, failed ones included."""
+    from judges import Step
+
+    from genrm_trio.judge.base import ReplyStatus
+
+    judge = ScriptedJudge(
+        pairs={
+            ("a0", "a1"): Step(text="", status=ReplyStatus.UNUSABLE, output_tokens=50),
+            ("a1", "a2"): Step(text="no verdict here", output_tokens=30),
+        }
+    )
+    async with running(settings(num_rollouts_per_prompt=4), judge) as engine:
+        replies = await gather(engine, [member(i) for i in range(4)])
+    rows = {i: r.result for i, r in enumerate(replies) if isinstance(r, Scored)}
+    assert sorted(rows) == [2, 3]
+    row = rows[2]
+    assert row["genrm_parse_failure_rate_per_group"] == 1 / 3  # (1,2) fell back, of 3 successful
+    assert row["genrm_output_tokens_total_per_group"] == 50 + 30 + 10 + 10
+    assert row["genrm_output_tokens_per_comparison_mean"] == 25.0
+    assert row["genrm_input_tokens_per_comparison_mean"] == 100.0
+    assert row["genrm_max_output_tokens_hit_rate_per_group"] == 0.0
+    assert row["genrm_failed_comparison_rate_per_group"] == 0.25
+
+
+async def test_principle_reaches_verify_judging_only_when_enabled(
+    autojump_clock: MockClock,
+) -> None:
+    judge = ScriptedJudge()
+    config = settings(use_principle=True, default_principle="DEFAULT")
+    async with running(config, judge) as engine:
+        await gather(engine, [member(0, principle="be kind"), member(1, principle="be kind")])
+        await gather(engine, [member(0, group="h"), member(1, group="h")])
+    assert [c.call.principle for c in judge.calls] == ["be kind"] * 2 + ["DEFAULT"] * 2
+    judge = ScriptedJudge()
+    async with running(settings(), judge) as engine:
+        await gather(engine, [member(0, principle="be kind"), member(1, principle="be kind")])
+    assert [c.call.principle for c in judge.calls] == [None, None]
+
+
+async def test_empty_answer_is_shown_as_none(autojump_clock: MockClock) -> None:
+    judge = ScriptedJudge()
+    async with running(settings(), judge) as engine:
+        replies = await gather(engine, [member(0, answer="  "), member(1)])
+    assert sorted(c.shown for c in judge.calls) == [("None", "a1"), ("a1", "None")]
+    assert isinstance(replies[0], Scored) and replies[0].result["answer_text"] == "  "
