@@ -157,9 +157,18 @@ def main() -> None:
         )
     )
 
+    model = _Model()
+
+    def one_trigger() -> None:
+        model.state = "collecting"
+        m.start_judging(model)
+
+    trigger_us = _time_per_call(one_trigger, args.rounds)
+
     print(f"{'shape':40} {'us/lifecycle':>14} {'KiB/cohort':>12}")
     for name, us, kib in rows:
         print(f"{name:40} {us:14.1f} {kib:12.2f}")
+    print(f"one guarded start_judging trigger (engine shape): {trigger_us:.1f} us")
 
 
 if __name__ == "__main__":

@@ -11,20 +11,22 @@ The wire and the logs keep the reference's words (SPEC §17.4): :func:`wire_phas
 ``judging`` → ``evaluating`` and ``scored``/``partially_masked`` → ``completed``.
 
 Shape (measured by ``benchmarks/state_machine.py`` on the 2-core machine, Python 3.11,
-transitions 0.9.3, while other jobs kept the load average near 3, so absolute times are inflated
-about 2x; one lifecycle = create + ``start_judging`` + ``publish``, best of five):
+transitions 0.9.3, with other jobs running (load average about 2); one lifecycle = create +
+``start_judging`` + ``publish``, best of five):
 
 ======================================  ============  ===================
 shape                                   µs/lifecycle  retained KiB/cohort
 ======================================  ============  ===================
-module-level Machine as engine (chosen)         52            0.09
-shared Machine, add_model (2000 live)          293            3.88
-one Machine per cohort                         233           10.31
+module-level Machine as engine (chosen)         28            0.09
+shared Machine, add_model (2000 live)          119            3.88
+one Machine per cohort                         104           10.31
 ======================================  ============  ===================
 
-A trigger with its guard, entry callback and ``after_state_change`` costs about 22 µs here; the
-2.6 µs of DESIGN.md is a bare trigger. Either way it is far below the ~1.5 ms of HTTP work per
-request, and the shared shape's cost grows with live cohorts while this one's does not.
+A guarded trigger with its entry callback and ``after_state_change`` (``send_event=True``) costs
+12–22 µs here (the box is noisy; the benchmark prints it); DESIGN.md's 2.6 µs is a bare
+trigger. Either way it is far below the ~1.5 ms of HTTP work per request; the shared shape's
+cost grows with live cohorts while this one's does not, and a per-cohort Machine holds 100x the
+memory.
 
 So a single module-level :data:`MACHINE` is built with ``model=None`` and never learns about
 cohorts: the typed wrappers :func:`start_judging`, :func:`publish` and :func:`fail` call
