@@ -268,3 +268,21 @@ async def test_new_slot_on_a_completed_record_is_409_in_wire_words(
             f"GenRM cohort {key!r} is already completed; rollout_index=1 cannot be added"
         )
     assert judge.calls == []
+
+
+async def test_restored_records_can_be_back_dated(autojump_clock: MockClock) -> None:
+    """A store loading records gives them clocks set back by their age (SPEC §17.11)."""
+    judge = ScriptedJudge()
+    config = settings(cohort_result_ttl_s=10.0)
+    async with running(config, judge) as engine:
+        await complete(engine, "old")
+        await complete(engine, "young")
+        records = engine.terminal_records()
+    async with running(config, judge) as engine:
+        ages = {records[0].key: 9.5, records[1].key: 1.0}
+        report = await engine.restore_records(records, age_s=ages)
+        assert report.added == 2
+        await trio.sleep(1.0)
+        assert isinstance(await verify(engine, member(0, group="young")), Scored)
+        assert [r.group_id for r in engine.terminal_records()] == ["young"]
+    assert len(judge.calls) == 4

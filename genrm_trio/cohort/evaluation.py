@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, final
+from typing import TYPE_CHECKING, Final, final
 
 from genrm_trio.config import Settings
 from genrm_trio.judge.base import JudgeCall, Usage
@@ -26,6 +26,9 @@ from genrm_trio.scoring import (
     group_metrics,
     position_disagreement_rate,
 )
+
+if TYPE_CHECKING:
+    from genrm_trio.judge.attempts import ComparisonResult
 
 __all__ = [
     "NON_FINITE_MESSAGE",
@@ -81,7 +84,7 @@ class Evaluation:
         self.judge_texts = list(judge_texts)
         self.history = [dict(item) for item in history]
         self.principle = principle
-        self.results: list[Any] = [None] * len(self.plan)  # ComparisonResult
+        self.results: list[ComparisonResult | None] = [None] * len(self.plan)
         self.errors: list[str | None] = [None] * len(self.plan)
         self.error_usage: list[Usage | None] = [None] * len(self.plan)
 
@@ -112,7 +115,8 @@ class Evaluation:
             if result is None:
                 continue
             verdict = result.overall if overall else result.selected
-            scores = planned.to_member_orientation(tuple(verdict))
+            triple = (verdict.score_1, verdict.score_2, verdict.ranking)
+            scores = planned.to_member_orientation(triple)
             out.append((c, JudgedComparison(planned.i, planned.j, planned.k, scores)))
         return out
 
@@ -185,7 +189,9 @@ def _rubric_valid(
     valid: list[JudgedComparison] = []
     touched: set[int] = set()
     for c, judged in evaluation.judged():
-        if evaluation.results[c].rubric_parse_failed:
+        result = evaluation.results[c]
+        assert result is not None
+        if result.rubric_parse_failed:
             touched.update((judged.i, judged.j))
         else:
             valid.append(judged)
