@@ -1,0 +1,804 @@
+"""Durable cohort state in SQLite (SPEC §16.3, §17.11): terminal records, fences and watermarks.
+
+:class:`SqliteStore` implements the engine's :class:`~genrm_trio.cohort.records.CohortStore`
+commit hooks on one stdlib ``sqlite3`` connection in WAL mode. The connection is only ever used
+from a worker thread (``trio.to_thread.run_sync``), one thread at a time, so the trio loop never
+blocks on disk I/O. Commits that arrive while a transaction is in flight are grouped into the
+next one (group commit): concurrent cohorts share a transaction and its fsync.
+
+What is stored is exactly what a replay reads: result mappings as ``json.dumps`` text (repr
+floats round-trip to the same IEEE doubles, lone surrogates survive as ``\\uXXXX`` escapes) and
+texts that may hold lone surrogates (keys, group ids, failure messages) as UTF-8 BLOBs encoded
+with ``surrogatepass``. Nothing is recomputed on load. Timestamps are wall-clock seconds; the
+engine's clocks are monotonic, so :meth:`SqliteStore.load` reports each record's *age*.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import inspect
+import json
+import logging
+import math
+import os
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal, final
+
+import trio
+
+from genrm_trio.cohort.records import MemberRecord, OpenRecord, TerminalRecord, WatermarkRecord
+from genrm_trio.config import Settings
+
+if TYPE_CHECKING:
+    from genrm_trio.engine import Engine, RestoreReport
+    from genrm_trio.judge.base import Judge
+    from genrm_trio.metrics import Metrics
+
+__all__ = [
+    "INTERRUPTED_TEMPLATE",
+    "SCHEMA_VERSION",
+    "LoadedState",
+    "SqliteStore",
+    "StoreError",
+    "StoreStatistics",
+    "durable_engine",
+    "open_store",
+    "restore_from_store",
+]
+
+log = logging.getLogger("genrm_trio.store")
+
+SCHEMA_VERSION: Final = 1
+APPLICATION: Final = "genrm-trio"
+INTERRUPTED_TEMPLATE: Final = (
+    "GenRM cohort {key!r} was interrupted by a server restart; retry the whole group with a new "
+    "_ng_group_attempt"
+)
+# The engine's shutdown failure (SPEC §8.12). A cohort failed by a graceful stop keeps its `open`
+# record, so that the next start turns it into the interrupted fence of §17.11 instead of
+# answering "shutting down" forever.
+_SHUTTING_DOWN: Final = "GenRM server is shutting down"
+_INT64_MAX: Final = 2**63 - 1
+_KEY_LOG_LIMIT: Final = 160
+Synchronous = Literal["NORMAL", "FULL"]
+
+_SCHEMA: Final = (
+    "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    # group_attempt has no type affinity: an int64 as INTEGER, a larger int as its decimal text.
+    """CREATE TABLE cohorts (
+        key BLOB PRIMARY KEY,
+        group_id BLOB,
+        group_attempt NOT NULL,
+        legacy INTEGER NOT NULL,
+        prompt_digest TEXT NOT NULL,
+        phase TEXT NOT NULL CHECK (phase IN ('open', 'completed', 'failed')),
+        failure BLOB,
+        failure_kind TEXT CHECK (failure_kind IN ('judge', 'cohort')),
+        terminal_at REAL
+    ) WITHOUT ROWID""",
+    "CREATE INDEX cohorts_by_terminal_at ON cohorts (terminal_at) WHERE terminal_at IS NOT NULL",
+    "CREATE INDEX cohorts_open_groups ON cohorts (group_id) WHERE phase = 'open'",
+    """CREATE TABLE members (
+        key BLOB NOT NULL,
+        rollout_index INTEGER NOT NULL,
+        response_digest TEXT NOT NULL,
+        result TEXT,
+        masked_alone INTEGER NOT NULL,
+        failure_reason BLOB,
+        PRIMARY KEY (key, rollout_index)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE watermarks (
+        group_id BLOB PRIMARY KEY,
+        latest_attempt NOT NULL,
+        prompt_digest TEXT NOT NULL,
+        updated_at REAL NOT NULL
+    ) WITHOUT ROWID""",
+    "CREATE INDEX watermarks_by_updated_at ON watermarks (updated_at)",
+)
+
+
+class StoreError(Exception):
+    """The state file cannot be used: unreadable, corrupt, foreign, newer, locked or closed."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"state file {path}: {message}")
+        self.path = path
+        self.message = message
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class LoadedState:
+    """What the engine restores at start (SPEC §17.11), oldest record first.
+
+    ``record_ages`` and ``watermark_ages`` are seconds since ``terminal_at`` / ``updated_at``
+    (never negative), so the engine can set its monotonic clocks back by them.
+    """
+
+    records: tuple[TerminalRecord, ...]
+    record_ages: Mapping[str, float]
+    watermarks: tuple[WatermarkRecord, ...]
+    watermark_ages: Mapping[str, float]
+    interrupted: int = 0  # open explicit cohorts turned into fences by this load
+    dropped_open: int = 0  # open legacy cohorts dropped by this load
+    expired: int = 0  # terminal records and watermarks past cohort_result_ttl_s
+    evicted: int = 0  # terminal records and watermarks over max_terminal_cohorts
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class StoreStatistics:
+    path: str
+    closed: bool
+    transactions: int  # committed write transactions
+    operations: int  # commit hooks applied (several share a transaction under load)
+    terminal_records: int
+    watermarks: int
+    queued: int  # operations waiting for the next transaction
+
+
+# --- encoding ----------------------------------------------------------------------------------
+
+
+def _blob(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogatepass")
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"expected text, got {type(value).__name__}")
+
+
+def _opt_blob(text: str | None) -> bytes | None:
+    return None if text is None else _blob(text)
+
+
+def _opt_text(value: object) -> str | None:
+    return None if value is None else _text(value)
+
+
+def _int_value(number: int) -> int | str:
+    """An attempt as SQLite can hold it: beyond int64 as its exact decimal text."""
+    return number if -_INT64_MAX - 1 <= number <= _INT64_MAX else str(number)
+
+
+def _int_read(value: object) -> int:
+    if type(value) is int:
+        return value
+    if isinstance(value, str | bytes) and _text(value).lstrip("-").isdigit():
+        return int(_text(value))
+    raise TypeError(f"expected an integer, got {value!r}")
+
+
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+
+
+def _result_text(result: Mapping[str, Any]) -> str:
+    return _ENCODER.encode(dict(result))
+
+
+# --- the store ---------------------------------------------------------------------------------
+
+
+@final
+class _Pending:
+    __slots__ = ("apply", "done", "error")
+
+    def __init__(self, apply: Callable[[sqlite3.Cursor, float], None]) -> None:
+        self.apply = apply
+        self.done = False
+        self.error: BaseException | None = None
+
+
+@final
+class SqliteStore:
+    """The engine's durable :class:`~genrm_trio.cohort.records.CohortStore` (SQLite, WAL).
+
+    Create it with :func:`open_store`. Every hook returns once its transaction is committed.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        settings: Settings,
+        connection: sqlite3.Connection,
+        lock_fd: int,
+        clock: Callable[[], float],
+        counts: tuple[int, int],
+    ) -> None:
+        self.path = path
+        self._settings = settings
+        self._db = connection
+        self._lock_fd = lock_fd
+        self._clock = clock
+        self._terminal_count, self._watermark_count = counts
+        self._queue: list[_Pending] = []
+        self._flushing = False
+        self._flushed = trio.Event()
+        self._io = trio.Lock()  # exclusive use of the connection (one worker thread at a time)
+        self._closed = False
+        self._transactions = 0
+        self._operations = 0
+        # Records handed to the engine by load(): re-committing an identical one is a no-op, so
+        # that restoring them keeps their stored timestamps (see restore_from_store).
+        self._adopted: dict[str, TerminalRecord] = {}
+        self._adopted_marks: dict[str, WatermarkRecord] = {}
+
+    def __repr__(self) -> str:
+        return f"<SqliteStore path={self.path!r} closed={self._closed}>"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def statistics(self) -> StoreStatistics:
+        return StoreStatistics(
+            path=self.path,
+            closed=self._closed,
+            transactions=self._transactions,
+            operations=self._operations,
+            terminal_records=self._terminal_count,
+            watermarks=self._watermark_count,
+            queued=len(self._queue),
+        )
+
+    # --- CohortStore hooks (SPEC §17.11) --------------------------------------------------------
+
+    async def commit_watermark(self, record: WatermarkRecord) -> None:
+        """Commit point 1: a group's watermark was created or advanced."""
+        if self._adopted_marks.pop(record.group_id, None) == record:
+            return
+        await self._submit(lambda cur, now: self._put_watermark(cur, record, now))
+
+    async def commit_open(self, record: OpenRecord) -> None:
+        """Commit point 2: a cohort was created (it replaces any record under its key)."""
+        self._adopted.pop(record.key, None)
+        await self._submit(lambda cur, now: self._put_open(cur, record))
+
+    async def commit_terminal(self, record: TerminalRecord) -> None:
+        """Commit point 3: the terminal record replaces the ``open`` one in one transaction.
+
+        A record the engine does not retain (a completed legacy cohort without masked members)
+        deletes the ``open`` record and keeps nothing. A cohort failed by a graceful shutdown
+        keeps its ``open`` record, so the next start fences it as interrupted (§17.11).
+        """
+        if self._adopted.pop(record.key, None) == record:
+            return
+        if record.phase == "failed" and record.failure == _SHUTTING_DOWN:
+            return
+        await self._submit(lambda cur, now: self._put_terminal(cur, record, now))
+
+    async def commit_many(
+        self, records: Sequence[TerminalRecord], watermarks: Sequence[WatermarkRecord] = ()
+    ) -> None:
+        """Terminal records and watermarks in one transaction (a checkpoint restore)."""
+        todo = [r for r in records if self._adopted.pop(r.key, None) != r]
+        marks = [m for m in watermarks if self._adopted_marks.pop(m.group_id, None) != m]
+        if not todo and not marks:
+            return
+
+        def apply(cur: sqlite3.Cursor, now: float) -> None:
+            for record in todo:
+                self._put_terminal(cur, record, now)
+            for mark in marks:
+                self._put_watermark(cur, mark, now)
+
+        await self._submit(apply)
+
+    # --- loading (SPEC §17.11) -----------------------------------------------------------------
+
+    async def load(self) -> LoadedState:
+        """Apply the start-up rules in one transaction and return what the engine restores.
+
+        Terminal records and watermarks older than ``cohort_result_ttl_s`` are deleted; an
+        ``open`` record of an explicit group becomes a failed cohort-kind fence (persisted); an
+        ``open`` legacy record is dropped; then only the newest ``max_terminal_cohorts`` records
+        and watermarks are kept. A row that cannot be decoded is a :class:`StoreError`.
+        """
+        async with self._io:
+            self._check_open()
+            with trio.CancelScope(shield=True):
+                state = await trio.to_thread.run_sync(self._load_sync)
+        self._adopted = {r.key: r for r in state.records}
+        self._adopted_marks = {m.group_id: m for m in state.watermarks}
+        return state
+
+    def end_adoption(self) -> None:
+        """Forget the records of the last :meth:`load`: later commits of them write again."""
+        self._adopted.clear()
+        self._adopted_marks.clear()
+
+    # --- closing ---------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Wait for queued commits, then close the connection and release the file lock."""
+        if self._closed:
+            return
+        with trio.CancelScope(shield=True):
+            while self._queue or self._flushing:
+                await self._flushed.wait()
+            self._closed = True
+            async with self._io:
+                await trio.to_thread.run_sync(self._close_sync)
+
+    def _close_sync(self) -> None:
+        try:
+            self._db.close()
+        finally:
+            os.close(self._lock_fd)
+
+    # --- group commit ----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(self.path, "the store is closed")
+
+    async def _submit(self, apply: Callable[[sqlite3.Cursor, float], None]) -> None:
+        """Queue one operation and return once a committed transaction holds it.
+
+        Whoever finds no transaction in flight runs one for everything queued; the others wait
+        for it and retry. Shielded: an operation, once queued, is always applied or failed.
+        """
+        self._check_open()
+        pending = _Pending(apply)
+        self._queue.append(pending)
+        with trio.CancelScope(shield=True):
+            while not pending.done:
+                if self._flushing:
+                    await self._flushed.wait()
+                    continue
+                await self._flush()
+        if pending.error is not None:
+            raise StoreError(
+                self.path, f"commit failed: {type(pending.error).__name__}: {pending.error}"
+            ) from pending.error
+
+    async def _flush(self) -> None:
+        self._flushing = True
+        batch, self._queue = self._queue, []
+        error: BaseException | None = None
+        try:
+            async with self._io:
+                await trio.to_thread.run_sync(self._apply_sync, batch)
+        except Exception as exc:
+            error = exc
+            log.error("durable state %s: a transaction failed", self.path, exc_info=exc)
+        finally:
+            for pending in batch:
+                pending.error = error
+                pending.done = True
+            self._flushing = False
+            flushed, self._flushed = self._flushed, trio.Event()
+            flushed.set()
+
+    def _apply_sync(self, batch: list[_Pending]) -> None:
+        """One write transaction for ``batch`` plus retention (worker thread)."""
+        cur = self._db.cursor()
+        counts = (self._terminal_count, self._watermark_count)
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+            now = self._clock()
+            for pending in batch:
+                pending.apply(cur, now)
+            self._prune(cur, now)
+            cur.execute("COMMIT")
+        except BaseException:
+            self._terminal_count, self._watermark_count = counts
+            if self._db.in_transaction:
+                with suppress(sqlite3.Error):
+                    cur.execute("ROLLBACK")
+            raise
+        finally:
+            cur.close()
+        self._transactions += 1
+        self._operations += len(batch)
+
+    # --- row writers (worker thread, inside a transaction) ---------------------------------
+
+    def _phase(self, cur: sqlite3.Cursor, key: bytes) -> str | None:
+        row = cur.execute("SELECT phase FROM cohorts WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def _put_watermark(self, cur: sqlite3.Cursor, record: WatermarkRecord, now: float) -> None:
+        gid = _blob(record.group_id)
+        present = cur.execute("SELECT 1 FROM watermarks WHERE group_id = ?", (gid,)).fetchone()
+        cur.execute(
+            "INSERT OR REPLACE INTO watermarks (group_id, latest_attempt, prompt_digest, "
+            "updated_at) VALUES (?, ?, ?, ?)",
+            (gid, _int_value(record.latest_attempt), record.prompt_digest, now),
+        )
+        if present is None:
+            self._watermark_count += 1
+
+    def _put_open(self, cur: sqlite3.Cursor, record: OpenRecord) -> None:
+        key = _blob(record.key)
+        if self._phase(cur, key) in ("completed", "failed"):
+            self._terminal_count -= 1
+        cur.execute("DELETE FROM members WHERE key = ?", (key,))
+        cur.execute(
+            "INSERT OR REPLACE INTO cohorts (key, group_id, group_attempt, legacy, prompt_digest, "
+            "phase, failure, failure_kind, terminal_at) VALUES (?, ?, ?, ?, ?, 'open', NULL, "
+            "NULL, NULL)",
+            (
+                key,
+                _opt_blob(record.group_id),
+                _int_value(record.group_attempt),
+                int(record.legacy),
+                record.prompt_digest,
+            ),
+        )
+
+    def _put_terminal(self, cur: sqlite3.Cursor, record: TerminalRecord, now: float) -> None:
+        key = _blob(record.key)
+        was_terminal = self._phase(cur, key) in ("completed", "failed")
+        cur.execute("DELETE FROM members WHERE key = ?", (key,))
+        if not record.retained:
+            cur.execute("DELETE FROM cohorts WHERE key = ?", (key,))
+            if was_terminal:
+                self._terminal_count -= 1
+            return
+        cur.execute(
+            "INSERT OR REPLACE INTO cohorts (key, group_id, group_attempt, legacy, prompt_digest, "
+            "phase, failure, failure_kind, terminal_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                key,
+                _opt_blob(record.group_id),
+                _int_value(record.group_attempt),
+                int(record.legacy),
+                record.prompt_digest,
+                record.phase,
+                _opt_blob(record.failure),
+                record.failure_kind,
+                now,
+            ),
+        )
+        cur.executemany(
+            "INSERT INTO members (key, rollout_index, response_digest, result, masked_alone, "
+            "failure_reason) VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    key,
+                    index,
+                    member.response_digest,
+                    None if member.result is None else _result_text(member.result),
+                    int(member.masked_alone),
+                    _opt_blob(member.failure_reason),
+                )
+                for index, member in sorted(record.members.items())
+            ],
+        )
+        if not was_terminal:
+            self._terminal_count += 1
+
+    # --- retention (SPEC §8.10 on wall-clock times) ----------------------------------------
+
+    def _delete_cohorts(self, cur: sqlite3.Cursor, keys: Sequence[tuple[bytes]]) -> None:
+        cur.executemany("DELETE FROM members WHERE key = ?", keys)
+        cur.executemany("DELETE FROM cohorts WHERE key = ?", keys)
+        self._terminal_count -= len(keys)
+
+    def _prune(self, cur: sqlite3.Cursor, now: float, *, cap: bool = True) -> tuple[int, int]:
+        """TTL, then (with ``cap``) the count cap, oldest first. Index range scans only: it
+        touches only what it drops. Watermarks of groups with an ``open`` cohort are never
+        dropped. Returns (expired, evicted)."""
+        ttl = self._settings.cohort_result_ttl_s
+        limit = self._settings.max_terminal_cohorts if cap else None
+        expired = evicted = 0
+        if ttl is not None:
+            horizon = now - ttl
+            keys = cur.execute(
+                "SELECT key FROM cohorts WHERE terminal_at IS NOT NULL AND terminal_at <= ?",
+                (horizon,),
+            ).fetchall()
+            if keys:
+                self._delete_cohorts(cur, keys)
+            gone = cur.execute(
+                "DELETE FROM watermarks WHERE updated_at <= ? AND group_id NOT IN "
+                "(SELECT group_id FROM cohorts WHERE phase = 'open' AND group_id IS NOT NULL)",
+                (horizon,),
+            ).rowcount
+            self._watermark_count -= gone
+            expired = len(keys) + gone
+        if limit is not None and self._terminal_count > limit:
+            keys = cur.execute(
+                "SELECT key FROM cohorts WHERE terminal_at IS NOT NULL "
+                "ORDER BY terminal_at, key LIMIT ?",
+                (self._terminal_count - limit,),
+            ).fetchall()
+            self._delete_cohorts(cur, keys)
+            evicted += len(keys)
+        if limit is not None and self._watermark_count > limit:
+            gone = cur.execute(
+                "DELETE FROM watermarks WHERE group_id IN (SELECT group_id FROM watermarks "
+                "WHERE group_id NOT IN (SELECT group_id FROM cohorts WHERE phase = 'open' "
+                "AND group_id IS NOT NULL) ORDER BY updated_at, group_id LIMIT ?)",
+                (self._watermark_count - limit,),
+            ).rowcount
+            self._watermark_count -= gone
+            evicted += gone
+        return expired, evicted
+
+    # --- load (worker thread) --------------------------------------------------------------
+
+    def _load_sync(self) -> LoadedState:
+        cur = self._db.cursor()
+        counts = (self._terminal_count, self._watermark_count)
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+            now = self._clock()
+            expired, evicted = self._prune(cur, now, cap=False)
+            dropped = cur.execute(
+                "DELETE FROM cohorts WHERE phase = 'open' AND legacy = 1"
+            ).rowcount
+            opened = cur.execute(
+                "SELECT key FROM cohorts WHERE phase = 'open' ORDER BY key"
+            ).fetchall()
+            cur.executemany("DELETE FROM members WHERE key = ?", opened)
+            cur.executemany(
+                "UPDATE cohorts SET phase = 'failed', failure = ?, failure_kind = 'cohort', "
+                "terminal_at = ? WHERE key = ?",
+                [(_blob(INTERRUPTED_TEMPLATE.format(key=_text(k))), now, k) for (k,) in opened],
+            )
+            self._terminal_count += len(opened)
+            more_expired, more_evicted = self._prune(cur, now)
+            records, ages = self._read_records(cur, now)
+            marks, mark_ages = self._read_watermarks(cur, now)
+            cur.execute("COMMIT")
+        except BaseException as exc:
+            self._terminal_count, self._watermark_count = counts
+            if self._db.in_transaction:
+                with suppress(sqlite3.Error):
+                    cur.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error | ValueError | TypeError | KeyError):
+                raise StoreError(self.path, f"cannot load: {type(exc).__name__}: {exc}") from exc
+            raise
+        finally:
+            cur.close()
+        self._transactions += 1
+        return LoadedState(
+            records=tuple(records),
+            record_ages=ages,
+            watermarks=tuple(marks),
+            watermark_ages=mark_ages,
+            interrupted=len(opened),
+            dropped_open=dropped,
+            expired=expired + more_expired,
+            evicted=evicted + more_evicted,
+        )
+
+    def _read_records(
+        self, cur: sqlite3.Cursor, now: float
+    ) -> tuple[list[TerminalRecord], dict[str, float]]:
+        members: dict[bytes, dict[int, MemberRecord]] = {}
+        for key, index, digest, result, masked, reason in cur.execute(
+            "SELECT key, rollout_index, response_digest, result, masked_alone, failure_reason "
+            "FROM members ORDER BY key, rollout_index"
+        ):
+            decoded = None if result is None else json.loads(result)
+            if decoded is not None and type(decoded) is not dict:
+                raise ValueError(f"member {index} of key {_text(key)!r}: result is not an object")
+            members.setdefault(bytes(key), {})[int(index)] = MemberRecord(
+                response_digest=str(digest),
+                result=decoded,
+                masked_alone=bool(masked),
+                failure_reason=_opt_text(reason),
+            )
+        records: list[TerminalRecord] = []
+        ages: dict[str, float] = {}
+        for row in cur.execute(
+            "SELECT key, group_id, group_attempt, legacy, prompt_digest, phase, failure, "
+            "failure_kind, terminal_at FROM cohorts ORDER BY terminal_at, key"
+        ):
+            key_blob, gid, attempt, legacy, digest, phase, failure, kind, terminal_at = row
+            key = _text(key_blob)
+            if phase not in ("completed", "failed") or terminal_at is None:
+                raise ValueError(f"key {key!r}: unexpected phase {phase!r}")
+            if (phase == "failed") != (kind in ("judge", "cohort")):
+                raise ValueError(f"key {key!r}: failure_kind {kind!r} with phase {phase!r}")
+            if not math.isfinite(terminal_at):
+                raise ValueError(f"key {key!r}: terminal_at {terminal_at!r}")
+            records.append(
+                TerminalRecord(
+                    key=key,
+                    group_id=_opt_text(gid),
+                    group_attempt=_int_read(attempt),
+                    legacy=bool(legacy),
+                    prompt_digest=str(digest),
+                    phase=phase,
+                    failure=_opt_text(failure),
+                    failure_kind=kind,
+                    members=members.pop(bytes(key_blob), {}),
+                )
+            )
+            ages[key] = max(0.0, now - float(terminal_at))
+        if members:
+            orphan = _text(next(iter(members)))
+            raise ValueError(f"members of key {orphan!r} have no cohort row")
+        return records, ages
+
+    def _read_watermarks(
+        self, cur: sqlite3.Cursor, now: float
+    ) -> tuple[list[WatermarkRecord], dict[str, float]]:
+        marks: list[WatermarkRecord] = []
+        ages: dict[str, float] = {}
+        for gid, attempt, digest, updated_at in cur.execute(
+            "SELECT group_id, latest_attempt, prompt_digest, updated_at FROM watermarks "
+            "ORDER BY updated_at, group_id"
+        ):
+            group_id = _text(gid)
+            marks.append(WatermarkRecord(group_id, _int_read(attempt), str(digest)))
+            ages[group_id] = max(0.0, now - float(updated_at))
+        return marks, ages
+
+
+# --- opening -----------------------------------------------------------------------------------
+
+
+def _open_sync(
+    path: str, settings: Settings, clock: Callable[[], float], synchronous: Synchronous
+) -> SqliteStore:
+    """Open or create the state file (worker thread); every failure is a StoreError."""
+    parent = Path(path).expanduser().absolute().parent
+    if not parent.is_dir():
+        raise StoreError(path, f"directory {str(parent)!r} does not exist")
+    try:
+        lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise StoreError(path, f"cannot open: {exc.strerror or exc}") from exc
+    db: sqlite3.Connection | None = None
+    try:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreError(path, "in use by another genrm-trio process") from None
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=5.0)
+        counts = _prepare(db, path, synchronous)
+        return SqliteStore(path, settings, db, lock_fd, clock, counts)
+    except BaseException as exc:
+        if db is not None:
+            db.close()
+        os.close(lock_fd)
+        if isinstance(exc, sqlite3.Error):
+            raise StoreError(path, f"not a usable SQLite database ({exc})") from exc
+        raise
+
+
+def _prepare(db: sqlite3.Connection, path: str, synchronous: Synchronous) -> tuple[int, int]:
+    """Check or create the schema; returns (terminal records, watermarks)."""
+    tables = {
+        str(name) for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+    }
+    mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    if str(mode).lower() != "wal":
+        raise StoreError(path, f"cannot switch to WAL mode (journal_mode={mode})")
+    db.execute(f"PRAGMA synchronous = {synchronous}")
+    db.execute("PRAGMA busy_timeout = 5000")
+    if not tables:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _SCHEMA:
+                db.execute(statement)
+            db.executemany(
+                "INSERT INTO meta (name, value) VALUES (?, ?)",
+                [("application", APPLICATION), ("schema_version", str(SCHEMA_VERSION))],
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return 0, 0
+    if "meta" not in tables:
+        raise StoreError(path, "not a genrm-trio state file (no meta table)")
+    meta = {str(k): str(v) for k, v in db.execute("SELECT name, value FROM meta")}
+    if meta.get("application") != APPLICATION:
+        raise StoreError(
+            path, f"not a genrm-trio state file (application={meta.get('application')!r})"
+        )
+    version = meta.get("schema_version")
+    if version != str(SCHEMA_VERSION):
+        raise StoreError(
+            path,
+            f"schema version {version} is not supported by this genrm-trio (it reads version "
+            f"{SCHEMA_VERSION}); use the genrm-trio that wrote it, or start with a new file",
+        )
+    problems = [str(row[0]) for row in db.execute("PRAGMA quick_check")]
+    if problems != ["ok"]:
+        raise StoreError(path, "the database is corrupt: " + "; ".join(problems[:5]))
+    terminal = db.execute("SELECT count(*) FROM cohorts WHERE terminal_at IS NOT NULL").fetchone()
+    marks = db.execute("SELECT count(*) FROM watermarks").fetchone()
+    return int(terminal[0]), int(marks[0])
+
+
+@asynccontextmanager
+async def open_store(
+    path: str | os.PathLike[str],
+    settings: Settings,
+    *,
+    clock: Callable[[], float] = time.time,
+    synchronous: Synchronous = "FULL",
+) -> AsyncIterator[SqliteStore]:
+    """Open (creating if absent) the SQLite state file at ``path`` and close it on exit.
+
+    The directory must exist. An unreadable, corrupt or foreign file, a schema version this
+    build does not read, or a file another process holds is a :class:`StoreError` naming the
+    path. ``clock`` is the wall clock (injectable for tests). ``synchronous="FULL"`` (default)
+    syncs the WAL at every commit, so a committed reply also survives a power loss; ``NORMAL``
+    survives a process crash only.
+    """
+    name = os.fspath(path)
+    store = await trio.to_thread.run_sync(_open_sync, name, settings, clock, synchronous)
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+# --- the engine side ---------------------------------------------------------------------------
+
+
+async def restore_from_store(engine: Engine, store: SqliteStore) -> RestoreReport:
+    """Load ``store`` (SPEC §17.11) and restore its records into a freshly opened ``engine``.
+
+    Restoring records the store itself handed out writes nothing back: they keep their stored
+    timestamps, so retention continues across restarts.
+    """
+    state = await store.load()
+    try:
+        report = await engine.restore_records(
+            state.records, state.watermarks, **_age_arguments(engine, state)
+        )
+    finally:
+        store.end_adoption()
+    log.info(
+        "durable state %s: restored %d cohort records (%d interrupted by the restart) and %d "
+        "watermarks; discarded %d expired, %d over the cap, %d unfinished legacy cohorts",
+        store.path,
+        report.added,
+        state.interrupted,
+        len(state.watermarks),
+        state.expired,
+        state.evicted,
+        state.dropped_open,
+    )
+    for conflict in report.conflicts:
+        log.warning("durable state %s: not restored: %s", store.path, conflict)
+    return report
+
+
+def _age_arguments(engine: Engine, state: LoadedState) -> dict[str, Any]:
+    """``age_s`` and, when the engine accepts it, ``watermark_age_s``."""
+    arguments: dict[str, Any] = {"age_s": state.record_ages}
+    if "watermark_age_s" in inspect.signature(engine.restore_records).parameters:
+        arguments["watermark_age_s"] = state.watermark_ages
+    return arguments
+
+
+@asynccontextmanager
+async def durable_engine(
+    settings: Settings, judge: Judge, *, metrics: Metrics | None = None
+) -> AsyncIterator[Engine]:
+    """``open_engine`` with the durable store of ``settings.state_path`` (none when unset).
+
+    The state loads before the engine is yielded; on exit the engine closes first (its last
+    terminal commits land), then the store.
+    """
+    from genrm_trio.engine import open_engine
+
+    if settings.state_path is None:
+        async with open_engine(settings, judge, metrics=metrics) as engine:
+            yield engine
+        return
+    async with (
+        open_store(settings.state_path, settings) as store,
+        open_engine(settings, judge, metrics=metrics, store=store) as engine,
+    ):
+        await restore_from_store(engine, store)
+        yield engine
