@@ -21,7 +21,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Final, final
+from typing import Final, final
 
 import trio
 
@@ -43,7 +43,7 @@ from genrm_trio.cohort.records import (
 )
 from genrm_trio.cohort.registry import KEY_LOG_LIMIT, Registry
 from genrm_trio.config import Settings
-from genrm_trio.judge.attempts import Comparator
+from genrm_trio.judge.attempts import Comparator, ComparatorStatistics
 from genrm_trio.judge.base import Judge, JudgeError, Usage
 from genrm_trio.metrics import Metrics
 from genrm_trio.model import (
@@ -115,7 +115,7 @@ class EngineStatistics:
     waiters: int  # attached requests not yet answered
     running_tasks: int  # cohort run tasks in the engine nursery
     compares_in_flight: int
-    judge: Any  # the comparator's own statistics() snapshot
+    judge: ComparatorStatistics  # the comparator's own snapshot (in flight, queued, calls...)
 
 
 @final
@@ -183,8 +183,8 @@ class Engine:
         """Shutdown (SPEC §8.12, D28): refuse new work, fail active cohorts with 503, cancel
         timers, evaluations and `/compare` calls, wait for them, then clear every record."""
         if not self._closed:
-            async with self._lock:
-                self._closed = True
+            self._closed = True  # refuse new requests at once (D28)
+            async with self._lock:  # let a request already inside the registry finish
                 for cohort in list(self._registry.active):
                     self._fail(cohort, "cohort", SHUTTING_DOWN)
             for scope in list(self._compare_scopes):
@@ -701,7 +701,7 @@ class Engine:
         """Merge terminal records and watermarks (SPEC §10.3, §17.12): an absent key is added
         with a fresh retention clock (or one set back by ``age_s[key]``), an identical record is
         left alone, anything else is a conflict. Restored members replay without judging."""
-        report = RestoreReport()
+        conflicts: list[dict[str, str]] = []
         added = unchanged = updated = 0
         reg = self._registry
         async with self._lock:
@@ -715,7 +715,7 @@ class Engine:
                         unchanged += 1
                     else:
                         reason = "active cohort" if not present.terminal else "different record"
-                        report.conflicts.append({"key": record.key, "reason": reason})
+                        conflicts.append({"key": record.key, "reason": reason})
                     continue
                 await self._commit_terminal(record)
                 cohort = Cohort(
@@ -740,7 +740,7 @@ class Engine:
             for mark in watermarks:
                 current = reg.watermarks.get(mark.group_id)
                 if current is not None and current.prompt_digest != mark.prompt_digest:
-                    report.conflicts.append(
+                    conflicts.append(
                         {"group_id": mark.group_id, "reason": "different prompt digest"}
                     )
                     continue
@@ -748,7 +748,7 @@ class Engine:
                     await self._commit_watermark(mark)
                     reg.set_watermark(mark.group_id, mark.latest_attempt, mark.prompt_digest, now)
                     updated += 1
-        return RestoreReport(added, unchanged, updated, report.conflicts)
+        return RestoreReport(added, unchanged, updated, conflicts)
 
 
 @asynccontextmanager
