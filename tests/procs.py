@@ -1,0 +1,340 @@
+"""Real `genrm-trio` processes for the fault, limit and security tests.
+
+Only 127.0.0.1, the real clock, and every wait bounded. A `Proc` keeps its stderr in a file so a
+test can scrape everything the process logged. Starting is synchronous (call it through
+`trio.to_thread.run_sync` from an async test); the HTTP side is async (`httpx.AsyncClient`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+import yaml
+
+from genrm_trio.bench import verify_body
+
+SHUTTING_DOWN = "GenRM server is shutting down"
+PROMPT = "Why is ice slippery?"
+START_TIMEOUT_S = 30.0
+
+
+def command() -> list[str]:
+    """How to run `genrm-trio` from this interpreter's environment."""
+    script = Path(sys.executable).with_name("genrm-trio")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("genrm-trio")
+    return [found] if found else [sys.executable, "-m", "genrm_trio.cli"]
+
+
+@dataclass
+class Proc:
+    """One started process: its `listening on` URL and the file its stderr goes to."""
+
+    popen: subprocess.Popen[bytes]
+    url: str
+    stderr_path: Path
+    stdout_extra: list[bytes] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rpartition(":")[2])
+
+    def log(self) -> str:
+        """Everything the process wrote to stderr so far."""
+        return self.stderr_path.read_text(errors="replace")
+
+    def stdout_rest(self) -> bytes:
+        """Whatever stdout holds after the listening line (read once the process ended)."""
+        assert self.popen.stdout is not None
+        if self.popen.poll() is not None:
+            self.stdout_extra.append(self.popen.stdout.read())
+        return b"".join(self.stdout_extra)
+
+    def signal(self, signum: int) -> None:
+        self.popen.send_signal(signum)
+
+    def wait(self, timeout: float) -> int:
+        return self.popen.wait(timeout=timeout)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM and wait; SIGKILL (and raise) if it does not stop in time."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait(timeout=15)
+
+    def close(self) -> None:
+        """Kill if still running and close the pipes (idempotent)."""
+        self.kill()
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+
+
+def _read_listening_line(popen: subprocess.Popen[bytes], timeout: float) -> str:
+    assert popen.stdout is not None
+    fd = popen.stdout.fileno()
+    buffer = b""
+    deadline = time.monotonic() + timeout
+    while b"\n" not in buffer:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no listening line within {timeout}s (got {buffer!r})")
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            raise AssertionError(f"process exited before listening (rc={popen.wait(5)})")
+        buffer += chunk
+    line, _, _ = buffer.partition(b"\n")
+    text = line.decode()
+    assert text.startswith("listening on http://"), text
+    return text.removeprefix("listening on ")
+
+
+def start(
+    args: Sequence[str],
+    stderr_path: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = START_TIMEOUT_S,
+) -> Proc:
+    """Run `genrm-trio ARGS` and wait for its `listening on http://H:P` line."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with stderr_path.open("ab") as err:
+        popen = subprocess.Popen(
+            [*command(), *args], stdout=subprocess.PIPE, stderr=err, env=full_env
+        )
+    try:
+        url = _read_listening_line(popen, timeout)
+    except BaseException:
+        if popen.poll() is None:
+            popen.kill()
+        popen.wait(timeout=15)
+        assert popen.stdout is not None
+        popen.stdout.close()
+        raise
+    return Proc(popen, url, stderr_path)
+
+
+def start_judge(
+    directory: Path, *flags: str, name: str = "judge", env: Mapping[str, str] | None = None
+) -> Proc:
+    """`genrm-trio sim-judge --port 0 FLAGS` (flags may set `--port` again: the last wins)."""
+    return start(["sim-judge", "--port", "0", *flags], directory / f"{name}.err", env=env)
+
+
+def start_server(
+    directory: Path,
+    config: Mapping[str, Any],
+    *,
+    judge_url: str | None = None,
+    name: str = "serve",
+    extra: Iterable[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> Proc:
+    """`genrm-trio serve --config F --port 0` against `judge_url` (or `--judge sim`)."""
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
+    judge = ["--judge-url", judge_url] if judge_url is not None else ["--judge", "sim"]
+    args = ["serve", "--config", str(path), "--port", "0", *judge, *extra]
+    return start(args, directory / f"{name}.err", env=env)
+
+
+# --- HTTP helpers ---------------------------------------------------------------------------------
+
+
+def client(timeout: float = 30.0, headers: Mapping[str, str] | None = None) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        trust_env=False,
+        timeout=timeout,
+        headers=dict(headers or {}),
+        limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+    )
+
+
+def bodies(group_id: str, answers: Sequence[str], *, attempt: int = 0) -> list[dict[str, Any]]:
+    """One `/verify` body per answer (rollout index = position), shaped like Gym's agent."""
+    return [
+        verify_body(
+            task=0, rollout=i, group_id=group_id, attempt=attempt, prompt=PROMPT, answer=answer
+        )
+        for i, answer in enumerate(answers)
+    ]
+
+
+def answers(tag: str, n: int = 4, tagged: Iterable[int] | None = None) -> list[str]:
+    """N distinct answers; those at `tagged` (all by default) carry `tag` for the judge's rules."""
+    marked = set(range(n)) if tagged is None else set(tagged)
+    return [
+        f"answer {i}: a thin liquid-like layer makes ice slippery {tag if i in marked else ''}"
+        for i in range(n)
+    ]
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: Any
+    headers: httpx.Headers
+    elapsed: float
+
+
+async def post(
+    http: httpx.AsyncClient, url: str, body: Any, *, headers: Mapping[str, str] | None = None
+) -> Reply:
+    started = trio.current_time()
+    response = await http.post(url, json=body, headers=dict(headers or {}))
+    elapsed = trio.current_time() - started
+    assert response.headers["content-type"].startswith("application/json"), response.text
+    return Reply(response.status_code, response.json(), response.headers, elapsed)
+
+
+async def run_group(
+    http: httpx.AsyncClient, base: str, group: Sequence[Mapping[str, Any]]
+) -> tuple[list[Reply], float]:
+    """Send every member at once; replies by rollout index, and the group's wall time."""
+    replies: dict[int, Reply] = {}
+    started = trio.current_time()
+
+    async def one(i: int, body: Mapping[str, Any]) -> None:
+        replies[i] = await post(http, f"{base}/verify", body)
+
+    async with trio.open_nursery() as nursery:
+        for i, body in enumerate(group):
+            nursery.start_soon(one, i, body)
+    return [replies[i] for i in range(len(group))], trio.current_time() - started
+
+
+def assert_scored(reply: Reply) -> None:
+    assert reply.status == 200, reply.body
+    row = reply.body
+    assert row["mask_sample"] is False, row
+    assert row["failure_kind"] is None and row["failure_reason"] is None
+    assert isinstance(row["reward"], float) and math.isfinite(row["reward"])
+    assert "_ng_failure_class" not in row
+
+
+def assert_masked(reply: Reply, *fragments: str) -> str:
+    """A judge failsafe row (SPEC §2.4.2); returns its failure_reason."""
+    assert reply.status == 200, reply.body
+    row = reply.body
+    assert row["mask_sample"] is True, row
+    assert row["reward"] == 0.0
+    assert row["failure_kind"] == "judge_failed"
+    assert row["_ng_failure_class"] == "judge_failed"
+    assert row["instance_config"]["mask_sample"] is True
+    reason = row["failure_reason"]
+    assert isinstance(reason, str) and 0 < len(reason) <= 2000
+    assert row["_ng_failure_judge_error"] == reason
+    for fragment in fragments:
+        assert fragment in reason, (fragment, reason)
+    return str(reason)
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text → {"name{labels}": value} (samples only)."""
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is not None:
+            samples[match.group(1) + (match.group(2) or "")] = float(match.group(3))
+    return samples
+
+
+async def metrics(http: httpx.AsyncClient, base: str) -> dict[str, float]:
+    response = await http.get(f"{base}/metrics")
+    assert response.status_code == 200
+    return parse_metrics(response.text)
+
+
+def active_cohorts_total(samples: Mapping[str, float]) -> float:
+    return sum(v for k, v in samples.items() if k.startswith("genrm_trio_active_cohorts"))
+
+
+async def assert_quiet(http: httpx.AsyncClient, base: str, *, within: float = 5.0) -> None:
+    """Nothing active: no cohorts, no judge call in flight or queued (polled up to `within`)."""
+    with trio.move_on_after(within):
+        while True:
+            cohorts = (await http.get(f"{base}/cohorts")).json()
+            samples = await metrics(http, base)
+            if (
+                cohorts == []
+                and samples["genrm_trio_judge_inflight"] == 0
+                and samples["genrm_trio_judge_queued"] == 0
+                and active_cohorts_total(samples) == 0
+            ):
+                return
+            await trio.sleep(0.05)
+    raise AssertionError(f"still active after {within}s: {cohorts} {samples}")
+
+
+async def judge_stats(http: httpx.AsyncClient, judge: Proc) -> dict[str, Any]:
+    response = await http.get(f"{judge.url}/stats")
+    assert response.status_code == 200
+    stats: dict[str, Any] = response.json()
+    return stats
+
+
+async def judge_idle(http: httpx.AsyncClient, judge: Proc, *, within: float = 5.0) -> None:
+    """The simulated judge has no call in flight (the service closed every abandoned call)."""
+    with trio.move_on_after(within):
+        while (await judge_stats(http, judge))["in_flight"]:  # noqa: ASYNC110 (another process)
+            await trio.sleep(0.05)
+        return
+    raise AssertionError(f"judge still busy after {within}s: {await judge_stats(http, judge)}")
+
+
+async def wait_cohort_state(
+    http: httpx.AsyncClient, base: str, group_id: str, state: str, *, within: float = 10.0
+) -> dict[str, Any]:
+    """Poll /cohorts until the group's cohort is in `state`; returns its view."""
+    with trio.fail_after(within):
+        while True:
+            for view in (await http.get(f"{base}/cohorts")).json():
+                if view["group_id"] == group_id and view["state"] == state:
+                    found: dict[str, Any] = view
+                    return found
+            await trio.sleep(0.02)
+
+
+async def clean_group_scores(http: httpx.AsyncClient, base: str, group_id: str, n: int) -> None:
+    """The server still serves: a fresh clean group scores completely."""
+    replies, _ = await run_group(http, base, bodies(group_id, answers("[clean]", n)))
+    for reply in replies:
+        assert_scored(reply)
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)

@@ -1,0 +1,612 @@
+"""Fault injection with real processes: `genrm-trio sim-judge` and `genrm-trio serve` on 127.0.0.1.
+
+Real clock, short deadlines, every wait bounded. Each scenario checks three things: nobody waits
+past the configured deadlines (elapsed real time < deadline + MARGIN_S), the right members are
+masked or failed with the right reason, and the server keeps serving afterwards (a clean group
+scores, `/cohorts` is empty, `genrm_trio_judge_inflight` is 0, the judge has nothing in flight).
+
+Circular pairs of a 4-member group: (0, 1), (1, 2), (2, 3), (3, 0). A fault scripted for the pair
+whose *both* answers carry a tag (members 1 and 2) fails comparison (1, 2) only, so exactly members
+1 and 2 are masked and 0 and 3 are scored (SPEC §9.2).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from procs import (
+    SHUTTING_DOWN,
+    Proc,
+    Reply,
+    answers,
+    assert_masked,
+    assert_quiet,
+    assert_scored,
+    bodies,
+    clean_group_scores,
+    client,
+    judge_idle,
+    judge_stats,
+    metrics,
+    post,
+    run_group,
+    start_judge,
+    start_server,
+    wait_cohort_state,
+)
+
+pytestmark = pytest.mark.slow
+
+MARGIN_S = 2.0  # scheduling slack on a busy 2-core machine; every deadline below is far shorter
+N = 4
+ATTEMPTS = 4  # genrm_parse_retries 3
+SLEEP_S = 0.1  # genrm_parse_retry_sleep_s
+ATTEMPT_S = 1.0  # judge_request_timeout_s of the main server
+LATENCY_S = 0.02  # the shared judge's base latency
+GROUP_S = 1.5  # cohort_evaluation_timeout_s of the deadline servers
+COLLECT_S = 1.0  # cohort_collection_timeout_s of the deadline servers
+
+# Faults of the shared judge, each selected by a tag in the answers (SPEC §16.4).
+JUDGE_FAULTS = (
+    "slow,match=[stall],position=both,delay=30",
+    "slow,match=[slowish],delay=0.8",
+    "slow,match=[hang],delay=30",
+    "drop,match=[drop],position=both",
+    "http_429,match=[storm],retry_after=0.3,times=8",
+    "http_429,match=[r429forever],position=both,retry_after=0.2",
+    "http_429,match=[r429long],position=both,retry_after=60",
+    "garbage,match=[garbage]",
+    "nan,match=[nan]",
+    "out_of_range,match=[oor]",
+    "empty,match=[empty],position=both",
+    "huge,match=[huge],chars=1000000",
+    "http_401,match=[unauth],position=both",
+    "not_json,match=[notjson],position=both",
+)
+
+BASE_CONFIG: dict[str, Any] = {
+    "num_rollouts_per_prompt": N,
+    "cohort_collection_timeout_s": 10.0,
+    "cohort_evaluation_timeout_s": 10.0,
+    "judge_request_timeout_s": ATTEMPT_S,
+    "genrm_parse_retries": ATTEMPTS - 1,
+    "genrm_parse_retry_sleep_s": SLEEP_S,
+}
+DEADLINE_CONFIG: dict[str, Any] = {
+    **BASE_CONFIG,
+    "cohort_collection_timeout_s": COLLECT_S,
+    "cohort_evaluation_timeout_s": GROUP_S,
+    "judge_request_timeout_s": 5.0,
+}
+
+
+class Servers:
+    """The shared judge and three services pointed at it (started together, once per module)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.procs: list[Proc] = []
+        self.judge = self._keep(
+            start_judge(
+                directory,
+                "--latency-ms",
+                str(LATENCY_S * 1000),
+                *(arg for fault in JUDGE_FAULTS for arg in ("--fault", fault)),
+            )
+        )
+        url = self.judge.url + "/v1"
+        self.main = self._keep(start_server(directory, BASE_CONFIG, judge_url=url, name="main"))
+        self.fail_group = self._keep(
+            start_server(directory, DEADLINE_CONFIG, judge_url=url, name="fail_group")
+        )
+        self.mask_pending = self._keep(
+            start_server(
+                directory,
+                {**DEADLINE_CONFIG, "evaluation_deadline_policy": "mask_pending"},
+                judge_url=url,
+                name="mask_pending",
+            )
+        )
+
+    def _keep(self, proc: Proc) -> Proc:
+        self.procs.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            proc.close()
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    directory = tmp_path_factory.mktemp("faults")
+    started = Servers(directory)
+    try:
+        yield started
+    finally:
+        started.close()
+    for proc in started.procs:
+        assert "Traceback" not in proc.log(), proc.log()
+
+
+async def _after(servers: Servers, base: str, group_id: str) -> None:
+    """The server keeps serving: nothing active, nothing in flight, a clean group scores."""
+    async with client() as http:
+        await assert_quiet(http, base)
+        await judge_idle(http, servers.judge)
+        await clean_group_scores(http, base, group_id, N)
+        await assert_quiet(http, base)
+
+
+async def _judge_delta(servers: Servers, before: dict[str, Any], kind: str) -> int:
+    async with client() as http:
+        after = await judge_stats(http, servers.judge)
+    return int(after["faults_by_kind"].get(kind, 0) - before["faults_by_kind"].get(kind, 0))
+
+
+async def _group(
+    base: str, group_id: str, tag: str, tagged: Any = None
+) -> tuple[list[Reply], float]:
+    async with client() as http:
+        return await run_group(http, base, bodies(group_id, answers(tag, N, tagged)))
+
+
+def _measured(what: str, seconds: float) -> None:
+    """Shown with `pytest -s`: the figures docs/reliability.md quotes."""
+    print(f"measured: {what}: {seconds:.3f}s")
+
+
+def _masks_1_and_2(replies: list[Reply], *fragments: str) -> list[str]:
+    assert_scored(replies[0])
+    assert_scored(replies[3])
+    reasons = [assert_masked(replies[i], *fragments) for i in (1, 2)]
+    for i, reason in zip((1, 2), reasons, strict=True):
+        assert reason.startswith(
+            f"GenRM rollout_index={i} lost a comparison to a judge failure "
+            "(1 of 4 comparisons failed): "
+        ), reason
+    for i in (0, 3):
+        row = replies[i].body
+        assert row["genrm_failed_comparison_rate_per_group"] == 0.25
+        assert row["genrm_masked_rollout_rate_per_group"] == 0.5
+    return reasons
+
+
+# --- a judge that stalls ------------------------------------------------------------------------
+
+
+async def test_stall_is_cut_by_the_attempt_deadline_and_masks_one_pair(servers: Servers) -> None:
+    base = servers.main.url
+    replies, elapsed = await _group(base, "stall-attempt", "[stall]", tagged=(1, 2))
+    # TimeoutError is not retried (D14): the comparison fails after one attempt deadline.
+    _masks_1_and_2(
+        replies, "TimeoutError: judge attempt exceeded 1.0s", "deadline=1.0s", "pair=(1, 2)"
+    )
+    assert ATTEMPT_S <= elapsed < ATTEMPT_S + MARGIN_S, elapsed
+    _measured("stall, attempt deadline 1.0 s -> pair masked", elapsed)
+    await _after(servers, base, "stall-attempt-after")
+
+
+async def test_stall_past_the_group_deadline_fails_the_group_fail_group(servers: Servers) -> None:
+    base = servers.fail_group.url
+    replies, elapsed = await _group(base, "stall-group", "[stall]", tagged=(1, 2))
+    for reply in replies:  # every member masked: a judge-kind group failure (SPEC §9.4)
+        assert_masked(reply, f"GenRM cohort evaluation deadline exceeded after {GROUP_S}s")
+    assert GROUP_S <= elapsed < GROUP_S + MARGIN_S, elapsed
+    _measured("stall, group deadline 1.5 s (fail_group)", elapsed)
+    async with client() as http:
+        samples = await metrics(http, base)
+    assert samples['genrm_trio_deadline_failures_total{deadline="evaluation"}'] >= 1
+    await _after(servers, base, "stall-group-after")
+
+
+async def test_stall_past_the_group_deadline_masks_pending_under_mask_pending(
+    servers: Servers,
+) -> None:
+    base = servers.mask_pending.url
+    replies, elapsed = await _group(base, "stall-pending", "[stall]", tagged=(1, 2))
+    _masks_1_and_2(
+        replies,
+        f"GenRM comparison (1, 2) (judge 0) was still running at the group deadline ({GROUP_S}s) "
+        "and was cancelled",
+    )
+    assert GROUP_S <= elapsed < GROUP_S + MARGIN_S, elapsed
+    _measured("stall, group deadline 1.5 s (mask_pending)", elapsed)
+    await _after(servers, base, "stall-pending-after")
+
+
+# --- a judge that drops connections, refuses, or answers garbage ---------------------------------
+
+
+async def test_dropped_connections_fail_after_the_attempt_budget(servers: Servers) -> None:
+    async with client() as http:
+        before = await judge_stats(http, servers.judge)
+    base = servers.main.url
+    replies, elapsed = await _group(base, "drop", "[drop]", tagged=(1, 2))
+    _masks_1_and_2(replies, "RemoteProtocolError", "pair=(1, 2)")
+    assert await _judge_delta(servers, before, "drop") == ATTEMPTS  # retried, one shared budget
+    # A attempts, A - 1 sleeps: about A x sleep, far below any deadline.
+    assert (ATTEMPTS - 1) * SLEEP_S <= elapsed < (ATTEMPTS - 1) * SLEEP_S + MARGIN_S, elapsed
+    _measured("drop x4 attempts, sleep 0.1 s -> pair masked", elapsed)
+    await _after(servers, base, "drop-after")
+
+
+@pytest.mark.parametrize(
+    ("tag", "kind", "fragment"),
+    [
+        ("[unauth]", "http_401", 'JudgeHTTPError: HTTP 401; response={"error": "unauthorized"}'),
+        ("[notjson]", "not_json", "JSONDecodeError: "),
+    ],
+)
+async def test_non_retryable_judge_errors_mask_after_one_attempt(
+    servers: Servers, tag: str, kind: str, fragment: str
+) -> None:
+    async with client() as http:
+        before = await judge_stats(http, servers.judge)
+    base = servers.main.url
+    replies, elapsed = await _group(base, f"once-{kind}", tag, tagged=(1, 2))
+    _masks_1_and_2(replies, fragment)
+    assert await _judge_delta(servers, before, kind) == 1
+    assert elapsed < MARGIN_S
+    _measured(f"{kind}: one attempt -> pair masked", elapsed)
+    await _after(servers, base, f"once-{kind}-after")
+
+
+async def test_429_storm_honours_retry_after_and_recovers(servers: Servers) -> None:
+    base = servers.main.url
+    async with client() as http:
+        before = await metrics(http, base)
+    replies, elapsed = await _group(base, "storm", "[storm]")
+    for reply in replies:
+        assert_scored(reply)
+    async with client() as http:
+        after = await metrics(http, base)
+    key = 'genrm_trio_judge_retries_total{cause="http"}'
+    assert after[key] - before.get(key, 0.0) == 8
+    # Eight 429s over four concurrent comparisons: two Retry-After waits of 0.3 s each, not the
+    # 0.1 s pacing (D13).
+    assert 2 * 0.3 <= elapsed < 2 * 0.3 + MARGIN_S, elapsed
+    _measured("429 storm (8 x Retry-After 0.3 s) -> all scored", elapsed)
+    await _after(servers, base, "storm-after")
+
+
+async def test_endless_429_masks_after_the_budget_paced_by_retry_after(servers: Servers) -> None:
+    base = servers.main.url
+    replies, elapsed = await _group(base, "r429", "[r429forever]", tagged=(1, 2))
+    _masks_1_and_2(replies, 'JudgeHTTPError: HTTP 429; response={"error": "rate limited"}')
+    assert (ATTEMPTS - 1) * 0.2 <= elapsed < (ATTEMPTS - 1) * 0.2 + MARGIN_S, elapsed
+    _measured("endless 429, Retry-After 0.2 s -> pair masked", elapsed)
+    await _after(servers, base, "r429-after")
+
+
+async def test_retry_after_beyond_the_deadline_is_ignored(servers: Servers) -> None:
+    base = servers.main.url
+    replies, elapsed = await _group(base, "r429long", "[r429long]", tagged=(1, 2))
+    _masks_1_and_2(replies, "HTTP 429")
+    # Retry-After: 60 does not fit before the 10 s group deadline: normal pacing (SPEC §17.6).
+    assert elapsed < (ATTEMPTS - 1) * SLEEP_S + MARGIN_S, elapsed
+    _measured("429 with Retry-After 60 s (ignored) -> pair masked", elapsed)
+    await _after(servers, base, "r429long-after")
+
+
+@pytest.mark.parametrize(
+    ("tag", "kind"), [("[garbage]", "garbage"), ("[nan]", "nan"), ("[oor]", "out_of_range")]
+)
+async def test_unparseable_verdicts_fall_back_to_defaults_never_masked(
+    servers: Servers, tag: str, kind: str
+) -> None:
+    async with client() as http:
+        before = await judge_stats(http, servers.judge)
+    base = servers.main.url
+    replies, elapsed = await _group(base, f"fallback-{kind}", tag)
+    for reply in replies:
+        assert_scored(reply)
+        row = reply.body
+        assert (
+            row["reward"] == 3.0
+        )  # default_score on every side, default ranking 3.5: no tie-break
+        assert row["reward_score_raw"] == 3.0
+        assert row["genrm_parse_failure_rate_per_group"] == 1.0
+        assert row["genrm_failed_comparison_rate_per_group"] == 0.0
+    assert await _judge_delta(servers, before, kind) == N * ATTEMPTS  # every attempt used
+    assert elapsed < (ATTEMPTS - 1) * SLEEP_S + MARGIN_S, elapsed
+    _measured(f"{kind} x4 attempts -> default fallback", elapsed)
+    await _after(servers, base, f"fallback-{kind}-after")
+
+
+async def test_empty_answers_are_no_verdict_and_mask(servers: Servers) -> None:
+    base = servers.main.url
+    replies, _ = await _group(base, "empty", "[empty]", tagged=(1, 2))
+    _masks_1_and_2(replies, "Judge returned no completed answer after 4 attempts")
+    await _after(servers, base, "empty-after")
+
+
+async def test_huge_judge_outputs_still_parse(servers: Servers) -> None:
+    base = servers.main.url
+    replies, elapsed = await _group(base, "huge", "[huge]")
+    for reply in replies:
+        assert_scored(reply)
+        row = reply.body
+        assert row["genrm_parse_failure_rate_per_group"] == 0.0
+        assert row["genrm_output_tokens_per_comparison_mean"] >= 1_000_000 / 4
+    assert elapsed < MARGIN_S + 1.0, elapsed
+    _measured("huge outputs (1 MB each) -> scored", elapsed)
+    await _after(servers, base, "huge-after")
+
+
+# --- clients that disconnect and come back --------------------------------------------------------
+
+
+async def _disconnect_when(http: Any, url: str, body: Any, ready: trio.Event) -> None:
+    """Post `body`, then drop the connection once `ready` is set (the request is abandoned)."""
+    async with trio.open_nursery() as nursery:
+
+        async def send() -> None:
+            await http.post(url, json=body)
+            raise AssertionError("the abandoned request was answered")
+
+        nursery.start_soon(send)
+        await ready.wait()
+        nursery.cancel_scope.cancel()
+
+
+async def test_disconnect_while_collecting_keeps_the_member(servers: Servers) -> None:
+    base = servers.main.url
+    group = bodies("dc-collect", answers("[clean]", N))
+    async with client() as http:
+        ready = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_disconnect_when, http, f"{base}/verify", group[0], ready)
+            nursery.start_soon(_disconnect_when, http, f"{base}/verify", group[1], ready)
+            with trio.fail_after(5):
+                while True:
+                    views = [
+                        v
+                        for v in (await http.get(f"{base}/cohorts")).json()
+                        if v["group_id"] == "dc-collect"
+                    ]
+                    if views and views[0]["members_present"] == 2:
+                        break
+                    await trio.sleep(0.02)
+            ready.set()
+        await trio.sleep(0.1)
+        [view] = [
+            v for v in (await http.get(f"{base}/cohorts")).json() if v["group_id"] == "dc-collect"
+        ]
+        assert (view["state"], view["members_present"]) == ("collecting", 2)  # members stay
+        # Member 0 re-attaches (identical body); member 1 never comes back; 2 and 3 arrive.
+        replies: dict[int, Reply] = {}
+
+        async def one(i: int) -> None:
+            replies[i] = await post(http, f"{base}/verify", group[i])
+
+        async with trio.open_nursery() as nursery:
+            for i in (0, 2, 3):
+                nursery.start_soon(one, i)
+        for i in (0, 2, 3):
+            assert_scored(replies[i])
+        # The abandoned member 1 was scored too: its identical retry replays the stored result;
+        # so does member 0's.
+        late = await post(http, f"{base}/verify", group[1])
+        assert_scored(late)
+        again = await post(http, f"{base}/verify", group[0])
+        assert again.body["reward"] == replies[0].body["reward"]
+        changed = bodies("dc-collect", answers("[other]", N))[1]
+        conflict = await post(http, f"{base}/verify", changed)
+        assert conflict.status == 409
+        assert "already has a different response for rollout_index=1" in conflict.body["detail"]
+    await _after(servers, base, "dc-collect-after")
+
+
+async def test_disconnect_while_judging_then_reattach_gets_the_shared_result(
+    servers: Servers,
+) -> None:
+    base = servers.main.url
+    group = bodies("dc-judge", answers("[slowish]", N))
+    async with client() as http:
+        before = await judge_stats(http, servers.judge)
+        replies: dict[int, Reply] = {}
+        ready = trio.Event()
+
+        async def one(i: int) -> None:
+            replies[i] = await post(http, f"{base}/verify", group[i])
+
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_disconnect_when, http, f"{base}/verify", group[0], ready)
+            nursery.start_soon(_disconnect_when, http, f"{base}/verify", group[1], ready)
+            for i in (2, 3):
+                nursery.start_soon(one, i)
+            await wait_cohort_state(http, base, "dc-judge", "judging")
+            ready.set()
+            await trio.sleep(0.05)
+            view = await wait_cohort_state(http, base, "dc-judge", "judging")
+            assert view["members_present"] == N
+            nursery.start_soon(one, 0)  # re-attach during judging
+        elapsed = trio.current_time() - started
+        for i in (0, 2, 3):
+            assert_scored(replies[i])
+        assert elapsed < 0.8 + MARGIN_S
+        after = await judge_stats(http, servers.judge)
+        assert after["calls"] - before["calls"] == N  # judged once, whoever disconnected
+        late = await post(http, f"{base}/verify", group[1])
+        assert_scored(late)
+        again = await post(http, f"{base}/verify", group[0])
+        assert again.body == replies[0].body  # a replay is the same row
+    await _after(servers, base, "dc-judge-after")
+
+
+async def test_abandoned_group_fails_at_the_collection_deadline(servers: Servers) -> None:
+    base = servers.fail_group.url
+    group = bodies("abandoned", answers("[clean]", N))
+    async with client() as http:
+        replies: dict[int, Reply] = {}
+        ready = trio.Event()
+
+        async def one(i: int) -> None:
+            replies[i] = await post(http, f"{base}/verify", group[i])
+
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_disconnect_when, http, f"{base}/verify", group[0], ready)
+            for i in (1, 2):
+                nursery.start_soon(one, i)
+            await wait_cohort_state(http, base, "abandoned", "collecting")
+            ready.set()
+        elapsed = trio.current_time() - started
+        for i in (1, 2):
+            assert replies[i].status == 503
+            assert replies[i].body == {
+                "detail": f"GenRM cohort 'group_id::abandoned::group_attempt::0' did not collect "
+                f"{N} unique rollout indices within {COLLECT_S}s"
+            }
+        assert COLLECT_S - 0.1 <= elapsed < COLLECT_S + MARGIN_S, elapsed
+        _measured("collection deadline 1.0 s -> 503", elapsed)
+        late = await post(http, f"{base}/verify", group[3])  # the recorded failure, at once
+        assert late.status == 503 and "did not collect" in late.body["detail"]
+    await _after(servers, base, "abandoned-after")
+
+
+# --- SIGTERM while judging ------------------------------------------------------------------------
+
+
+async def test_sigterm_while_judging_delivers_503s_and_exits_0(
+    servers: Servers, tmp_path: Path
+) -> None:
+    grace_s = 3.0
+    config = {
+        **BASE_CONFIG,
+        "judge_request_timeout_s": 20.0,
+        "cohort_evaluation_timeout_s": 20.0,
+        "server": {"shutdown_grace_s": grace_s},
+    }
+    server = await trio.to_thread.run_sync(
+        partial(start_server, tmp_path, config, judge_url=servers.judge.url + "/v1", name="term")
+    )
+    try:
+        base = server.url
+        async with client() as http:
+            replies: dict[int, Reply] = {}
+            group = bodies("sigterm", answers("[hang]", N))
+
+            async def one(i: int) -> None:
+                replies[i] = await post(http, f"{base}/verify", group[i])
+
+            async with trio.open_nursery() as nursery:
+                for i in range(N):
+                    nursery.start_soon(one, i)
+                await wait_cohort_state(http, base, "sigterm", "judging")
+                assert (await judge_stats(http, servers.judge))["in_flight"] == N
+                signalled = trio.current_time()
+                server.signal(signal.SIGTERM)
+            answered = trio.current_time() - signalled
+            assert answered < MARGIN_S, answered
+            _measured("SIGTERM -> 503s delivered", answered)
+            for i in range(N):
+                assert replies[i].status == 503
+                assert replies[i].body == {"detail": SHUTTING_DOWN}
+            code = await trio.to_thread.run_sync(server.wait, grace_s + MARGIN_S)
+            exited = trio.current_time() - signalled
+            assert code == 0
+            assert exited < grace_s + MARGIN_S, exited
+            _measured("SIGTERM -> exit 0", exited)
+            await judge_idle(http, servers.judge)  # the hung judge calls were abandoned
+    finally:
+        await trio.to_thread.run_sync(server.close)
+    log = server.log()
+    assert "Traceback" not in log
+    assert "received SIGTERM: shutting down" in log
+
+
+# --- the judge process killed and restarted ------------------------------------------------------
+
+
+async def test_judge_killed_and_restarted_mid_run(tmp_path: Path) -> None:
+    attempts, sleep_s = 12, 0.25  # a 2.75 s retry window: long enough to bridge a restart
+    judge = await trio.to_thread.run_sync(
+        partial(start_judge, tmp_path, "--latency-ms", "300", name="judge1")
+    )
+    procs = [judge]
+    try:
+        config = {
+            **BASE_CONFIG,
+            "judge_request_timeout_s": 5.0,
+            "cohort_evaluation_timeout_s": 30.0,
+            "genrm_parse_retries": attempts - 1,
+            "genrm_parse_retry_sleep_s": sleep_s,
+        }
+        server = await trio.to_thread.run_sync(
+            partial(start_server, tmp_path, config, judge_url=judge.url + "/v1", name="restart")
+        )
+        procs.append(server)
+        base = server.url
+        port = judge.port
+
+        async def restart_judge(name: str) -> Proc:
+            new = await trio.to_thread.run_sync(
+                partial(
+                    start_judge, tmp_path, "--latency-ms", "300", "--port", str(port), name=name
+                )
+            )
+            procs.append(new)
+            return new
+
+        async with client() as http:
+            # 1. Killed while judging, not back: each comparison fails after A attempts, about
+            #    (A - 1) x sleep after the kill (D15), so every member is masked.
+            replies: list[Reply] = []
+            killed_at = 0.0
+            async with trio.open_nursery() as nursery:
+
+                async def group1() -> None:
+                    got, _ = await run_group(http, base, bodies("kill-1", answers("[k1]", N)))
+                    replies.extend(got)
+
+                nursery.start_soon(group1)
+                await wait_cohort_state(http, base, "kill-1", "judging")
+                await trio.to_thread.run_sync(judge.kill)
+                killed_at = trio.current_time()
+            to_failure = trio.current_time() - killed_at
+            for reply in replies:
+                assert_masked(
+                    reply,
+                    "GenRM masked every rollout of the group after judge failures "
+                    "(4 of 4 comparisons failed): ",
+                    "ConnectError",
+                    "deadline=5.0s",
+                )
+            budget = (attempts - 1) * sleep_s
+            assert budget - sleep_s <= to_failure < budget + MARGIN_S, to_failure
+            _measured("judge killed -> group failed (A=12, sleep 0.25 s)", to_failure)
+            await assert_quiet(http, base)
+
+            # 2. Back on the same port: later groups score.
+            judge = await restart_judge("judge2")
+            replies2, _ = await run_group(http, base, bodies("kill-2", answers("[k2]", N)))
+            for reply in replies2:
+                assert_scored(reply)
+
+            # 3. Killed and restarted within the retry window: the group in flight still scores.
+            replies3: list[Reply] = []
+            async with trio.open_nursery() as nursery:
+
+                async def group3() -> None:
+                    got, _ = await run_group(http, base, bodies("kill-3", answers("[k3]", N)))
+                    replies3.extend(got)
+
+                nursery.start_soon(group3)
+                await wait_cohort_state(http, base, "kill-3", "judging")
+                await trio.to_thread.run_sync(judge.kill)
+                judge = await restart_judge("judge3")
+            for reply in replies3:
+                assert_scored(reply)
+            await assert_quiet(http, base)
+    finally:
+        for proc in procs:
+            await trio.to_thread.run_sync(proc.close)
+    assert "Traceback" not in server.log()
