@@ -697,10 +697,13 @@ class Engine:
         watermarks: Iterable[WatermarkRecord] = (),
         *,
         age_s: Mapping[str, float] | None = None,
+        watermark_age_s: Mapping[str, float] | None = None,
     ) -> RestoreReport:
         """Merge terminal records and watermarks (SPEC §10.3, §17.12): an absent key is added
         with a fresh retention clock (or one set back by ``age_s[key]``), an identical record is
-        left alone, anything else is a conflict. Restored members replay without judging."""
+        left alone, anything else is a conflict; a watermark is raised (its clock set back by
+        ``watermark_age_s[group_id]``) when the digests agree. Restored members replay without
+        judging. Added records and raised watermarks go through the store's commit hooks."""
         conflicts: list[dict[str, str]] = []
         added = unchanged = updated = 0
         reg = self._registry
@@ -746,7 +749,10 @@ class Engine:
                     continue
                 if current is None or mark.latest_attempt > current.latest_attempt:
                     await self._commit_watermark(mark)
-                    reg.set_watermark(mark.group_id, mark.latest_attempt, mark.prompt_digest, now)
+                    age = (watermark_age_s or {}).get(mark.group_id, 0.0)
+                    reg.set_watermark(
+                        mark.group_id, mark.latest_attempt, mark.prompt_digest, now - age
+                    )
                     updated += 1
         return RestoreReport(added, unchanged, updated, conflicts)
 

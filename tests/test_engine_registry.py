@@ -286,3 +286,15 @@ async def test_restored_records_can_be_back_dated(autojump_clock: MockClock) -> 
         assert isinstance(await verify(engine, member(0, group="young")), Scored)
         assert [r.group_id for r in engine.terminal_records()] == ["young"]
     assert len(judge.calls) == 4
+
+
+async def test_restored_watermarks_can_be_back_dated(autojump_clock: MockClock) -> None:
+    judge = ScriptedJudge()
+    config = settings(cohort_result_ttl_s=10.0)
+    marks = [WatermarkRecord("old", 3, "d" * 64), WatermarkRecord("young", 3, "d" * 64)]
+    async with running(config, judge) as engine:
+        report = await engine.restore_records([], marks, watermark_age_s={"old": 9.5})
+        assert report.watermarks_updated == 2
+        await trio.sleep(1.0)
+        engine._registry.prune(trio.current_time())
+        assert [w.group_id for w in engine.watermark_records()] == ["young"]
