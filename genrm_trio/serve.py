@@ -13,9 +13,11 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
+import os
 import signal
 import socket
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final, final
 
@@ -168,6 +170,103 @@ async def probe_judge(settings: Settings, token: str | None) -> bool:
     return False
 
 
+FD_RESERVE: Final = 64
+"""Descriptors kept for everything else: the listening socket, logs, the state file, probes."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class FdHeadroom:
+    """What the start-up file-descriptor check found (`check_fd_headroom`)."""
+
+    soft: int | None  # RLIMIT_NOFILE soft limit after the raise attempt; None = unlimited/unknown
+    hard: int | None
+    raised_from: int | None  # the soft limit before it was raised, when it was
+    open_now: int
+    needed: int
+
+    @property
+    def enough(self) -> bool:
+        return self.soft is None or self.soft - self.open_now >= self.needed
+
+
+def fds_needed(settings: Settings) -> int:
+    """Descriptors a full server may hold: one per waiting `/verify` request (every active cohort
+    can hold N of them), one per judge connection, plus a fixed reserve."""
+    requests = settings.server.max_active_cohorts * settings.num_rollouts_per_prompt
+    if not settings.cohorting:
+        requests = 0  # singletons are answered at once; nothing waits
+    return requests + settings.judge.max_concurrency + FD_RESERVE
+
+
+def _open_fds() -> int:
+    for directory in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return len(os.listdir(directory))
+        except OSError:
+            continue
+    return 0
+
+
+def check_fd_headroom(settings: Settings) -> FdHeadroom:
+    """Raise the soft RLIMIT_NOFILE to the hard limit and warn once if it is still too low.
+
+    A server at `server.max_active_cohorts` holds up to max_active_cohorts × N waiting
+    connections plus `judge.max_concurrency` judge connections; running out of descriptors turns
+    into refused connections and failed judge calls, far from the cause. The warning names the
+    numbers and the two remedies (`ulimit -n`, a lower `server.max_active_cohorts`).
+    """
+    needed = fds_needed(settings)
+    open_now = _open_fds()
+    try:
+        import resource
+    except ImportError:  # not a POSIX system: nothing to check
+        return FdHeadroom(None, None, None, open_now, needed)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinity = resource.RLIM_INFINITY
+    raised_from: int | None = None
+    if soft != infinity and (hard == infinity or hard > soft):
+        target = hard
+        if hard == infinity:
+            try:
+                with open("/proc/sys/fs/nr_open") as file:
+                    target = int(file.read())
+            except (OSError, ValueError):
+                target = 1 << 20
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError) as exc:
+            log.debug("cannot raise RLIMIT_NOFILE from %d to %d: %s", soft, target, exc)
+        else:
+            raised_from, soft = soft, target
+            log.info("raised the open-file limit (RLIMIT_NOFILE) from %d to %d", raised_from, soft)
+    result = FdHeadroom(
+        None if soft == infinity else soft,
+        None if hard == infinity else hard,
+        raised_from,
+        open_now,
+        needed,
+    )
+    if not result.enough:
+        requests = needed - settings.judge.max_concurrency - FD_RESERVE
+        log.warning(
+            "open-file limit %d (hard limit %s, %d open now) leaves less than the %d descriptors "
+            "a full server may need (%d waiting /verify requests: server.max_active_cohorts=%d x "
+            "num_rollouts_per_prompt=%d; %d judge connections: judge.max_concurrency; %d "
+            "reserve): raise the limit (ulimit -n) or lower server.max_active_cohorts",
+            soft,
+            "unlimited" if hard == infinity else hard,
+            open_now,
+            needed,
+            requests,
+            settings.server.max_active_cohorts,
+            settings.num_rollouts_per_prompt,
+            settings.judge.max_concurrency,
+            FD_RESERVE,
+        )
+    return result
+
+
 def _sim_judge() -> Judge:
     from genrm_trio.judge.sim import SimConfig, SimJudge
 
@@ -202,6 +301,7 @@ async def serve(
     try:
         for line in settings.startup_warnings():
             log.warning("%s", line)
+        check_fd_headroom(settings)
         if sim:
             log.warning("%s", SIM_WARNING)
         if settings.state_path is not None:
