@@ -1,0 +1,620 @@
+"""Durable state (SPEC §16.3, §17.11): the SQLite store, its load rules, and engine restarts.
+
+The store runs SQLite in worker threads (real I/O), so these tests use the real clock with short
+deadlines, never MockClock autojump (DESIGN.md pitfall). Wall-clock retention is driven by an
+injected clock.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, closing, contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from judges import (
+    ScriptedJudge,
+    assert_no_leaks,
+    gather,
+    hang,
+    http_error,
+    member,
+    settings,
+    verify,
+)
+
+from genrm_trio.cohort.records import MemberRecord, OpenRecord, TerminalRecord, WatermarkRecord
+from genrm_trio.config import Settings
+from genrm_trio.engine import Engine, open_engine
+from genrm_trio.model import GroupFailed, Masked, RequestRejected, Scored
+from genrm_trio.store import (
+    INTERRUPTED_TEMPLATE,
+    SCHEMA_VERSION,
+    StoreError,
+    durable_engine,
+    open_store,
+    restore_from_store,
+)
+
+LIMIT_S = 20.0  # real seconds; every test finishes far sooner
+DIGEST = "d" * 64
+RESPONSE = "e" * 64
+SHUTTING_DOWN = GroupFailed("cohort", "GenRM server is shutting down")
+
+
+class Wall:
+    """An injectable wall clock."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def state(tmp_path: Path, **overrides: Any) -> Settings:
+    return settings(state_path=str(tmp_path / "state.db"), **overrides)
+
+
+def path_of(config: Settings) -> str:
+    assert config.state_path is not None
+    return config.state_path
+
+
+@asynccontextmanager
+async def durable(
+    config: Settings, judge: ScriptedJudge, wall: Wall | None = None
+) -> AsyncIterator[Engine]:
+    """An engine on the durable state of ``config``, bounded in real time, leak-checked."""
+    with trio.fail_after(LIMIT_S):
+        if wall is None:
+            async with durable_engine(config, judge) as engine:
+                yield engine
+        else:
+            async with (
+                open_store(path_of(config), config, clock=wall) as store,
+                open_engine(config, judge, store=store) as engine,
+            ):
+                await restore_from_store(engine, store)
+                yield engine
+    assert_no_leaks(engine, judge)
+
+
+@contextmanager
+def rows(path: str | Path, query: str, *args: Any) -> Iterator[list[tuple[Any, ...]]]:
+    """Read the state file with a separate connection (WAL readers never block the writer)."""
+    with closing(sqlite3.connect(path)) as db:
+        yield db.execute(query, args).fetchall()
+
+
+def explicit_key(group: str, attempt: int = 0) -> str:
+    return f"group_id::{group}::group_attempt::{attempt}"
+
+
+def record(key: str, group: str | None = "g", attempt: int = 0, **result: Any) -> TerminalRecord:
+    return TerminalRecord(
+        key=key,
+        group_id=group,
+        group_attempt=attempt,
+        legacy=group is None,
+        prompt_digest=DIGEST,
+        phase="completed",
+        members={
+            0: MemberRecord(RESPONSE, result={"reward": 3.0, **result}),
+            1: MemberRecord(RESPONSE, masked_alone=True, failure_reason="judge said no"),
+        },
+    )
+
+
+def failed(key: str, group: str | None = "g", attempt: int = 0) -> TerminalRecord:
+    return TerminalRecord(
+        key=key,
+        group_id=group,
+        group_attempt=attempt,
+        legacy=group is None,
+        prompt_digest=DIGEST,
+        phase="failed",
+        failure="it broke",
+        failure_kind="judge",
+    )
+
+
+def overwrite(path: str | Path, offset: int, data: bytes) -> None:
+    """Write ``data`` at ``offset`` (creating the file)."""
+    with Path(path).open("ab"):
+        pass
+    with Path(path).open("r+b") as handle:
+        handle.seek(offset)
+        handle.write(data)
+
+
+def first_bytes(path: str | Path, n: int) -> bytes:
+    with Path(path).open("rb") as handle:
+        return handle.read(n)
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    """Poll ``predicate`` (real time: worker threads move the state)."""
+    while not predicate():  # noqa: ASYNC110
+        await trio.sleep(0.005)
+
+
+def failing(*pairs: tuple[int, int]) -> ScriptedJudge:
+    """Default verdicts, except that the shown pairs (i, j) of answers a{i}/a{j} fail with 500."""
+    return ScriptedJudge(pairs={(f"a{i}", f"a{j}"): http_error() for i, j in pairs})
+
+
+# --- restarts through the engine ------------------------------------------------------------
+
+
+async def test_restart_replays_every_outcome_without_judging(tmp_path: Path) -> None:
+    config = state(tmp_path, num_rollouts_per_prompt=4)
+    first = failing((0, 1))  # circular: (0,1) fails → 0 and 1 masked alone, 2 and 3 scored
+    async with durable(config, first) as engine:
+        before = await gather(engine, [member(i) for i in range(4)])
+        for attempt in (0, 1):
+            await gather(engine, [member(i, group="s", attempt=attempt) for i in range(4)])
+    assert [type(r) for r in before] == [Masked, Masked, Scored, Scored]
+    calls_before = len(first.calls)
+
+    second = ScriptedJudge()
+    async with durable(config, second) as engine:
+        after = await gather(engine, [member(i) for i in range(4)])
+        assert after == before  # same reasons, same result mappings
+        for old, new in zip(before[2:], after[2:], strict=True):
+            assert isinstance(old, Scored) and isinstance(new, Scored)
+            assert list(new.result) == list(old.result)
+            for name, value in old.result.items():
+                if type(value) is float:
+                    assert new.result[name].hex() == value.hex(), name
+        # §9.6: a regenerated answer for a masked member gets its recorded judge failure ...
+        assert await verify(engine, member(1, answer="a1 regenerated")) == before[1]
+        # ... and a scored member still refuses a different answer.
+        refused = await verify(engine, member(2, answer="a2 regenerated"))
+        assert isinstance(refused, RequestRejected) and refused.status == 409
+        assert "already has a different response for rollout_index=2" in refused.detail
+        # Stale attempts stay stale; the newest attempt replays.
+        stale = await verify(engine, member(0, group="s", attempt=0))
+        assert isinstance(stale, RequestRejected) and stale.status == 409
+        assert stale.detail == "GenRM group 's' attempt 0 was superseded by attempt 1"
+        assert isinstance(await verify(engine, member(3, group="s", attempt=1)), Scored)
+        # A different prompt for a known group is still refused.
+        other = await verify(engine, member(0, prompt="Another prompt"))
+        assert isinstance(other, RequestRejected) and other.status == 409
+        assert "inconsistent prompt" in other.detail
+    assert second.calls == []
+    assert len(first.calls) == calls_before
+
+
+async def test_groups_active_at_the_stop_are_fenced_and_recover(tmp_path: Path) -> None:
+    config = state(tmp_path, num_rollouts_per_prompt=2)
+    first = ScriptedJudge(script=lambda r1, r2, n: hang() if "judging" in r1 + r2 else None)
+    replies: dict[str, object] = {}
+
+    async def send(name: str, **kwargs: Any) -> None:
+        replies[name] = await verify(engine, member(**kwargs))
+
+    async with durable(config, first) as engine, trio.open_nursery() as nursery:
+        nursery.start_soon(partial(send, "collecting", index=0, group="c"))
+        nursery.start_soon(partial(send, "legacy", index=0, group=None))
+        for i in range(2):
+            nursery.start_soon(
+                partial(send, f"judging{i}", index=i, group="j", answer=f"judging{i}")
+            )
+        await until(lambda: first.in_flight > 0 and len(engine.active_cohorts()) == 3)
+        await engine.aclose()  # a graceful stop: every waiter gets 503
+    assert len(replies) == 4
+    for name, reply in replies.items():
+        assert isinstance(reply, GroupFailed) and reply.kind == "cohort", name
+        assert reply.message.startswith(SHUTTING_DOWN.message), name
+    with rows(path_of(config), "SELECT phase FROM cohorts") as found:
+        assert sorted(found) == [("open",)] * 3  # a graceful stop leaves the open records
+
+    second = ScriptedJudge()
+    async with durable(config, second) as engine:
+        for group in ("c", "j"):
+            interrupted = GroupFailed(
+                "cohort", INTERRUPTED_TEMPLATE.format(key=explicit_key(group))
+            )
+            for i in range(2):
+                assert await verify(engine, member(i, group=group, answer=f"x{i}")) == interrupted
+            # A new attempt of the whole group is judged normally.
+            fresh = await gather(engine, [member(i, group=group, attempt=1) for i in range(2)])
+            assert all(isinstance(r, Scored) for r in fresh)
+        # The unfinished legacy cohort was dropped, not fenced: the key starts a new cohort.
+        legacy = await gather(engine, [member(i, group=None) for i in range(2)])
+        assert all(isinstance(r, Scored) for r in legacy)
+    assert second.calls and all("judging" not in c.call.response_1 for c in second.calls)
+
+
+async def test_a_second_restart_keeps_the_fence(tmp_path: Path) -> None:
+    config = state(tmp_path)
+    async with durable(config, ScriptedJudge()) as engine, trio.open_nursery() as nursery:
+        nursery.start_soon(verify, engine, member(0))
+        await until(lambda: bool(engine.active_cohorts()))
+        await engine.aclose()
+    interrupted = GroupFailed("cohort", INTERRUPTED_TEMPLATE.format(key=explicit_key("g")))
+    for _ in range(2):
+        async with durable(config, ScriptedJudge()) as engine:
+            assert await verify(engine, member(1)) == interrupted
+
+
+async def test_restart_keeps_lone_surrogates_and_exact_floats(tmp_path: Path) -> None:
+    config = state(tmp_path, num_rollouts_per_prompt=3)
+    answers = ["a0 \udc80", "a1", "a2 \ud83d"]
+    items = [member(i, group="g\ud800", answer=answers[i], prompt="p \udfff") for i in range(3)]
+    async with durable(config, ScriptedJudge()) as engine:
+        before = await gather(engine, items)
+    assert all(isinstance(r, Scored) for r in before)
+    judge = ScriptedJudge()
+    async with durable(config, judge) as engine:
+        after = await gather(engine, items)
+        regenerated = await verify(
+            engine, member(0, group="g\ud800", answer="b", prompt="p \udfff")
+        )
+        assert isinstance(regenerated, RequestRejected) and regenerated.status == 409
+    assert after == before
+    assert judge.calls == []
+    assert isinstance(after[0], Scored) and after[0].result["answer_text"] == "a0 \udc80"
+
+
+async def test_restored_records_keep_their_age(tmp_path: Path) -> None:
+    """Monotonic clocks are set back by the stored age: with a 1 s TTL, a record stored 0.9 s
+    before the restart is gone 0.2 s after it; one stored just before the restart is not."""
+    config = state(tmp_path, cohort_result_ttl_s=1.0)
+    wall = Wall()
+    async with durable(config, ScriptedJudge(), wall) as engine:
+        assert all(isinstance(r, Scored) for r in await gather(engine, [member(0), member(1)]))
+    wall.now += 0.5
+    async with durable(config, ScriptedJudge(), wall) as engine:
+        young = await gather(engine, [member(i, group="young") for i in range(2)])
+    wall.now += 0.4
+    judge = ScriptedJudge()
+    async with durable(config, judge, wall) as engine:
+        assert engine.statistics().terminal_records == 2
+        await trio.sleep(0.2)
+        await gather(engine, [member(i, group="probe") for i in range(2)])  # prunes
+        assert {r.key for r in engine.terminal_records()} == {
+            explicit_key("young"),
+            explicit_key("probe"),
+        }
+        assert await gather(engine, [member(i, group="young") for i in range(2)]) == young
+    assert len(judge.calls) == 2  # only the probe group was judged (circular N=2: 2 calls)
+
+
+async def test_legacy_records_follow_the_registry(tmp_path: Path) -> None:
+    """A completed legacy cohort without masked members keeps nothing; one with a masked
+    member (D33) is kept and replays after a restart with the legacy advice."""
+    config = state(tmp_path, num_rollouts_per_prompt=4)
+    async with durable(config, ScriptedJudge()) as engine:
+        clean = await gather(engine, [member(i, group=None, task_index=1) for i in range(4)])
+    assert all(isinstance(r, Scored) for r in clean)
+    with rows(path_of(config), "SELECT count(*) FROM cohorts") as found:
+        assert found == [(0,)]
+    async with durable(config, failing((0, 1))) as engine:
+        masked = await gather(engine, [member(i, group=None, task_index=2) for i in range(4)])
+    assert isinstance(masked[0], Masked) and "fresh _ng_group_id" in masked[0].reason
+    judge = ScriptedJudge()
+    async with durable(config, judge) as engine:
+        again = await gather(
+            engine, [member(i, group=None, task_index=2, answer=f"new{i}") for i in range(2)]
+        )
+        assert again == masked[:2]  # masked slots: the recorded failure, regenerated or not
+        assert await verify(engine, member(3, group=None, task_index=2)) == masked[3]
+    assert judge.calls == []
+
+
+# --- commit points ------------------------------------------------------------------------------
+
+
+class GatedStore:
+    """Delegates to a real store; terminal commits wait for ``gate``."""
+
+    def __init__(self, inner: Any, gate: trio.Event, events: list[str]) -> None:
+        self.inner = inner
+        self.gate = gate
+        self.events = events
+        self.waiting = trio.Event()
+
+    async def commit_watermark(self, record: WatermarkRecord) -> None:
+        await self.inner.commit_watermark(record)
+
+    async def commit_open(self, record: OpenRecord) -> None:
+        await self.inner.commit_open(record)
+
+    async def commit_terminal(self, record: TerminalRecord) -> None:
+        self.waiting.set()
+        await self.gate.wait()
+        await self.inner.commit_terminal(record)
+        self.events.append("committed")
+
+
+async def test_no_waiter_is_released_before_the_terminal_commit(tmp_path: Path) -> None:
+    config = state(tmp_path)
+    gate = trio.Event()
+    events: list[str] = []
+
+    async def send(i: int) -> None:
+        reply = await verify(engine, member(i))
+        assert isinstance(reply, Scored)
+        events.append(f"reply {i}")
+
+    with trio.fail_after(LIMIT_S):
+        async with open_store(path_of(config), config) as inner:
+            store = GatedStore(inner, gate, events)
+            async with (
+                open_engine(config, ScriptedJudge(), store=store) as engine,
+                trio.open_nursery() as nursery,
+            ):
+                nursery.start_soon(send, 0)
+                nursery.start_soon(send, 1)
+                await store.waiting.wait()
+                nursery.start_soon(send, 0)  # a replay while the commit is pending waits too
+                await trio.sleep(0.2)
+                assert events == []
+                with rows(path_of(config), "SELECT phase FROM cohorts") as found:
+                    assert found == [("open",)]
+                gate.set()
+    assert events[0] == "committed"
+    assert sorted(events[1:]) == ["reply 0", "reply 0", "reply 1"]
+
+
+# --- the store on its own -------------------------------------------------------------------
+
+
+async def test_records_round_trip_exactly(tmp_path: Path) -> None:
+    config = state(tmp_path)
+    lone = "\ud800 and \udfff"
+    result = {
+        "reward": 0.1 + 0.2,
+        "third": 1 / 3,
+        "tiny": 5e-324,
+        "huge": 1.7976931348623157e308,
+        "negative_zero": -0.0,
+        "integer": 2**70,
+        "text": lone,
+        "nested": {"list": [1, 2.5, None, True], lone: lone},
+    }
+    records = [
+        record(f"group_id::{lone}::group_attempt::{2**70}", group=lone, attempt=2**70, **result),
+        failed(f"{DIGEST}::group_attempt::0", group=None),
+        TerminalRecord(
+            key=explicit_key("m"),
+            group_id="m",
+            group_attempt=0,
+            legacy=False,
+            prompt_digest=DIGEST,
+            phase="completed",
+            members={0: MemberRecord(RESPONSE, masked_alone=True, failure_reason=f"why {lone}")},
+        ),
+    ]
+    wall = Wall()
+    with trio.fail_after(LIMIT_S):
+        async with open_store(path_of(config), config, clock=wall) as store:
+            for item in records:
+                await store.commit_open(
+                    OpenRecord(item.key, item.group_id, item.group_attempt, item.legacy, DIGEST)
+                )
+                await store.commit_terminal(item)
+                wall.now += 1
+            await store.commit_watermark(WatermarkRecord(lone, 2**70, DIGEST + ":rubrics:1,2"))
+        async with open_store(path_of(config), config, clock=wall) as store:
+            loaded = await store.load()
+    assert list(loaded.records) == records
+    stored = loaded.records[0].members[0].result
+    assert stored is not None
+    for name in ("reward", "third", "tiny", "huge"):
+        assert stored[name].hex() == result[name].hex()  # type: ignore[attr-defined]
+    assert math.copysign(1.0, stored["negative_zero"]) == -1.0
+    assert loaded.watermarks == (WatermarkRecord(lone, 2**70, DIGEST + ":rubrics:1,2"),)
+    assert loaded.record_ages == {records[0].key: 3.0, records[1].key: 2.0, records[2].key: 1.0}
+    assert loaded.watermark_ages == {lone: 0.0}
+
+
+async def test_load_applies_the_startup_rules_in_one_persisted_pass(tmp_path: Path) -> None:
+    config = state(tmp_path, cohort_result_ttl_s=100.0)
+    wall = Wall()
+    explicit_open = OpenRecord(explicit_key("open"), "open", 3, False, DIGEST)
+    legacy_open = OpenRecord(f"{DIGEST}::group_attempt::0", None, 0, True, DIGEST)
+    with trio.fail_after(LIMIT_S):
+        async with open_store(path_of(config), config, clock=wall) as store:
+            await store.commit_terminal(record(explicit_key("expired")))
+            await store.commit_watermark(WatermarkRecord("expired", 0, DIGEST))
+            await store.commit_watermark(WatermarkRecord("open", 3, DIGEST))  # kept: group open
+            wall.now += 50
+            await store.commit_terminal(record(explicit_key("kept")))
+            await store.commit_watermark(WatermarkRecord("kept", 0, DIGEST))
+            await store.commit_open(explicit_open)
+            await store.commit_open(legacy_open)
+        wall.now += 60  # "expired" is 110 s old, "kept" 60 s
+        async with open_store(path_of(config), config, clock=wall) as store:
+            loaded = await store.load()
+        fence = TerminalRecord(
+            key=explicit_open.key,
+            group_id="open",
+            group_attempt=3,
+            legacy=False,
+            prompt_digest=DIGEST,
+            phase="failed",
+            failure=INTERRUPTED_TEMPLATE.format(key=explicit_open.key),
+            failure_kind="cohort",
+        )
+        assert list(loaded.records) == [record(explicit_key("kept")), fence]
+        assert loaded.record_ages == {explicit_key("kept"): 60.0, fence.key: 0.0}
+        assert [m.group_id for m in loaded.watermarks] == ["open", "kept"]
+        assert loaded.watermark_ages == {"open": 110.0, "kept": 60.0}
+        assert (loaded.interrupted, loaded.dropped_open, loaded.expired) == (1, 1, 2)
+        # The conversion was persisted: the next load sees the same fence, now older.
+        wall.now += 5
+        async with open_store(path_of(config), config, clock=wall) as store:
+            again = await store.load()
+        assert list(again.records) == [record(explicit_key("kept")), fence]
+        assert again.record_ages == {explicit_key("kept"): 65.0, fence.key: 5.0}
+        # Its group is no longer open, so its 115 s old watermark has now expired.
+        assert [m.group_id for m in again.watermarks] == ["kept"]
+        assert (again.interrupted, again.dropped_open, again.expired) == (0, 0, 1)
+
+
+async def test_load_applies_the_cap_by_age(tmp_path: Path) -> None:
+    wall = Wall()
+    roomy = state(tmp_path, max_terminal_cohorts=10, cohort_result_ttl_s=None)
+    with trio.fail_after(LIMIT_S):
+        async with open_store(path_of(roomy), roomy, clock=wall) as store:
+            for name in "abcde":
+                await store.commit_terminal(record(explicit_key(name)))
+                await store.commit_watermark(WatermarkRecord(name, 0, DIGEST))
+                wall.now += 1
+        tight = roomy.model_copy(update={"max_terminal_cohorts": 2})
+        async with open_store(path_of(tight), tight, clock=wall) as store:
+            loaded = await store.load()
+            assert store.statistics().terminal_records == 2
+    assert [r.key for r in loaded.records] == [explicit_key("d"), explicit_key("e")]
+    assert [m.group_id for m in loaded.watermarks] == ["d", "e"]
+    assert loaded.evicted == 6
+    with rows(path_of(roomy), "SELECT count(*) FROM members") as found:
+        assert found == [(4,)]
+
+
+async def test_commits_prune_by_ttl_and_cap(tmp_path: Path) -> None:
+    config = state(tmp_path, max_terminal_cohorts=3, cohort_result_ttl_s=100.0)
+    wall = Wall()
+    with trio.fail_after(LIMIT_S):
+        async with open_store(path_of(config), config, clock=wall) as store:
+            for name in "abcde":
+                await store.commit_terminal(record(explicit_key(name)))
+                wall.now += 1
+            assert store.statistics().terminal_records == 3
+            with rows(path_of(config), "SELECT key FROM cohorts ORDER BY key") as found:
+                assert [bytes(k).decode() for (k,) in found] == [explicit_key(n) for n in "cde"]
+            wall.now += 200
+            await store.commit_terminal(failed(explicit_key("f")))
+            assert store.statistics().terminal_records == 1
+            # Re-committing a key replaces it; an open record replaces a terminal one.
+            await store.commit_terminal(failed(explicit_key("f")))
+            await store.commit_open(OpenRecord(explicit_key("f"), "g", 0, False, DIGEST))
+            assert store.statistics().terminal_records == 0
+    with rows(path_of(config), "SELECT count(*) FROM members") as found:
+        assert found == [(0,)]
+
+
+async def test_concurrent_commits_share_transactions(tmp_path: Path) -> None:
+    config = state(tmp_path)
+    with trio.fail_after(LIMIT_S):
+        async with open_store(path_of(config), config) as store:
+            async with trio.open_nursery() as nursery:
+                for n in range(64):
+                    nursery.start_soon(store.commit_terminal, record(explicit_key(f"g{n}")))
+            stats = store.statistics()
+    assert stats.operations == 64 and stats.terminal_records == 64
+    assert stats.transactions < 64
+
+
+async def test_commit_survives_the_callers_cancellation(tmp_path: Path) -> None:
+    config = state(tmp_path)
+    with trio.fail_after(LIMIT_S):
+        async with open_store(path_of(config), config) as store:
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                await store.commit_terminal(record(explicit_key("x")))
+            assert store.statistics().terminal_records == 1
+
+
+async def test_a_closed_store_refuses_commits(tmp_path: Path) -> None:
+    config = state(tmp_path)
+    async with open_store(path_of(config), config) as store:
+        pass
+    assert store.closed
+    with pytest.raises(StoreError, match="closed"):
+        await store.commit_terminal(record(explicit_key("x")))
+    await store.aclose()  # idempotent
+
+
+async def test_identical_records_from_load_are_not_rewritten(tmp_path: Path) -> None:
+    """Restoring what load() returned keeps the stored timestamps (retention continues)."""
+    config = state(tmp_path, cohort_result_ttl_s=100.0)
+    wall = Wall()
+    async with open_store(path_of(config), config, clock=wall) as store:
+        await store.commit_terminal(record(explicit_key("a")))
+    wall.now += 60
+    async with durable(config, ScriptedJudge(), wall) as engine:
+        assert engine.statistics().terminal_records == 1
+    wall.now += 60
+    async with open_store(path_of(config), config, clock=wall) as store:
+        assert (await store.load()).records == ()
+
+
+# --- opening -------------------------------------------------------------------------------------
+
+
+async def open_fails(path: Path | str, config: Settings) -> str:
+    with pytest.raises(StoreError) as caught:
+        async with open_store(path, config):
+            pass  # pragma: no cover
+    message = str(caught.value)
+    assert str(path) in message
+    return message
+
+
+async def test_a_non_sqlite_file_is_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    overwrite(path, 0, b"these are not the pages you are looking for\n" * 200)
+    assert "not a usable SQLite database" in await open_fails(path, settings())
+    assert first_bytes(path, 13) == b"these are not"  # untouched
+
+
+async def test_a_corrupt_database_is_a_store_error(tmp_path: Path) -> None:
+    config = state(tmp_path)
+    async with open_store(path_of(config), config) as store:
+        for n in range(200):
+            await store.commit_terminal(record(explicit_key(f"g{n}"), text="x" * 200))
+    overwrite(path_of(config), 4 * 4096, b"\xa5" * (2 * 4096))
+    message = await open_fails(path_of(config), config)
+    assert "corrupt" in message or "malformed" in message
+
+
+async def test_a_foreign_database_is_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE t (x)")
+        db.commit()
+    assert "not a genrm-trio state file" in await open_fails(path, settings())
+
+
+async def test_an_unknown_schema_version_is_a_store_error(tmp_path: Path) -> None:
+    config = state(tmp_path)
+    async with open_store(path_of(config), config):
+        pass
+    with closing(sqlite3.connect(path_of(config))) as db:
+        db.execute(
+            "UPDATE meta SET value = ? WHERE name = 'schema_version'", (str(SCHEMA_VERSION + 1),)
+        )
+        db.commit()
+    message = await open_fails(path_of(config), config)
+    assert f"schema version {SCHEMA_VERSION + 1} is not supported" in message
+
+
+async def test_missing_directory_and_busy_file_are_store_errors(tmp_path: Path) -> None:
+    assert "does not exist" in await open_fails(tmp_path / "no" / "state.db", settings())
+    assert "cannot open" in await open_fails(tmp_path, settings())  # a directory
+    config = state(tmp_path)
+    async with open_store(path_of(config), config):
+        assert "in use by another" in await open_fails(path_of(config), config)
+    async with open_store(path_of(config), config):  # released on close
+        pass
+
+
+async def test_an_empty_file_becomes_a_new_store(tmp_path: Path) -> None:
+    config = state(tmp_path)
+    overwrite(path_of(config), 0, b"")
+    async with open_store(path_of(config), config) as store:
+        assert (await store.load()).records == ()
+    with rows(path_of(config), "SELECT name, value FROM meta ORDER BY name") as found:
+        assert found == [("application", "genrm-trio"), ("schema_version", str(SCHEMA_VERSION))]
+    with rows(path_of(config), "PRAGMA journal_mode") as found:
+        assert found == [("wal",)]
