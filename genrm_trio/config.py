@@ -79,7 +79,8 @@ def _finite(name: str, value: float, *, positive: bool) -> float:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # strict: YAML `on`/`yes` or a quoted number must not pass as an int or float silently
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, strict=True)
 
 
 @final

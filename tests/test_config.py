@@ -1079,3 +1079,25 @@ def test_non_utf8_file(tmp_path: Path) -> None:
 def test_utf8_file_with_non_ascii(tmp_path: Path) -> None:
     path = write(tmp_path, "default_principle: 公正に判断してください\n")
     assert load_settings(path).default_principle == "公正に判断してください"
+
+
+@pytest.mark.parametrize(
+    ("mapping", "key"),
+    [
+        ({"num_rollouts_per_prompt": True}, "num_rollouts_per_prompt"),
+        ({"cohort_collection_timeout_s": "1800"}, "cohort_collection_timeout_s"),
+        ({"use_principle": "yes"}, "use_principle"),
+        ({"judge": {"max_concurrency": 2.5}}, "judge.max_concurrency"),
+    ],
+)
+def test_values_are_not_coerced_across_types(mapping: dict[str, object], key: str) -> None:
+    # YAML `yes` or a quoted number is a mistake worth one clear line, not a silent coercion
+    with pytest.raises(ConfigError) as info:
+        settings_from_mapping(mapping, file="f.yaml")
+    assert info.value.key == key
+
+
+def test_an_int_is_accepted_where_a_float_is_expected() -> None:
+    assert (
+        settings_from_mapping({"cohort_collection_timeout_s": 5}).cohort_collection_timeout_s == 5.0
+    )
