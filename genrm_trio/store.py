@@ -485,15 +485,18 @@ class SqliteStore:
         cur.executemany("DELETE FROM cohorts WHERE key = ?", keys)
         self._terminal_count -= len(keys)
 
-    def _prune(self, cur: sqlite3.Cursor, now: float, *, cap: bool = True) -> tuple[int, int]:
-        """TTL, then (with ``cap``) the count cap, oldest first. Index range scans only: it
-        touches only what it drops. Watermarks of groups with an ``open`` cohort are never
-        dropped. Returns (expired, evicted)."""
-        ttl = self._settings.cohort_result_ttl_s
+    def _prune(
+        self, cur: sqlite3.Cursor, now: float, *, ttl: bool = True, cap: bool = True
+    ) -> tuple[int, int]:
+        """The TTL, then the count cap (oldest first), each unless switched off. Index range
+        scans only: it touches only what it drops. Watermarks of groups with an ``open`` cohort
+        are never dropped. Returns (expired, evicted)."""
+        horizon = None
+        if ttl and self._settings.cohort_result_ttl_s is not None:
+            horizon = now - self._settings.cohort_result_ttl_s
         limit = self._settings.max_terminal_cohorts if cap else None
         expired = evicted = 0
-        if ttl is not None:
-            horizon = now - ttl
+        if horizon is not None:
             keys = cur.execute(
                 "SELECT key FROM cohorts WHERE terminal_at IS NOT NULL AND terminal_at <= ?",
                 (horizon,),
@@ -548,7 +551,7 @@ class SqliteStore:
                 [(_blob(INTERRUPTED_TEMPLATE.format(key=_text(k))), now, k) for (k,) in opened],
             )
             self._terminal_count += len(opened)
-            more_expired, more_evicted = self._prune(cur, now)
+            more_expired, more_evicted = self._prune(cur, now, ttl=False)
             records, ages = self._read_records(cur, now)
             marks, mark_ages = self._read_watermarks(cur, now)
             cur.execute("COMMIT")
