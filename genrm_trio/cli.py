@@ -269,6 +269,7 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
             fault_kind=args.fault_kind,
             faults=args.fault,
             api_key=api_key,
+            sticky_faults=args.sticky_faults,
         )
     except ValueError as exc:
         return _config_error(UsageError("--fault", str(exc)))
@@ -313,6 +314,11 @@ def _add_sim_judge(sub: Any) -> None:
         choices=FAULT_KINDS,
         default="http_500",
         help="the kind of the random faults of --fault-rate (default http_500)",
+    )
+    parser.add_argument(
+        "--sticky-faults",
+        action="store_true",
+        help="random faults depend on the pair's content only: a drawn pair fails every retry",
     )
     parser.add_argument(
         "--fault",

@@ -107,6 +107,23 @@ def test_usage_errors_are_one_line_exit_2(
     assert captured.out == ""
 
 
+def test_sim_judge_sticky_faults_flag_reaches_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    import genrm_trio.judge.sim as sim
+
+    seen: dict[str, Any] = {}
+
+    def capture(**kwargs: Any) -> SimConfig:
+        seen.update(kwargs)
+        raise ValueError("stop here")  # reported as a usage error: no server starts
+
+    monkeypatch.setattr(sim, "sim_config_from_args", capture)
+    assert main(["sim-judge", "--fault-rate", "0.01", "--sticky-faults"]) == 2
+    assert seen["sticky_faults"] is True and seen["fault_rate"] == 0.01
+    seen.clear()
+    assert main(["sim-judge"]) == 2
+    assert seen["sticky_faults"] is False
+
+
 def test_config_file_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "absent.yaml"
     assert main(["serve", "--judge", "sim", "--config", str(missing)]) == 2
