@@ -239,6 +239,30 @@ def density_weights(values: Sequence[float]) -> list[float]:
 # --------------------------------------------------------------------------------------------
 
 
+def _fsum(values: Sequence[float]) -> float:
+    """``math.fsum``, but ±inf or nan instead of an error when a partial sum overflows.
+
+    fsum raises OverflowError on an intermediate overflow (finite scores near 1e308 are legal
+    with ``validate_verdict_range: false``) and ValueError on ``inf + -inf``; plain summation
+    then gives the inf or nan that the engine's finiteness check turns into a cohort failure
+    (SPEC §8.6). Every sum fsum can do keeps fsum's exact result.
+    """
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return sum(values, 0.0)
+    except ValueError:
+        return math.nan
+
+
+def _square(x: float) -> float:
+    """``x ** 2``, inf instead of OverflowError when it does not fit a double."""
+    try:
+        return x**2
+    except OverflowError:
+        return math.inf
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class JudgedComparison:
@@ -362,10 +386,10 @@ def aggregate(
 
     metrics: dict[str, float] = {}
     if comparisons:
-        mean = math.fsum(individual) / len(individual)
+        mean = _fsum(individual) / len(individual)
         metrics["mean_individual_score"] = mean
         metrics["std_individual_score"] = math.sqrt(
-            math.fsum((x - mean) ** 2 for x in individual) / len(individual)
+            _fsum([_square(x - mean) for x in individual]) / len(individual)
         )
         metrics["tiebreak_usage_rate"] = ties / len(comparisons)
 
@@ -534,6 +558,6 @@ def position_disagreement_rate(
         return None
     disagree = 0
     for by_first in both:
-        signs = {_sign(RANKING_MIDPOINT - math.fsum(rs) / len(rs)) for rs in by_first.values()}
+        signs = {_sign(RANKING_MIDPOINT - _fsum(rs) / len(rs)) for rs in by_first.values()}
         disagree += len(signs) > 1
     return disagree / len(both)

@@ -510,6 +510,30 @@ class TestAggregateScores:
         # no pass → texts not needed
         assert aggregate(equal_scores(2), [0, 1], {}, **cfg()).final == {0: 3.0, 1: 3.0}
 
+    def test_huge_finite_scores_give_inf_not_overflow_error(self) -> None:
+        # validate_verdict_range: false lets 1e308 through; fsum would raise OverflowError
+        # ("intermediate overflow in fsum") before the engine's non-finite check (SPEC §8.6).
+        comps = [jc(0, 1, (1e308, 1e308, 1.0)), jc(1, 0, (1e308, 1e308, 1.0))]
+        agg = aggregate(comps, [0, 1], {}, **cfg())
+        assert agg.final == {0: math.inf, 1: math.inf}
+        assert agg.metrics["mean_individual_score"] == math.inf
+        assert agg.metrics["std_individual_score"] == math.inf
+        assert agg.metrics["tiebreak_usage_rate"] == 1.0
+
+    def test_huge_scores_of_both_signs_do_not_raise(self) -> None:
+        comps = [jc(0, 1, (1e308, -1e308, 1.0)), jc(1, 0, (1e308, -1e308, 6.0))]
+        agg = aggregate(comps, [0, 1], {}, **cfg())
+        assert agg.final == {0: 0.0, 1: 0.0}
+        assert agg.metrics["mean_individual_score"] == 0.0
+        assert agg.metrics["std_individual_score"] == math.inf  # the squares overflow
+
+    def test_fsum_precision_kept_when_nothing_overflows(self) -> None:
+        # fsum's exact result, not plain summation's (which loses a 1.0 here)
+        comps = [jc(0, 1, (1e16, 1.0, 1.0)), jc(2, 3, (-1e16, 1.0, 1.0))]
+        agg = aggregate(comps, range(4), {}, **cfg())
+        assert agg.metrics["mean_individual_score"] == 0.5
+        assert sum([1e16, 1.0, -1e16, 1.0]) / 4 == 0.25
+
 
 class TestLengthAdjustments:
     def test_group_answer_length_penalty_worked_example(self) -> None:
@@ -994,6 +1018,14 @@ class TestPositionDisagreement:
             (jc(0, 1, (1.0, 1.0, 2.0), k=0), False),
             (jc(0, 1, (1.0, 1.0, 6.0), k=2), False),  # mean 4.0 → prefers member 1
             (jc(0, 1, (1.0, 1.0, 5.0), k=1), True),  # prefers member 1
+        ]
+        assert position_disagreement_rate(items) == 0.0
+
+    def test_huge_rankings_do_not_raise(self) -> None:
+        items = [
+            (jc(0, 1, (2.0, 1.0, 1e308), k=0), False),
+            (jc(0, 1, (2.0, 1.0, 1e308), k=2), False),  # mean overflows to inf: prefers 1
+            (jc(0, 1, (2.0, 1.0, 5.0), k=1), True),  # prefers member 1
         ]
         assert position_disagreement_rate(items) == 0.0
 
