@@ -17,7 +17,7 @@ from contextvars import ContextVar
 from typing import Any, Protocol
 
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
-from quart import Response, request
+from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
@@ -112,6 +112,14 @@ class _App(QuartTrio):
                     current_rollout_id.reset(token)
                 return
         await super().asgi_app(scope, receive, send)
+
+
+def _declares_body() -> bool:
+    """Whether the current request announced a body (Content-Length > 0 or chunked)."""
+    length = request.content_length
+    if length is not None:
+        return length > 0
+    return "chunked" in request.headers.get("Transfer-Encoding", "").lower()
 
 
 def _number(value: Any) -> float | int | None:
@@ -225,7 +233,18 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
             return _detail(401, _AUTH_DETAIL, {"WWW-Authenticate": "Bearer"})
 
     async def body() -> bytes:
-        return await request.get_data(cache=False, as_text=False, parse_form_data=False)
+        data = await request.get_data(cache=False, as_text=False, parse_form_data=False)
+        g.genrm_body_read = True
+        return data
+
+    @app.after_request
+    async def _close_if_body_unread(response: Response) -> Response:
+        # A reply sent before the request body was read (401, 404, 405, 413, a GET carrying a
+        # body) closes the connection: hypercorn + quart-trio may otherwise never answer the
+        # next request on it, and an unauthenticated body is not worth reading.
+        if not g.get("genrm_body_read", False) and _declares_body():
+            response.headers["Connection"] = "close"
+        return response
 
     # --- error mapping ---------------------------------------------------------------------
 
