@@ -197,6 +197,35 @@ class Engine:
     async def verify(self, item: VerifyInput) -> MemberOutcome:
         """One `/verify` request (SPEC §8.4). Raises RequestRejected for 422, 409 and 503
         refusals; a cohort-kind GroupFailed is the caller's 503, the others are 200 rows."""
+        joined = await self._join(item)
+        # While it waits, a request holds only its cohort, slot and waiter token: the request
+        # body stays the caller's, and the cohort keeps the compact Member (SPEC D22).
+        del item
+        if not isinstance(joined, tuple):
+            return joined
+        cohort, index, attached = joined
+        del joined
+        if not isinstance(attached, Waiter):
+            if not cohort.released.is_set():  # terminal, record not yet committed
+                await cohort.released.wait()
+            return attached
+        try:
+            await cohort.released.wait()
+        except BaseException:
+            # Detach only this request (SPEC §8.11); shielded so it completes even if it awaits.
+            with trio.CancelScope(shield=True):  # noqa: ASYNC100
+                slot = cohort.members.get(index)
+                if slot is not None and attached in slot.waiters:
+                    slot.waiters.remove(attached)
+            raise
+        return cohort.member_outcome(index)
+
+    async def _join(
+        self, item: VerifyInput
+    ) -> tuple[Cohort, int, Waiter | MemberOutcome] | MemberOutcome:
+        """Steps 1-8 of SPEC §8.4: validate, key and digest the request, resolve its cohort and
+        attach it. Returns the singleton outcome, or (cohort, slot, waiter or replayed outcome);
+        everything else it computed is dropped on return."""
         s = self.settings
         if item.group_id is not None and not item.group_attempt_given:
             _log_legacy_attempt_once()
@@ -255,22 +284,7 @@ class Engine:
         async with self._lock:
             cohort = await self._resolve(item, key, digest, history, baseline, baseline_digest)
             attached = self._attach(cohort, member, digest)
-
-        if not isinstance(attached, Waiter):
-            if not cohort.released.is_set():  # terminal, record not yet committed
-                await cohort.released.wait()
-            return attached
-        try:
-            await attached.event.wait()
-        except BaseException:
-            # Detach only this request (SPEC §8.11); shielded so it completes even if it awaits.
-            with trio.CancelScope(shield=True):  # noqa: ASYNC100
-                slot = cohort.members.get(index)
-                if slot is not None and attached in slot.waiters:
-                    slot.waiters.remove(attached)
-            raise
-        assert attached.outcome is not None
-        return attached.outcome
+        return cohort, index, attached
 
     async def _resolve(
         self,

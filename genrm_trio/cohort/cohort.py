@@ -6,9 +6,11 @@ digest, the rubric ids and the baseline digest; the request bodies stay with the
 Once terminal, the members are dropped and the :class:`~genrm_trio.cohort.records.TerminalRecord`
 is the only source of replies.
 
-Waiters are a ``trio.Event`` plus an outcome slot. Outcomes are decided when the cohort enters a
-terminal state; waiters are released later, by the cohort's run task, after the durable store has
-committed the record (SPEC §17.11).
+A waiter is a bare token in its member's list (counted, and removed when its request goes
+away); every waiting request of a cohort waits on the cohort's one ``released`` event and then
+reads its slot's outcome from the terminal record, so a held request costs no event of its own.
+Outcomes are decided when the cohort enters a terminal state; waiters are released later, by the
+cohort's run task, after the durable store has committed the record (SPEC §17.11).
 """
 
 from __future__ import annotations
@@ -50,13 +52,12 @@ def with_legacy_suffix(message: str) -> str:
 
 @final
 class Waiter:
-    """One attached request: an event and the outcome it will carry."""
+    """One attached request, a token in its member's waiter list (identity only).
 
-    __slots__ = ("event", "outcome")
+    It waits on ``Cohort.released`` and then reads ``Cohort.member_outcome(index)``.
+    """
 
-    def __init__(self) -> None:
-        self.event = trio.Event()
-        self.outcome: MemberOutcome | None = None
+    __slots__ = ()
 
 
 @final
@@ -247,16 +248,14 @@ class Cohort:
         return Scored(member.result)
 
     def release(self) -> int:
-        """Wake every waiter with its outcome, then drop the members. Returns waiters woken."""
-        woken = 0
-        for index, member in self.members.items():
-            if member.waiters:
-                outcome = self.member_outcome(index)
-                for waiter in member.waiters:
-                    waiter.outcome = outcome
-                    waiter.event.set()
-                    woken += 1
-                member.waiters.clear()
+        """Drop the members, then wake every waiter (they read their outcome from the record).
+
+        Returns the number of waiters woken.
+        """
+        assert self.record is not None
+        woken = sum(len(member.waiters) for member in self.members.values())
+        for member in self.members.values():
+            member.waiters.clear()
         self.members.clear()
         self.history = []
         self.released.set()

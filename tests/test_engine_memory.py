@@ -1,0 +1,92 @@
+"""A held member keeps only its compact Member (SPEC D22), never its request.
+
+While a `/verify` request waits for its group, the engine must not keep the request body (the
+whole policy response, the prompt, the input object) alive: the caller owns it. Measured in
+benchmarks/engine.py; checked here with weak references.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import trio
+import trio.testing
+from judges import ScriptedJudge, member, response, running, settings
+from trio.testing import MockClock
+
+from genrm_trio.model import Scored, VerifyInput
+
+
+class Body(dict[str, Any]):
+    """A dict that can be weakly referenced."""
+
+
+class Prompt(list[Any]):
+    """A list that can be weakly referenced."""
+
+
+def weak_item(index: int) -> tuple[VerifyInput, weakref.ref[Body], weakref.ref[Prompt]]:
+    body = Body(response(f"a{index}"))
+    prompt = Prompt([{"role": "user", "content": "Hello", "type": "message"}])
+    item = VerifyInput(
+        input=prompt,
+        response=body,
+        group_id="g",
+        group_attempt=0,
+        group_attempt_given=True,
+        rollout_index=index,
+    )
+    return item, weakref.ref(body), weakref.ref(prompt)
+
+
+async def test_a_waiting_request_keeps_nothing_of_its_body(autojump_clock: MockClock) -> None:
+    judge = ScriptedJudge()
+    async with running(settings(num_rollouts_per_prompt=3), judge) as engine:
+        replies: dict[int, object] = {}
+        refs: list[tuple[weakref.ref[Body], weakref.ref[Prompt]]] = []
+
+        def make(index: int) -> VerifyInput:
+            item, body, prompt = weak_item(index)
+            refs.append((body, prompt))
+            return item
+
+        async def send(index: int) -> None:
+            replies[index] = await engine.verify(make(index))  # the only reference, handed over
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, 0)
+            nursery.start_soon(send, 1)
+            await trio.testing.wait_all_tasks_blocked()
+            gc.collect()
+            assert engine.statistics().waiters == 2
+            assert [(b() is None, p() is None) for b, p in refs] == [(True, True)] * 2
+            third = [{"role": "user", "content": "Hello", "type": "message"}]
+            assert isinstance(await engine.verify(member(2, prompt=third)), Scored)
+        assert all(isinstance(r, Scored) for r in replies.values()), replies
+        assert replies[0] != replies[1]
+
+
+async def test_waiters_share_the_cohort_event_and_detach_alone(
+    autojump_clock: MockClock,
+) -> None:
+    judge = ScriptedJudge()
+    async with running(settings(num_rollouts_per_prompt=2), judge) as engine:
+        replies: list[object] = []
+
+        async def send(index: int) -> None:
+            replies.append(await engine.verify(member(index)))
+
+        async with trio.open_nursery() as nursery:
+            with trio.CancelScope() as gone:
+                nursery.start_soon(send, 0)  # stays
+                async with trio.open_nursery() as inner:
+                    inner.start_soon(send, 0)  # the same rollout again, then disconnects
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert engine.statistics().waiters == 2
+                    gone.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            assert engine.statistics().waiters == 1
+            nursery.start_soon(send, 1)
+        assert len(replies) == 2 and all(isinstance(r, Scored) for r in replies), replies
