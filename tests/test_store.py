@@ -618,3 +618,166 @@ async def test_an_empty_file_becomes_a_new_store(tmp_path: Path) -> None:
         assert found == [("application", "genrm-trio"), ("schema_version", str(SCHEMA_VERSION))]
     with rows(path_of(config), "PRAGMA journal_mode") as found:
         assert found == [("wal",)]
+
+
+# --- a real process killed with SIGKILL -----------------------------------------------------
+
+# The service with durable state, as `genrm-trio serve --state PATH` will run it: the engine on
+# the store of `state_path`, the HTTP app, hypercorn on 127.0.0.1 (a free port), and an
+# in-process simulated judge whose latency keeps groups in flight when the process is killed.
+_SERVER = """
+import sys
+from functools import partial
+
+import trio
+
+from genrm_trio.config import Settings
+from genrm_trio.http.app import create_app
+from genrm_trio.judge.sim import SimConfig, SimJudge
+from genrm_trio.serve import bind_socket, serve_app
+from genrm_trio.store import durable_engine
+
+
+async def main(path: str, latency: float) -> None:
+    settings = Settings.model_validate(
+        {"num_rollouts_per_prompt": 4, "state_path": path, "cohort_collection_timeout_s": 30}
+    )
+    sock = bind_socket("127.0.0.1", 0)
+    judge = SimJudge(SimConfig(latency_s=latency))
+    async with durable_engine(settings, judge) as engine, trio.open_nursery() as nursery:
+        app = create_app(engine, settings)
+        run = partial(serve_app, app, sock, shutdown_trigger=trio.sleep_forever)
+        port = await nursery.start(run)
+        print(f"listening on http://127.0.0.1:{port}", flush=True)
+
+
+trio.run(main, sys.argv[1], float(sys.argv[2]))
+"""
+
+
+def _start_server(path: Path, latency: float, log: Path) -> Any:
+    import subprocess
+    import sys
+
+    with log.open("ab") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-c", _SERVER, str(path), str(latency)],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
+
+
+@asynccontextmanager
+async def server_process(path: Path, latency: float, log: Path) -> AsyncIterator[Any]:
+    proc = _start_server(path, latency, log)
+    try:
+        assert proc.stdout is not None
+        with trio.fail_after(30):
+            line = await trio.to_thread.run_sync(proc.stdout.readline, abandon_on_cancel=True)
+        assert line.startswith(b"listening on "), (line, first_bytes(log, 10_000))
+        proc.url = line.decode().split()[-1]
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        await trio.to_thread.run_sync(proc.wait)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _judge_calls(metrics: str) -> float:
+    return sum(
+        float(line.rpartition(" ")[2])
+        for line in metrics.splitlines()
+        if line.startswith("genrm_trio_judge_calls_total{")
+    )
+
+
+def _post(client: Any, body: Any, timeout: float) -> tuple[int, Any] | None:
+    """One `/verify` over a synchronous httpx client (run in a worker thread); None when the
+    connection failed or timed out. Synchronous because an async request interrupted mid-send
+    by the kill leaves httpx's body generator unclosed (a ResourceWarning at GC)."""
+    import httpx
+
+    try:
+        response = client.post("/verify", json=body, timeout=timeout)
+    except httpx.HTTPError:
+        return None
+    return response.status_code, response.json()
+
+
+@pytest.mark.slow
+async def test_every_reply_sent_before_sigkill_replays_after_restart(tmp_path: Path) -> None:
+    """SIGKILL mid-run: every reply sent before the kill replays identically after a restart on
+    the same state file, with zero judge calls; unanswered groups replay or are fenced."""
+    import signal
+
+    import httpx
+
+    from genrm_trio.bench import verify_body
+
+    path, log = tmp_path / "state.db", tmp_path / "server.log"
+    groups, n = 16, 4
+    bodies = {
+        (g, i): verify_body(
+            task=g,
+            rollout=i,
+            group_id=f"run-{g}",
+            attempt=0,
+            prompt=f"task {g}",
+            answer=f"a{g}-{i}",
+        )
+        for g in range(groups)
+        for i in range(n)
+    }
+    answered: dict[tuple[int, int], tuple[int, Any]] = {}
+    done_groups = trio.Event()
+    threads = trio.CapacityLimiter(groups * n)
+    limits = httpx.Limits(max_connections=groups * n)
+
+    async with server_process(path, 0.2, log) as proc:
+        with httpx.Client(base_url=proc.url, limits=limits, trust_env=False) as client:
+
+            async def send(key: tuple[int, int]) -> None:
+                reply = await trio.to_thread.run_sync(
+                    _post, client, bodies[key], 30.0, limiter=threads
+                )
+                if reply is None:
+                    return  # in flight at the kill
+                answered[key] = reply
+                if len({g for g, _ in answered if all((g, i) in answered for i in range(n))}) >= 4:
+                    done_groups.set()
+
+            async with trio.open_nursery() as nursery:
+                for g in range(groups):
+                    for i in range(n):
+                        nursery.start_soon(send, (g, i))
+                    await trio.sleep(0.02)
+                with trio.fail_after(LIMIT_S):
+                    await done_groups.wait()
+                proc.send_signal(signal.SIGKILL)
+        assert await trio.to_thread.run_sync(proc.wait) == -signal.SIGKILL
+
+    assert answered and all(status == 200 for status, _ in answered.values())
+    pending = sorted(set(range(groups)) - {g for g, _ in answered})
+    replayed = interrupted = 0
+    async with server_process(path, 0.0, log) as proc:
+        with httpx.Client(base_url=proc.url, trust_env=False) as client:
+            for key, reply in sorted(answered.items()):
+                again = await trio.to_thread.run_sync(_post, client, bodies[key], 10.0)
+                assert again == reply, key
+            for g in pending:
+                # Committed but unsent replies replay; open cohorts are fenced. A group whose
+                # first request never got committed would start anew: give up on it quickly.
+                again = await trio.to_thread.run_sync(_post, client, bodies[(g, 0)], 0.5)
+                if again is None:
+                    continue
+                if again[0] == 200:
+                    replayed += 1
+                else:
+                    assert again[0] == 503, again
+                    assert "was interrupted by a server restart" in again[1]["detail"]
+                    interrupted += 1
+            metrics = await trio.to_thread.run_sync(client.get, "/metrics")
+            assert _judge_calls(metrics.text) == 0
+    assert interrupted, (pending, replayed)
