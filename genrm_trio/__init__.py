@@ -2,10 +2,14 @@
 
 The library surface: open an engine on a judge and feed it `/verify` and `/compare` inputs::
 
+    settings = load_settings("genrm.yaml")             # or Settings.model_validate({...})
+    judge = make_http_judge(settings)                  # or SimJudge(SimConfig(...)) in tests
     async with open_engine(settings, judge) as engine:
         outcome = await engine.verify(VerifyInput(...))   # Scored | Masked | GroupFailed
+    await judge.aclose()                               # the engine never closes the judge
 
-Names are imported lazily (PEP 562), so ``import genrm_trio.config`` does not load the engine.
+docs/embedding.md has a complete example. Names are imported lazily (PEP 562), so
+``import genrm_trio.config`` does not load the engine, and nothing loads httpx until asked.
 """
 
 from __future__ import annotations
@@ -14,7 +18,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from genrm_trio.config import ConfigError, Settings, load_settings
     from genrm_trio.engine import Engine, EngineStatistics, open_engine
+    from genrm_trio.judge.base import Judge, JudgeCall, JudgeReply, ReplyStatus
+    from genrm_trio.judge.http import make_http_judge
+    from genrm_trio.judge.sim import FaultRule, SimConfig, SimJudge
     from genrm_trio.model import (
         CohortView,
         CompareFailed,
@@ -31,6 +39,17 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "ConfigError": "genrm_trio.config",
+    "Settings": "genrm_trio.config",
+    "load_settings": "genrm_trio.config",
+    "Judge": "genrm_trio.judge.base",
+    "JudgeCall": "genrm_trio.judge.base",
+    "JudgeReply": "genrm_trio.judge.base",
+    "ReplyStatus": "genrm_trio.judge.base",
+    "make_http_judge": "genrm_trio.judge.http",
+    "FaultRule": "genrm_trio.judge.sim",
+    "SimConfig": "genrm_trio.judge.sim",
+    "SimJudge": "genrm_trio.judge.sim",
     "Engine": "genrm_trio.engine",
     "EngineStatistics": "genrm_trio.engine",
     "open_engine": "genrm_trio.engine",
@@ -51,15 +70,26 @@ __all__ = [
     "CompareFailed",
     "CompareInput",
     "CompareResult",
+    "ConfigError",
     "Engine",
     "EngineStatistics",
+    "FaultRule",
     "GroupFailed",
+    "Judge",
+    "JudgeCall",
+    "JudgeReply",
     "Masked",
     "MemberOutcome",
+    "ReplyStatus",
     "RequestRejected",
     "Scored",
+    "Settings",
+    "SimConfig",
+    "SimJudge",
     "VerifyInput",
     "__version__",
+    "load_settings",
+    "make_http_judge",
     "open_engine",
 ]
 
