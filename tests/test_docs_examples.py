@@ -3,6 +3,7 @@
 The python block after ``<!-- example: docs/examples/embed_engine.py -->`` must equal the file,
 and the text block after ``<!-- output: docs/examples/embed_engine.py -->`` must equal what the
 file prints. The example runs in this test's trio run (the simulated judge has no latency).
+docs/architecture.md's copy of the state diagram must equal the machine's own rendering.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ import trio
 
 import genrm_trio
 from genrm_trio import GroupFailed, Masked, Scored
+from genrm_trio.cohort.machine import render_mermaid
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "embedding.md"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 EXAMPLE = "docs/examples/embed_engine.py"
 
 
 def block_after(marker: str, language: str) -> str:
-    """The fenced ``language`` block right after the HTML comment ``marker``."""
+    """The fenced ``language`` block right after the HTML comment ``marker`` in embedding.md."""
     text = DOC.read_text(encoding="utf-8")
     pattern = re.escape(f"<!-- {marker} -->") + rf"\n```{language}\n(.*?)^```$"
     found = re.findall(pattern, text, flags=re.DOTALL | re.MULTILINE)
@@ -96,3 +99,9 @@ def test_the_embedding_names_are_exported() -> None:
     assert sorted(genrm_trio.__all__) == sorted(set(genrm_trio.__all__))
     for name in genrm_trio.__all__:
         getattr(genrm_trio, name)  # every listed name resolves
+
+
+def test_architecture_state_diagram_is_the_machine() -> None:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    blocks = re.findall(r"^```mermaid\n(.*?)^```$", text, flags=re.DOTALL | re.MULTILINE)
+    assert blocks == [render_mermaid()]
