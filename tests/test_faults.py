@@ -47,7 +47,7 @@ MARGIN_S = 2.0  # scheduling slack on a busy 2-core machine; every deadline belo
 N = 4
 ATTEMPTS = 4  # genrm_parse_retries 3
 SLEEP_S = 0.1  # genrm_parse_retry_sleep_s
-ATTEMPT_S = 1.0  # judge_request_timeout_s of the main server
+ATTEMPT_S = 2.0  # judge_request_timeout_s of the main server
 LATENCY_S = 0.02  # the shared judge's base latency
 GROUP_S = 1.5  # cohort_evaluation_timeout_s of the deadline servers
 COLLECT_S = 1.0  # cohort_collection_timeout_s of the deadline servers
@@ -55,7 +55,7 @@ COLLECT_S = 1.0  # cohort_collection_timeout_s of the deadline servers
 # Faults of the shared judge, each selected by a tag in the answers (SPEC §16.4).
 JUDGE_FAULTS = (
     "slow,match=[stall],position=both,delay=30",
-    "slow,match=[slowish],delay=0.8",
+    "slow,match=[slowish],delay=1.5",  # judging that lasts, within the attempt deadline
     "slow,match=[hang],delay=30",
     "drop,match=[drop],position=both",
     "http_429,match=[storm],retry_after=0.3,times=8",
@@ -185,10 +185,13 @@ async def test_stall_is_cut_by_the_attempt_deadline_and_masks_one_pair(servers: 
     replies, elapsed = await _group(base, "stall-attempt", "[stall]", tagged=(1, 2))
     # TimeoutError is not retried (D14): the comparison fails after one attempt deadline.
     _masks_1_and_2(
-        replies, "TimeoutError: judge attempt exceeded 1.0s", "deadline=1.0s", "pair=(1, 2)"
+        replies,
+        f"TimeoutError: judge attempt exceeded {ATTEMPT_S}s",
+        f"deadline={ATTEMPT_S}s",
+        "pair=(1, 2)",
     )
     assert ATTEMPT_S <= elapsed < ATTEMPT_S + MARGIN_S, elapsed
-    _measured("stall, attempt deadline 1.0 s -> pair masked", elapsed)
+    _measured(f"stall, attempt deadline {ATTEMPT_S} s -> pair masked", elapsed)
     await _after(servers, base, "stall-attempt-after")
 
 
@@ -431,7 +434,7 @@ async def test_disconnect_while_judging_then_reattach_gets_the_shared_result(
         elapsed = trio.current_time() - started
         for i in (0, 2, 3):
             assert_scored(replies[i])
-        assert elapsed < 0.8 + MARGIN_S
+        assert elapsed < 1.5 + MARGIN_S
         after = await judge_stats(http, servers.judge)
         assert after["calls"] - before["calls"] == N  # judged once, whoever disconnected
         late = await post(http, f"{base}/verify", group[1])
@@ -527,24 +530,34 @@ async def test_sigterm_while_judging_delivers_503s_and_exits_0(
 
 
 async def test_judge_killed_and_restarted_mid_run(tmp_path: Path) -> None:
-    attempts, sleep_s = 12, 0.25  # a 2.75 s retry window: long enough to bridge a restart
+    """Two services share one judge: `short` (A = 8, sleep 0.25 s: the outage fails its group in
+    about 1.75 s) and `long` (A = 40: a 9.75 s retry window that bridges a restart even on a
+    loaded machine)."""
+    sleep_s = 0.25
     judge = await trio.to_thread.run_sync(
         partial(start_judge, tmp_path, "--latency-ms", "300", name="judge1")
     )
     procs = [judge]
     try:
-        config = {
-            **BASE_CONFIG,
-            "judge_request_timeout_s": 5.0,
-            "cohort_evaluation_timeout_s": 30.0,
-            "genrm_parse_retries": attempts - 1,
-            "genrm_parse_retry_sleep_s": sleep_s,
-        }
-        server = await trio.to_thread.run_sync(
-            partial(start_server, tmp_path, config, judge_url=judge.url + "/v1", name="restart")
-        )
-        procs.append(server)
-        base = server.url
+        servers: dict[str, Proc] = {}
+
+        async def start(name: str, attempts: int) -> None:
+            config = {
+                **BASE_CONFIG,
+                "judge_request_timeout_s": 5.0,
+                "cohort_evaluation_timeout_s": 30.0,
+                "genrm_parse_retries": attempts - 1,
+                "genrm_parse_retry_sleep_s": sleep_s,
+            }
+            servers[name] = await trio.to_thread.run_sync(
+                partial(start_server, tmp_path, config, judge_url=judge.url + "/v1", name=name)
+            )
+            procs.append(servers[name])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(start, "short", 8)
+            nursery.start_soon(start, "long", 40)
+        short, long = servers["short"].url, servers["long"].url
         port = judge.port
 
         async def restart_judge(name: str) -> Proc:
@@ -564,11 +577,11 @@ async def test_judge_killed_and_restarted_mid_run(tmp_path: Path) -> None:
             async with trio.open_nursery() as nursery:
 
                 async def group1() -> None:
-                    got, _ = await run_group(http, base, bodies("kill-1", answers("[k1]", N)))
+                    got, _ = await run_group(http, short, bodies("kill-1", answers("[k1]", N)))
                     replies.extend(got)
 
                 nursery.start_soon(group1)
-                await wait_cohort_state(http, base, "kill-1", "judging")
+                await wait_cohort_state(http, short, "kill-1", "judging")
                 await trio.to_thread.run_sync(judge.kill)
                 killed_at = trio.current_time()
             to_failure = trio.current_time() - killed_at
@@ -580,33 +593,38 @@ async def test_judge_killed_and_restarted_mid_run(tmp_path: Path) -> None:
                     "ConnectError",
                     "deadline=5.0s",
                 )
-            budget = (attempts - 1) * sleep_s
+            budget = 7 * sleep_s
             assert budget - sleep_s <= to_failure < budget + MARGIN_S, to_failure
-            _measured("judge killed -> group failed (A=12, sleep 0.25 s)", to_failure)
-            await assert_quiet(http, base)
+            _measured("judge killed -> group failed (A=8, sleep 0.25 s)", to_failure)
+            await assert_quiet(http, short)
 
-            # 2. Back on the same port: later groups score.
+            # 2. Back on the same port: later groups score, on both services.
             judge = await restart_judge("judge2")
-            replies2, _ = await run_group(http, base, bodies("kill-2", answers("[k2]", N)))
-            for reply in replies2:
-                assert_scored(reply)
+            for base, group_id in ((short, "kill-2s"), (long, "kill-2l")):
+                later, _ = await run_group(http, base, bodies(group_id, answers("[k2]", N)))
+                for reply in later:
+                    assert_scored(reply)
 
             # 3. Killed and restarted within the retry window: the group in flight still scores.
             replies3: list[Reply] = []
             async with trio.open_nursery() as nursery:
 
                 async def group3() -> None:
-                    got, _ = await run_group(http, base, bodies("kill-3", answers("[k3]", N)))
+                    got, _ = await run_group(http, long, bodies("kill-3", answers("[k3]", N)))
                     replies3.extend(got)
 
                 nursery.start_soon(group3)
-                await wait_cohort_state(http, base, "kill-3", "judging")
+                await wait_cohort_state(http, long, "kill-3", "judging")
                 await trio.to_thread.run_sync(judge.kill)
+                killed_at = trio.current_time()
                 judge = await restart_judge("judge3")
+                _measured("judge restart (kill to listening)", trio.current_time() - killed_at)
             for reply in replies3:
                 assert_scored(reply)
-            await assert_quiet(http, base)
+            for base in (short, long):
+                await assert_quiet(http, base)
     finally:
         for proc in procs:
             await trio.to_thread.run_sync(proc.close)
-    assert "Traceback" not in server.log()
+    for proc in servers.values():
+        assert "Traceback" not in proc.log()
