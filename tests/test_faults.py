@@ -444,6 +444,25 @@ async def test_disconnect_while_judging_then_reattach_gets_the_shared_result(
     await _after(servers, base, "dc-judge-after")
 
 
+async def test_compare_abandoned_by_its_client_cancels_its_judge_calls(servers: Servers) -> None:
+    """`/compare` runs in the request (SPEC §8.13): a disconnect ends its judge calls."""
+    base = servers.main.url
+    body = {
+        "conversation_history": [{"role": "user", "content": "Why is ice slippery?"}],
+        "response_objs": [b["response"] for b in bodies("cmp", answers("[slowish]", 3))],
+    }
+    async with client() as http:
+        ready = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_disconnect_when, http, f"{base}/compare", body, ready)
+            with trio.fail_after(5):
+                while (await judge_stats(http, servers.judge))["in_flight"] < 3:  # noqa: ASYNC110
+                    await trio.sleep(0.02)
+            ready.set()
+        await judge_idle(http, servers.judge, within=1.0)  # well before the 1.5 s answers
+    await _after(servers, base, "cmp-after")
+
+
 async def test_abandoned_group_fails_at_the_collection_deadline(servers: Servers) -> None:
     base = servers.fail_group.url
     group = bodies("abandoned", answers("[clean]", N))
