@@ -165,15 +165,21 @@ def _serve_settings(args: argparse.Namespace) -> Settings:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from genrm_trio.serve import ListenError, serve
+    from genrm_trio.serve import ListenError, serve, tuned_gc
 
     try:
         settings = _serve_settings(args)
     except ConfigError as exc:
         return _config_error(exc)
+    # What serving runs, imported before the collector is tuned (serve() imports it lazily).
+    import genrm_trio.engine
+    import genrm_trio.http.app
+    import genrm_trio.judge.http  # noqa: F401
+
     code = 0
     try:
-        trio.run(partial(serve, settings, sim=args.judge == "sim"))
+        with tuned_gc():
+            trio.run(partial(serve, settings, sim=args.judge == "sim"))
     except* ConfigError as group:
         code = _config_error(_first(group, ConfigError))
     except* ListenError as group:
@@ -249,7 +255,7 @@ async def _sim_judge_main(config: Any, host: str, port: int) -> None:
 
 def _run_sim_judge(args: argparse.Namespace) -> int:
     from genrm_trio.judge.sim import sim_config_from_args
-    from genrm_trio.serve import ListenError, bind_socket
+    from genrm_trio.serve import ListenError, bind_socket, tuned_gc
 
     api_key: str | None = None
     if args.api_key_env:
@@ -281,7 +287,8 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
         return 1
     code = 0
     try:
-        trio.run(_sim_judge_main, config, args.host, args.port)
+        with tuned_gc():
+            trio.run(_sim_judge_main, config, args.host, args.port)
     except* OSError as group:
         _say(f"cannot listen on {args.host}:{args.port}: {_first(group, OSError).strerror}")
         code = 1

@@ -11,12 +11,14 @@ waiters get 503 `GenRM server is shutting down`, give those replies up to
 from __future__ import annotations
 
 import errno
+import gc
 import ipaddress
 import logging
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final, final
@@ -45,6 +47,34 @@ class ListenError(Exception):
         self.host = host
         self.port = port
         self.reason = reason
+
+
+GC_THRESHOLDS: Final = (50_000, 20, 20)
+"""Collector thresholds of a serving process (CPython's default is (700, 10, 10))."""
+
+
+@contextmanager
+def tuned_gc() -> Iterator[None]:
+    """Make the cyclic garbage collector cheap while a long-running server runs inside.
+
+    Every request allocates hundreds of containers (parsed JSON, hypercorn/h11/quart objects,
+    trio tasks) that mostly die by reference counting, but at 700 allocations per young
+    collection the collector ran every request or two and promoted in-flight request state to
+    the older generations, whose full scans then cost 100+ ms each: a third of the server's CPU
+    at 16 groups in flight (docs/benchmarks.md). Freezing what start-up loaded (modules,
+    settings) keeps it out of every later scan; larger thresholds make collections rarer.
+    Cyclic garbage (trio exceptions and tracebacks) is still collected, in bigger batches. Enter
+    it after importing what the process will run; the previous settings come back on exit.
+    """
+    previous = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*previous)
+        gc.unfreeze()
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -124,6 +124,19 @@ def test_sim_judge_sticky_faults_flag_reaches_the_config(monkeypatch: pytest.Mon
     assert seen["sticky_faults"] is False
 
 
+def test_tuned_gc_sets_and_restores_the_collector() -> None:
+    import gc
+
+    from genrm_trio.serve import GC_THRESHOLDS, tuned_gc
+
+    before = gc.get_threshold()
+    with tuned_gc():
+        assert gc.get_threshold() == GC_THRESHOLDS
+        assert gc.get_freeze_count() > 0
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
+
+
 def test_config_file_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "absent.yaml"
     assert main(["serve", "--judge", "sim", "--config", str(missing)]) == 2
