@@ -503,16 +503,26 @@ async def test_commits_prune_by_ttl_and_cap(tmp_path: Path) -> None:
         assert found == [(0,)]
 
 
-async def test_concurrent_commits_share_transactions(tmp_path: Path) -> None:
+@pytest.mark.parametrize("synchronous", ["FULL", "NORMAL"])
+async def test_concurrent_commits_share_transactions_and_fsyncs(
+    tmp_path: Path, synchronous: Any
+) -> None:
     config = state(tmp_path)
     with trio.fail_after(LIMIT_S):
-        async with open_store(path_of(config), config) as store:
+        async with open_store(path_of(config), config, synchronous=synchronous) as store:
+            await store.commit_open(OpenRecord(explicit_key("o"), "o", 0, False, DIGEST))
+            await store.commit_watermark(WatermarkRecord("o", 0, DIGEST))
+            assert store.statistics().fsyncs == 0  # only terminal records are synced
             async with trio.open_nursery() as nursery:
                 for n in range(64):
                     nursery.start_soon(store.commit_terminal, record(explicit_key(f"g{n}")))
             stats = store.statistics()
-    assert stats.operations == 64 and stats.terminal_records == 64
-    assert stats.transactions < 64
+    assert stats.operations == 66 and stats.terminal_records == 64
+    assert stats.transactions < 66
+    if synchronous == "FULL":
+        assert 1 <= stats.fsyncs < 64
+    else:
+        assert stats.fsyncs == 0
 
 
 async def test_commit_survives_the_callers_cancellation(tmp_path: Path) -> None:
