@@ -525,6 +525,37 @@ async def test_concurrent_commits_share_transactions_and_fsyncs(
         assert stats.fsyncs == 0
 
 
+async def test_commit_many_is_one_transaction(tmp_path: Path) -> None:
+    config = state(tmp_path)
+    records = [record(explicit_key(f"g{n}")) for n in range(5)]
+    marks = [WatermarkRecord(f"g{n}", 0, DIGEST) for n in range(5)]
+    with trio.fail_after(LIMIT_S):
+        async with open_store(path_of(config), config) as store:
+            await store.commit_many(records, marks)
+            stats = store.statistics()
+            assert (stats.transactions, stats.terminal_records, stats.watermarks) == (1, 5, 5)
+        async with open_store(path_of(config), config) as store:
+            loaded = await store.load()
+    assert list(loaded.records) == records and list(loaded.watermarks) == marks
+
+
+async def test_a_failed_transaction_rolls_back_and_the_store_goes_on(tmp_path: Path) -> None:
+    config = state(tmp_path)
+    bad = record(explicit_key("bad"), broken=math.nan)  # not JSON: the encoder refuses NaN
+    with trio.fail_after(LIMIT_S):
+        async with open_store(path_of(config), config) as store:
+            await store.commit_open(OpenRecord(bad.key, "g", 0, False, DIGEST))
+            with pytest.raises(StoreError, match="commit failed: ValueError"):
+                await store.commit_terminal(bad)
+            await store.commit_terminal(record(explicit_key("good")))
+            assert store.statistics().terminal_records == 1
+    with rows(path_of(config), "SELECT key, phase FROM cohorts ORDER BY key") as found:
+        assert [(bytes(k).decode(), p) for k, p in found] == [
+            (bad.key, "open"),  # untouched by the failed transaction
+            (explicit_key("good"), "completed"),
+        ]
+
+
 async def test_commit_survives_the_callers_cancellation(tmp_path: Path) -> None:
     config = state(tmp_path)
     with trio.fail_after(LIMIT_S):
