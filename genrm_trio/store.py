@@ -16,7 +16,6 @@ engine's clocks are monotonic, so :meth:`SqliteStore.load` reports each record's
 from __future__ import annotations
 
 import fcntl
-import inspect
 import json
 import logging
 import math
@@ -905,7 +904,10 @@ async def restore_from_store(engine: Engine, store: SqliteStore) -> RestoreRepor
     state = await store.load()
     try:
         report = await engine.restore_records(
-            state.records, state.watermarks, **_age_arguments(engine, state)
+            state.records,
+            state.watermarks,
+            age_s=state.record_ages,
+            watermark_age_s=state.watermark_ages,
         )
     finally:
         store.end_adoption()
@@ -923,14 +925,6 @@ async def restore_from_store(engine: Engine, store: SqliteStore) -> RestoreRepor
     for conflict in report.conflicts:
         log.warning("durable state %s: not restored: %s", store.path, conflict)
     return report
-
-
-def _age_arguments(engine: Engine, state: LoadedState) -> dict[str, Any]:
-    """``age_s`` and, when the engine accepts it, ``watermark_age_s``."""
-    arguments: dict[str, Any] = {"age_s": state.record_ages}
-    if "watermark_age_s" in inspect.signature(engine.restore_records).parameters:
-        arguments["watermark_age_s"] = state.watermark_ages
-    return arguments
 
 
 @asynccontextmanager

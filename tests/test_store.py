@@ -265,8 +265,8 @@ async def test_restart_keeps_lone_surrogates_and_exact_floats(tmp_path: Path) ->
 
 
 async def test_restored_records_keep_their_age(tmp_path: Path) -> None:
-    """Monotonic clocks are set back by the stored age: with a 1 s TTL, a record stored 0.9 s
-    before the restart is gone 0.2 s after it; one stored just before the restart is not."""
+    """Monotonic clocks are set back by the stored age: with a 1 s TTL, a record and a watermark
+    stored 0.9 s before the restart are gone 0.2 s after it; ones stored later are not."""
     config = state(tmp_path, cohort_result_ttl_s=1.0)
     wall = Wall()
     async with durable(config, ScriptedJudge(), wall) as engine:
@@ -284,6 +284,8 @@ async def test_restored_records_keep_their_age(tmp_path: Path) -> None:
             explicit_key("young"),
             explicit_key("probe"),
         }
+        # Watermarks are set back by their age too: group "g"'s is gone as well.
+        assert {m.group_id for m in engine.watermark_records()} == {"young", "probe"}
         assert await gather(engine, [member(i, group="young") for i in range(2)]) == young
     assert len(judge.calls) == 2  # only the probe group was judged (circular N=2: 2 calls)
 
