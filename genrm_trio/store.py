@@ -248,6 +248,15 @@ class _Call:
 
 
 @final
+@dataclass(frozen=True, slots=True)
+class _TerminalRows:
+    key: bytes
+    retained: bool
+    cohort: tuple[Any, ...]  # the cohorts row without terminal_at
+    members: list[tuple[Any, ...]]
+
+
+@final
 class _Pending:
     __slots__ = ("apply", "done", "error", "seq")
 
@@ -351,20 +360,21 @@ class SqliteStore:
             return
         if record.phase == "failed" and record.failure == _SHUTTING_DOWN:
             return
-        await self._submit(lambda cur, now: self._put_terminal(cur, record, now), sync=True)
+        rows = self._terminal_rows(record)
+        await self._submit(lambda cur, now: self._put_terminal(cur, rows, now), sync=True)
 
     async def commit_many(
         self, records: Sequence[TerminalRecord], watermarks: Sequence[WatermarkRecord] = ()
     ) -> None:
         """Terminal records and watermarks in one transaction (a checkpoint restore)."""
-        todo = [r for r in records if self._adopted.pop(r.key, None) != r]
+        todo = [self._terminal_rows(r) for r in records if self._adopted.pop(r.key, None) != r]
         marks = [m for m in watermarks if self._adopted_marks.pop(m.group_id, None) != m]
         if not todo and not marks:
             return
 
         def apply(cur: sqlite3.Cursor, now: float) -> None:
-            for record in todo:
-                self._put_terminal(cur, record, now)
+            for rows in todo:
+                self._put_terminal(cur, rows, now)
             for mark in marks:
                 self._put_watermark(cur, mark, now)
 
@@ -455,15 +465,29 @@ class SqliteStore:
         error: BaseException | None = None
         try:
             async with self._io:
-                await self._writer.run(partial(self._apply_sync, batch))
+                try:
+                    await self._writer.run(partial(self._apply_sync, batch))
+                except Exception:
+                    if len(batch) == 1:
+                        raise
+                    # One operation must not fail the others: retry each on its own.
+                    for pending in batch:
+                        try:
+                            await self._writer.run(partial(self._apply_sync, [pending]))
+                        except Exception as exc:
+                            pending.error = exc
+                            log.error("durable state %s: a commit failed", self.path, exc_info=exc)
+                        pending.seq = self._transactions
+                        pending.done = True
         except Exception as exc:
             error = exc
             log.error("durable state %s: a transaction failed", self.path, exc_info=exc)
         finally:
             for pending in batch:
-                pending.error = error
-                pending.seq = self._transactions
-                pending.done = True
+                if not pending.done:
+                    pending.error = error
+                    pending.seq = self._transactions
+                    pending.done = True
             self._flushing = False
             flushed, self._flushed = self._flushed, trio.Event()
             flushed.set()
@@ -564,36 +588,12 @@ class SqliteStore:
             ),
         )
 
-    def _put_terminal(self, cur: sqlite3.Cursor, record: TerminalRecord, now: float) -> None:
-        key = _blob(record.key)
-        phase = self._phase(cur, key)
-        was_terminal = phase in ("completed", "failed")
-        if was_terminal:  # an open record has no members
-            cur.execute("DELETE FROM members WHERE key = ?", (key,))
-        if not record.retained:
-            cur.execute("DELETE FROM cohorts WHERE key = ?", (key,))
-            if was_terminal:
-                self._terminal_count -= 1
-            return
-        cur.execute(
-            "INSERT OR REPLACE INTO cohorts (key, group_id, group_attempt, legacy, prompt_digest, "
-            "phase, failure, failure_kind, terminal_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                key,
-                _opt_blob(record.group_id),
-                _int_value(record.group_attempt),
-                int(record.legacy),
-                record.prompt_digest,
-                record.phase,
-                _opt_blob(record.failure),
-                record.failure_kind,
-                now,
-            ),
-        )
-        cur.executemany(
-            "INSERT INTO members (key, rollout_index, response_digest, result, masked_alone, "
-            "failure_reason) VALUES (?, ?, ?, ?, ?, ?)",
-            [
+    def _terminal_rows(self, record: TerminalRecord) -> _TerminalRows:
+        """A terminal record encoded for SQLite, before it is queued: a record that cannot be
+        stored (say a NaN in a result) fails its own commit and never a shared transaction."""
+        try:
+            key = _blob(record.key)
+            members = [
                 (
                     key,
                     index,
@@ -603,7 +603,45 @@ class SqliteStore:
                     _opt_blob(member.failure_reason),
                 )
                 for index, member in sorted(record.members.items())
-            ],
+            ]
+            cohort = (
+                key,
+                _opt_blob(record.group_id),
+                _int_value(record.group_attempt),
+                int(record.legacy),
+                record.prompt_digest,
+                record.phase,
+                _opt_blob(record.failure),
+                record.failure_kind,
+            )
+        except (TypeError, ValueError) as exc:
+            raise StoreError(
+                self.path,
+                f"cannot store the record of key {record.key[:_KEY_LOG_LIMIT]!r}: "
+                f"{type(exc).__name__}: {exc}",
+            ) from exc
+        return _TerminalRows(key, record.retained, cohort, members)
+
+    def _put_terminal(self, cur: sqlite3.Cursor, rows: _TerminalRows, now: float) -> None:
+        key = rows.key
+        phase = self._phase(cur, key)
+        was_terminal = phase in ("completed", "failed")
+        if was_terminal:  # an open record has no members
+            cur.execute("DELETE FROM members WHERE key = ?", (key,))
+        if not rows.retained:
+            cur.execute("DELETE FROM cohorts WHERE key = ?", (key,))
+            if was_terminal:
+                self._terminal_count -= 1
+            return
+        cur.execute(
+            "INSERT OR REPLACE INTO cohorts (key, group_id, group_attempt, legacy, prompt_digest, "
+            "phase, failure, failure_kind, terminal_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (*rows.cohort, now),
+        )
+        cur.executemany(
+            "INSERT INTO members (key, rollout_index, response_digest, result, masked_alone, "
+            "failure_reason) VALUES (?, ?, ?, ?, ?, ?)",
+            rows.members,
         )
         if not was_terminal:
             self._terminal_count += 1

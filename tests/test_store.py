@@ -547,14 +547,43 @@ async def test_a_failed_transaction_rolls_back_and_the_store_goes_on(tmp_path: P
     with trio.fail_after(LIMIT_S):
         async with open_store(path_of(config), config) as store:
             await store.commit_open(OpenRecord(bad.key, "g", 0, False, DIGEST))
-            with pytest.raises(StoreError, match="commit failed: ValueError"):
+            with pytest.raises(StoreError, match=r"cannot store the record of key .* ValueError"):
                 await store.commit_terminal(bad)
             await store.commit_terminal(record(explicit_key("good")))
             assert store.statistics().terminal_records == 1
+            # A transaction that fails in SQLite is retried one operation at a time.
+            broken = OpenRecord(explicit_key("broken"), "g", 0, False, DIGEST)
+            await store.commit_open(broken)
+
+            def explode(cur: sqlite3.Cursor, now: float) -> None:
+                cur.execute("INSERT INTO no_such_table VALUES (1)")
+
+            errors: list[str] = []
+
+            async def submit_explode() -> None:
+                try:
+                    await store._submit(explode)
+                except StoreError as exc:
+                    errors.append(str(exc))
+
+            before = store.statistics().transactions
+            # Hold the connection so that the last two share one batch.
+            async with trio.open_nursery() as nursery, store._io:
+                nursery.start_soon(store.commit_watermark, WatermarkRecord("w", 0, DIGEST))
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(store.commit_terminal, failed(explicit_key("other")))
+                nursery.start_soon(submit_explode)
+                await trio.testing.wait_all_tasks_blocked()
+            assert len(errors) == 1 and "no such table" in errors[0]
+            # the watermark, the failed shared batch, then one transaction per operation
+            assert store.statistics().transactions == before + 2
+            assert store.statistics().terminal_records == 2
     with rows(path_of(config), "SELECT key, phase FROM cohorts ORDER BY key") as found:
         assert [(bytes(k).decode(), p) for k, p in found] == [
-            (bad.key, "open"),  # untouched by the failed transaction
+            (bad.key, "open"),  # untouched by the failed commit
+            (explicit_key("broken"), "open"),
             (explicit_key("good"), "completed"),
+            (explicit_key("other"), "failed"),
         ]
 
 
