@@ -21,6 +21,7 @@ from typing import IO, Any, Final, NoReturn, TypeVar, final
 import trio
 
 from genrm_trio import __version__
+from genrm_trio.checkpoint_cli import add_checkpoint_arguments
 from genrm_trio.config import ConfigError, Settings, load_settings
 
 PROG: Final = "genrm-trio"
@@ -385,7 +386,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    adders: Sequence[Callable[[Any], None]] = (_add_serve, _add_demo, _add_sim_judge, _add_bench)
+    adders: Sequence[Callable[[Any], None]] = (
+        _add_serve,
+        _add_demo,
+        _add_sim_judge,
+        _add_bench,
+        add_checkpoint_arguments,
+    )
     for add in adders:
         add(sub)
     return parser
@@ -401,7 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help / --version
         return exc.code if isinstance(exc.code, int) else 0
     if args.command is None:
-        return _config_error(UsageError("command", "choose one of serve, demo, sim-judge, bench"))
+        return _config_error(
+            UsageError("command", "choose one of serve, demo, sim-judge, bench, checkpoint")
+        )
     if args.command in ("serve", "sim-judge"):
         configure_logging(logging.INFO)
     handler: Callable[[argparse.Namespace], int] = args.handler

@@ -21,7 +21,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Final, final
+from typing import Any, Final, final
 
 import trio
 
@@ -704,6 +704,18 @@ class Engine:
             WatermarkRecord(group_id, w.latest_attempt, w.prompt_digest)
             for group_id, w in self._registry.watermarks.items()
         ]
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The checkpoint v1 export of every terminal record and watermark (SPEC §17.12)."""
+        from genrm_trio.checkpoint import checkpoint
+
+        return checkpoint(self)
+
+    async def restore(self, data: object) -> RestoreReport:
+        """Merge a checkpoint v1 body; raises CheckpointError (422) before applying anything."""
+        from genrm_trio.checkpoint import restore
+
+        return await restore(self, data, num_rollouts=self.settings.num_rollouts_per_prompt)
 
     async def restore_records(
         self,

@@ -334,13 +334,6 @@ async def serve(
         check_fd_headroom(settings)
         if sim:
             log.warning("%s", SIM_WARNING)
-        if settings.state_path is not None:
-            # TODO(store): open the durable store here and pass it to open_engine.
-            log.warning(
-                "state_path %s: durable state is not wired into serve in this build; "
-                "cohort results are kept in memory only",
-                settings.state_path,
-            )
         await _serve_on(settings, sock, judge=judge, sim=sim, token=token, task_status=task_status)
     finally:
         sock.close()
@@ -356,9 +349,9 @@ async def _serve_on(
     task_status: trio.TaskStatus[int],
 ) -> None:
     # Imported here so that `bind_socket` and `serve_app` (used by sim-judge) stay light.
-    from genrm_trio.engine import open_engine
     from genrm_trio.http.app import create_app
     from genrm_trio.judge.http import make_http_judge
+    from genrm_trio.store import durable_engine
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         stop = trio.Event()
@@ -385,7 +378,8 @@ async def _serve_on(
                     await probe_judge(settings, token)
                 if the_judge is None:
                     the_judge = _sim_judge() if sim else make_http_judge(settings)
-                async with open_engine(settings, the_judge) as engine:
+                # the durable store (state_path) loads before the socket listens (SPEC §17.7)
+                async with durable_engine(settings, the_judge) as engine:
                     app = create_app(engine, settings)
                     stop_accepting = trio.Event()
                     async with trio.open_nursery() as nursery:

@@ -800,6 +800,7 @@ def openapi_document(*, title: str, version: str, auth: bool) -> dict[str, Any]:
         return {"get": op}
 
     health = ref(HealthResponse)
+    _OBJECT: dict[str, Any] = {"type": "object"}
     paths: dict[str, Any] = {
         "/verify": post(
             "Reward one rollout of a cohort (buffers until the group is complete)",
@@ -839,6 +840,23 @@ def openapi_document(*, title: str, version: str, auth: bool) -> dict[str, Any]:
             }
         },
         "/openapi.json": get("This document", {"type": "object"}),
+        "/checkpoint": {
+            "get": get("Checkpoint v1 export of terminal cohorts and watermarks", _OBJECT)["get"],
+            "post": {
+                "summary": "Merge a checkpoint v1 body (added, unchanged, watermarks, conflicts)",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _OBJECT}},
+                },
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {"application/json": {"schema": _OBJECT}},
+                    },
+                    **common,
+                },
+            },
+        },
     }
     for path in ("/", "/health", "/healthz", "/readyz", "/livez"):
         paths[path] = get("Liveness", health, public=True)

@@ -417,3 +417,18 @@ def test_export_holds_the_raw_masked_reason() -> None:
         "failure_reason": "lost a comparison",
         "result": None,
     }
+
+
+async def test_engine_library_methods_export_and_restore(autojump_clock: MockClock) -> None:
+    """`engine.checkpoint()` / `engine.restore(data)` (SPEC §17.12's library API)."""
+    config = settings(num_rollouts_per_prompt=N)
+    async with running(config, failing_judge()) as engine:
+        await populate(engine)
+        exported = engine.checkpoint()
+        assert exported == checkpoint(engine)
+    async with running(config, ScriptedJudge()) as engine:
+        report = await engine.restore(wire(exported))
+        assert report_body(report)["added"] == len(exported["cohorts"])
+        assert encode_json(engine.checkpoint()) == encode_json(exported)
+        with pytest.raises(CheckpointError):
+            await engine.restore({"version": 2, "cohorts": [], "watermarks": {}})

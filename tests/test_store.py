@@ -694,54 +694,28 @@ async def test_an_empty_file_becomes_a_new_store(tmp_path: Path) -> None:
 
 # --- a real process killed with SIGKILL -----------------------------------------------------
 
-# The service with durable state, as `genrm-trio serve --state PATH` will run it: the engine on
-# the store of `state_path`, the HTTP app, hypercorn on 127.0.0.1 (a free port), and an
-# in-process simulated judge whose latency keeps groups in flight when the process is killed.
-_SERVER = """
-import sys
-from functools import partial
-
-import trio
-
-from genrm_trio.config import Settings
-from genrm_trio.http.app import create_app
-from genrm_trio.judge.sim import SimConfig, SimJudge
-from genrm_trio.serve import bind_socket, serve_app
-from genrm_trio.store import durable_engine
+# The real command line: `genrm-trio sim-judge` (latency keeps groups in flight at the kill) and
+# `genrm-trio serve --state PATH` against it, both on 127.0.0.1 with free ports.
 
 
-async def main(path: str, latency: float) -> None:
-    settings = Settings.model_validate(
-        {"num_rollouts_per_prompt": 4, "state_path": path, "cohort_collection_timeout_s": 30}
-    )
-    sock = bind_socket("127.0.0.1", 0)
-    judge = SimJudge(SimConfig(latency_s=latency))
-    async with durable_engine(settings, judge) as engine, trio.open_nursery() as nursery:
-        app = create_app(engine, settings)
-        run = partial(serve_app, app, sock, shutdown_trigger=trio.sleep_forever)
-        port = await nursery.start(run)
-        print(f"listening on http://127.0.0.1:{port}", flush=True)
-
-
-trio.run(main, sys.argv[1], float(sys.argv[2]))
-"""
-
-
-def _start_server(path: Path, latency: float, log: Path) -> Any:
-    import subprocess
+def _genrm_trio() -> list[str]:
+    import shutil
     import sys
 
+    exe = shutil.which("genrm-trio")
+    return [exe] if exe else [sys.executable, "-m", "genrm_trio.cli"]
+
+
+def _spawn(argv: list[str], log: Path) -> Any:
+    import subprocess
+
     with log.open("ab") as stderr:
-        return subprocess.Popen(
-            [sys.executable, "-c", _SERVER, str(path), str(latency)],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-        )
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr)
 
 
 @asynccontextmanager
-async def server_process(path: Path, latency: float, log: Path) -> AsyncIterator[Any]:
-    proc = _start_server(path, latency, log)
+async def _process(argv: list[str], log: Path) -> AsyncIterator[Any]:
+    proc = _spawn(argv, log)
     try:
         assert proc.stdout is not None
         with trio.fail_after(30):
@@ -755,6 +729,33 @@ async def server_process(path: Path, latency: float, log: Path) -> AsyncIterator
         await trio.to_thread.run_sync(proc.wait)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+@asynccontextmanager
+async def sim_judge_process(latency_ms: int, log: Path) -> AsyncIterator[Any]:
+    argv = [*_genrm_trio(), "sim-judge", "--port", "0", "--latency-ms", str(latency_ms)]
+    async with _process(argv, log) as proc:
+        yield proc
+
+
+@asynccontextmanager
+async def server_process(path: Path, judge_url: str, log: Path) -> AsyncIterator[Any]:
+    config = path.with_suffix(".yaml")
+    config.write_text("num_rollouts_per_prompt: 4\ncohort_collection_timeout_s: 30\n")
+    argv = [
+        *_genrm_trio(),
+        "serve",
+        "--config",
+        str(config),
+        "--port",
+        "0",
+        "--judge-url",
+        f"{judge_url}/v1",
+        "--state",
+        str(path),
+    ]
+    async with _process(argv, log) as proc:
+        yield proc
 
 
 def _judge_calls(metrics: str) -> float:
@@ -807,7 +808,10 @@ async def test_every_reply_sent_before_sigkill_replays_after_restart(tmp_path: P
     threads = trio.CapacityLimiter(groups * n)
     limits = httpx.Limits(max_connections=groups * n)
 
-    async with server_process(path, 0.2, log) as proc:
+    async with (
+        sim_judge_process(200, log) as judge,
+        server_process(path, judge.url, log) as proc,
+    ):
         with httpx.Client(base_url=proc.url, limits=limits, trust_env=False) as client:
 
             async def send(key: tuple[int, int]) -> None:
@@ -833,7 +837,7 @@ async def test_every_reply_sent_before_sigkill_replays_after_restart(tmp_path: P
     assert answered and all(status == 200 for status, _ in answered.values())
     pending = sorted(set(range(groups)) - {g for g, _ in answered})
     replayed = interrupted = 0
-    async with server_process(path, 0.0, log) as proc:
+    async with sim_judge_process(0, log) as judge, server_process(path, judge.url, log) as proc:
         with httpx.Client(base_url=proc.url, trust_env=False) as client:
             for key, reply in sorted(answered.items()):
                 again = await trio.to_thread.run_sync(_post, client, bodies[key], 10.0)

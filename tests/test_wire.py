@@ -718,6 +718,7 @@ def test_openapi_document(auth: bool) -> None:
         "/cohorts",
         "/metrics",
         "/openapi.json",
+        "/checkpoint",
         "/",
         "/health",
         "/healthz",
@@ -734,4 +735,5 @@ def test_openapi_document(auth: bool) -> None:
     )
     assert verify["properties"]["_ng_group_attempt"]["minimum"] == 0
     assert ("securitySchemes" in doc["components"]) is auth
+    assert set(doc["paths"]["/checkpoint"]) == {"get", "post"}
     json.dumps(doc, allow_nan=False)
