@@ -12,12 +12,14 @@ whose *both* answers carry a tag (members 1 and 2) fails comparison (1, 2) only,
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 from procs import (
@@ -647,3 +649,88 @@ async def test_judge_killed_and_restarted_mid_run(tmp_path: Path) -> None:
             await trio.to_thread.run_sync(proc.close)
     for proc in servers.values():
         assert "Traceback" not in proc.log()
+
+
+# --- SIGKILL with durable state ----------------------------------------------------------------
+
+
+async def test_sigkill_with_state_loses_nothing_acknowledged(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """Every reply received before a SIGKILL (scored, masked alone, whole group failed) replays
+    identically after a restart on the same `--state` file, without judging; groups that were
+    open at the kill are fenced (SPEC §16.3, §17.11), and a new attempt of them scores."""
+    state = tmp_path / "state.sqlite"
+    judge_url = servers.judge.url + "/v1"
+
+    def start() -> Proc:
+        return start_server(
+            tmp_path,
+            BASE_CONFIG,
+            judge_url=judge_url,
+            name="durable",
+            extra=["--state", str(state)],
+        )
+
+    groups = {
+        "durable-scored": bodies("durable-scored", answers("[clean]", N)),
+        "durable-masked": bodies("durable-masked", answers("[drop]", N, tagged=(1, 2))),
+        "durable-failed": bodies("durable-failed", answers("[unauth]", N)),
+    }
+    judging = bodies("durable-judging", answers("[slowish]", N))
+    collecting = bodies("durable-collecting", answers("[clean]", N))[:2]
+    acknowledged: dict[tuple[str, int], Reply] = {}
+    server = await trio.to_thread.run_sync(start)
+    try:
+        base = server.url
+        async with client() as http:
+            for group_id, group in groups.items():
+                replies, _ = await run_group(http, base, group)
+                for i, reply in enumerate(replies):
+                    acknowledged[(group_id, i)] = reply
+            assert_scored(acknowledged[("durable-masked", 0)])
+            assert_masked(acknowledged[("durable-masked", 1)], "RemoteProtocolError")
+            assert_masked(acknowledged[("durable-failed", 0)], "GenRM masked every rollout")
+
+            async def unanswered(body: dict[str, Any]) -> None:
+                with contextlib.suppress(httpx.TransportError):
+                    await http.post(f"{base}/verify", json=body)
+                    raise AssertionError("answered although the server was killed")
+
+            async with trio.open_nursery() as nursery:
+                for body in [*judging, *collecting]:
+                    nursery.start_soon(unanswered, body)
+                await wait_cohort_state(http, base, "durable-judging", "judging")
+                await wait_cohort_state(http, base, "durable-collecting", "collecting")
+                await trio.to_thread.run_sync(server.kill)  # SIGKILL: no shutdown at all
+        assert server.popen.returncode == -signal.SIGKILL
+        await trio.to_thread.run_sync(server.close)
+
+        server = await trio.to_thread.run_sync(start)
+        base = server.url
+        async with client() as http:
+            before = await judge_stats(http, servers.judge)
+            for (group_id, i), reply in sorted(acknowledged.items()):
+                again = await post(http, f"{base}/verify", groups[group_id][i])
+                assert (again.status, again.body) == (reply.status, reply.body), (group_id, i)
+            assert (await judge_stats(http, servers.judge))["calls"] == before["calls"]
+            for group_id, body in (
+                ("durable-judging", judging[0]),
+                ("durable-collecting", collecting[1]),
+            ):
+                fenced = await post(http, f"{base}/verify", body)
+                assert fenced.status == 503
+                assert fenced.body == {
+                    "detail": f"GenRM cohort 'group_id::{group_id}::group_attempt::0' was "
+                    "interrupted by a server restart; retry the whole group with a new "
+                    "_ng_group_attempt"
+                }
+            retry, _ = await run_group(
+                http, base, bodies("durable-judging", answers("[slowish]", N), attempt=1)
+            )
+            for reply in retry:
+                assert_scored(reply)
+            await assert_quiet(http, base)
+    finally:
+        await trio.to_thread.run_sync(server.close)
+    assert "Traceback" not in server.log()
