@@ -218,6 +218,7 @@ class Options:
     warmup_s: float
     seed: int
     sticky_faults: bool
+    state: bool
     max_terminal: int
     workdir: Path
 
@@ -481,7 +482,16 @@ def run(opts: Options) -> dict[str, Any]:
         path = opts.workdir / "soak.yaml"
         path.write_text(yaml.safe_dump(config))
         server = _start(
-            ["serve", "--config", str(path), "--port", "0", "--judge-url", judge.url + "/v1"],
+            [
+                "serve",
+                "--config",
+                str(path),
+                "--port",
+                "0",
+                "--judge-url",
+                judge.url + "/v1",
+                *(["--state", str(opts.workdir / "state.sqlite")] if opts.state else []),
+            ],
             opts.workdir / "serve.err",
         )
         print(
@@ -530,6 +540,9 @@ def main() -> None:
         help="a faulted pair fails every retry (many masked rows), instead of transient faults",
     )
     parser.add_argument(
+        "--state", action="store_true", help="serve with --state (durable SQLite in the workdir)"
+    )
+    parser.add_argument(
         "--max-terminal",
         type=int,
         default=64,
@@ -555,6 +568,7 @@ def main() -> None:
         warmup_s=warmup,
         seed=args.seed,
         sticky_faults=args.sticky_faults,
+        state=args.state,
         max_terminal=args.max_terminal,
         workdir=args.workdir or Path(tempfile.mkdtemp(prefix="genrm-soak-")),
     )
