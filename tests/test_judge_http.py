@@ -309,6 +309,26 @@ async def test_bearer_token_sent_and_never_echoed(monkeypatch: pytest.MonkeyPatc
     assert http_error.value.describe() == "JudgeHTTPError: HTTP 401; response=judge offline"
 
 
+async def test_error_body_echoing_credentials_is_redacted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A judge or proxy that echoes the request headers must not put the token into failure
+    # reasons or logs (found by the reliability suite with a real echoing judge).
+    monkeypatch.setenv("GENRM_TEST_JUDGE_TOKEN", TOKEN)
+    echoed = f"refused (authorization: Bearer {TOKEN}; x-other: {TOKEN}; bearer abc.def)"
+    recorder = Recorder(httpx.Response(500, text=echoed))
+    judge = judge_with(recorder, api_key_env="GENRM_TEST_JUDGE_TOKEN")
+    with trio.fail_after(5), pytest.raises(JudgeHTTPError) as error:
+        await judge.attempt(CALL)
+    described = error.value.describe()
+    assert TOKEN not in described
+    assert "abc.def" not in described
+    assert described == (
+        "JudgeHTTPError: HTTP 500; response=refused (authorization: Bearer [redacted]; "
+        "x-other: [redacted]; bearer [redacted])"
+    )
+
+
 # --- reply classification (SPEC §4.4 step 2, §4.5, §17.5) -----------------------------------
 
 

@@ -17,6 +17,7 @@ import email.utils
 import json
 import logging
 import math
+import re
 import ssl
 import time
 from collections import deque
@@ -75,6 +76,7 @@ _CHAT_SAME_NAME: Final = frozenset(
         "safety_identifier",
     }
 )
+_BEARER: Final = re.compile(rb"(?i)(bearer\s+)[^\s;,\"'()\[\]]+")
 _CHAT_MAPPED: Final = frozenset({"max_output_tokens", "reasoning", "text", "instructions"})
 _CHAT_REBUILT: Final = frozenset({"input", "metadata"})
 
@@ -432,6 +434,7 @@ class HttpJudge:
         self._path = self._url.path
         self._api = api
         headers = {"content-type": "application/json", "accept": "application/json"}
+        self._secret = token.encode() if token else None
         if token is not None:
             headers["authorization"] = f"Bearer {token}"
         self._headers: Final = headers
@@ -521,8 +524,15 @@ class HttpJudge:
         finally:
             self._in_flight -= 1
         if not 200 <= status <= 299:
-            raise JudgeHTTPError(status, body, parse_retry_after(retry_after))
+            raise JudgeHTTPError(status, self._redact(body), parse_retry_after(retry_after))
         return self._interpret(_decode_json(body))
+
+    def _redact(self, body: bytes) -> bytes:
+        """An error body quoted in failure reasons and logs must not carry credentials: a judge
+        or proxy that echoes the request's headers would otherwise leak the bearer token."""
+        if self._secret:
+            body = body.replace(self._secret, b"[redacted]")
+        return _BEARER.sub(rb"\1[redacted]", body)
 
     async def _send_httpx(self, content: bytes) -> tuple[int, bytes, str | None]:
         """One exchange through an injected httpx transport."""
