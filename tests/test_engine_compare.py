@@ -200,3 +200,14 @@ async def test_principle_reaches_the_judge_only_when_enabled(autojump_clock: Moc
     async with running(settings(), judge) as engine:
         await engine.compare(compare_input(["a0", "a1"], principle="be brief"))
     assert [c.call.principle for c in judge.calls] == [None, None]
+
+
+@pytest.mark.parametrize(("coeff", "rewards"), [(0.0, [3.0, 3.0]), (1.0, [3.5, 2.5])])
+async def test_style_penalty_is_applied_only_when_on(
+    autojump_clock: MockClock, coeff: float, rewards: list[float]
+) -> None:
+    plain, styled = "plain answer", "# Title\n- item\n**bold**"
+    judge = ScriptedJudge(pairs={(plain, styled): ok(3, 3, 3.5), (styled, plain): ok(3, 3, 3.5)})
+    async with running(settings(group_style_penalty_coeff=coeff), judge) as engine:
+        result = await engine.compare(compare_input([plain, styled]))
+    assert result.rewards == rewards  # SPEC §6.3c: +0.5 / -0.5 at coeff 1

@@ -151,6 +151,14 @@ class Evaluation:
         return out
 
 
+def _member_texts(settings: Settings, text: MemberText) -> MemberTexts:
+    """What the adjustments read of a member. The style density (regex scans of the answer, the
+    costliest part of scoring) is computed only when the style penalty uses it."""
+    if settings.group_style_penalty_coeff > 0:
+        return MemberTexts.from_texts(text.reasoning_text, text.answer_text)
+    return MemberTexts(len(text.reasoning_text.strip()), len(text.answer_text.strip()), 0.0)
+
+
 def _aggregate(
     settings: Settings,
     comparisons: Sequence[JudgedComparison],
@@ -271,9 +279,7 @@ def score_cohort(
             f"({f} of {total} comparisons failed): {first}"
         )
     population = [m for m in range(size) if m not in first_error]
-    member_texts = {
-        m: MemberTexts.from_texts(texts[m].reasoning_text, texts[m].answer_text) for m in population
-    }
+    member_texts = {m: _member_texts(settings, texts[m]) for m in population}
     selected = [judged for _, judged in evaluation.judged()]
     overall = [judged for _, judged in evaluation.judged(overall=True)]
     agg = _aggregate(settings, selected, population, member_texts, adjust=True)
@@ -318,9 +324,7 @@ def compare_result(
     n = len(texts)
     comparisons = [j for _, j in evaluation.judged()]
     population = list(range(n))
-    member_texts = {
-        m: MemberTexts.from_texts(texts[m].reasoning_text, texts[m].answer_text) for m in population
-    }
+    member_texts = {m: _member_texts(settings, texts[m]) for m in population}
     agg = _aggregate(settings, comparisons, population, member_texts, adjust=True)
     rows: list[dict[str, JSONValue]] = [
         {
