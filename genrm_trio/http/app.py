@@ -204,40 +204,28 @@ class _App(QuartTrio):
         if limit is not None and length is not None and length > limit:
             await _send_reply(send, 413, too_large, unread)
             return
-        chunks: list[bytes] = []
-        size = 0
-        with trio.move_on_after(self.config["BODY_TIMEOUT"] or math.inf) as timer:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return  # nothing to answer
-                chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
-                size += len(chunk)
-                if limit is not None and size > limit:
-                    await _send_reply(send, 413, too_large, unread)
-                    return
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    break
-        if timer.cancelled_caught:
-            await _send_reply(send, 408, {"detail": "Request Timeout"}, unread)
-            return
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        del chunks
+        # The body travels in a one-item list that the route empties: no frame here keeps the
+        # raw bytes alive while a /verify request waits for its group.
+        box = await _receive_body(receive, limit, self.config["BODY_TIMEOUT"])
+        if type(box) is int:
+            if box:
+                detail = too_large if box == 413 else {"detail": "Request Timeout"}
+                await _send_reply(send, box, detail, unread)
+            return  # 0: the client went away, nothing to answer
+        assert type(box) is list
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
-            status, body, headers = await self._run_route(route, data, scope)
-            del data
+            status, body, headers = await self._run_route(route, box, scope)
             with trio.move_on_after(self.config["RESPONSE_TIMEOUT"] or math.inf):
                 await _send_raw(send, status, body, headers)
             nursery.cancel_scope.cancel()
 
     async def _run_route(
-        self, route: _FastRoute, data: bytes, scope: HTTPScope
+        self, route: _FastRoute, box: list[bytes], scope: HTTPScope
     ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         """The route's reply, or the error handlers' reply for what it raised (as in Quart)."""
         try:
-            status, payload, extra = await route(data)
+            status, payload, extra = await route(box.pop())
             body = encode_json(payload)
         except WireError as exc:
             status, body, extra = 422, encode_json({"detail": exc.errors}), None
@@ -249,6 +237,28 @@ class _App(QuartTrio):
             log.error("internal error on %s %s", scope["method"], scope["path"], exc_info=exc)
             status, body, extra = 500, encode_json({"detail": "internal error"}), None
         return status, body, _json_headers(body, extra)
+
+
+async def _receive_body(
+    receive: ASGIReceiveCallable, limit: int | None, within_s: float | None
+) -> list[bytes] | int:
+    """The request body in a one-item list; or 413 (over `limit`), 408 (not complete within
+    `within_s`, Quart's BODY_TIMEOUT), 0 (the client disconnected)."""
+    chunks: list[bytes] = []
+    size = 0
+    with trio.move_on_after(within_s or math.inf):
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return 0
+            chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
+            size += len(chunk)
+            if limit is not None and size > limit:
+                return 413
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return [chunks[0] if len(chunks) == 1 else b"".join(chunks)]
+    return 408
 
 
 async def _send_raw(
