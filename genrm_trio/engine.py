@@ -8,10 +8,15 @@ no per-request variable leaks into shared judge calls. `/compare` runs in the re
 and context, fail-fast (§9.5), under ``cohort_evaluation_timeout_s`` (D27).
 
 The request algorithm is SPEC §8.4, in order. The registry section (prune, watermarks,
-supersession, get-or-create, attach) runs under one lock; it awaits only the durable store's
-commit points (§17.11), shielded, and everything from the cohort checks to attaching the waiter is
-synchronous, so a state transition (the final arrival's ``start_judging`` or the collection
-timer's ``fail``) decides every race: all members get rewards or none do.
+supersession, get-or-create) is synchronous under one lock, and so is attaching, so a state
+transition (the final arrival's ``start_judging`` or the collection timer's ``fail``) decides
+every race: all members get rewards or none do. With a durable store the section only *queues*
+its commit points (§17.11: the advanced watermark, the new cohort's ``open`` record) in registry
+order; the request then leaves the lock, waits for its commits, and attaches only after them.
+Members of a cohort whose ``open`` record is still being committed wait for it (a per-cohort
+event set by the creating request) before they attach; ``_attach`` re-reads the cohort's state
+afterwards, so a cohort superseded or shut down meanwhile answers with its failure. The store
+applies commits in submission order, so it sees watermark, then ``open``, then terminal.
 """
 
 from __future__ import annotations
@@ -37,9 +42,12 @@ from genrm_trio.cohort.evaluation import (
 )
 from genrm_trio.cohort.records import (
     CohortStore,
+    Commit,
     OpenRecord,
+    QueuedCohortStore,
     TerminalRecord,
     WatermarkRecord,
+    queued,
 )
 from genrm_trio.cohort.registry import KEY_LOG_LIMIT, Registry
 from genrm_trio.config import Settings
@@ -143,7 +151,9 @@ class Engine:
     ) -> None:
         self.settings = settings
         self.metrics = metrics
-        self._store = store
+        self._store: QueuedCohortStore | None = None if store is None else queued(store)
+        # Cohorts whose `open` record is queued but not yet committed: set by the creator.
+        self._opening: dict[Cohort, trio.Event] = {}
         self._nursery = nursery
         self._comparator = Comparator(judge, settings, metrics)
         self._registry = Registry(settings, metrics)
@@ -281,12 +291,52 @@ class Engine:
             baseline_digest=baseline_digest,
         )
 
+        commits: list[Commit] = []
         async with self._lock:
-            cohort = await self._resolve(item, key, digest, history, baseline, baseline_digest)
-            attached = self._attach(cohort, member, digest)
-        return cohort, index, attached
+            try:
+                cohort, created = self._resolve(
+                    item, key, digest, history, baseline, baseline_digest, commits
+                )
+            except BaseException:
+                if commits:  # a commit queued before the refusal is still waited for
+                    with trio.CancelScope(shield=True):
+                        await self._wait_commits(commits)
+                raise
+            opening = self._opening.get(cohort) if self._opening else None
+            if not commits and opening is None:
+                return cohort, index, self._attach(cohort, member, digest)
+        # Durable store: the commits were queued in registry order; wait for them unlocked.
+        with trio.CancelScope(shield=True):  # the creator must set `opening` in every case
+            failure = await self._wait_commits(commits)
+            if opening is not None:
+                if created:  # this request queued the cohort's `open` record: it is done
+                    del self._opening[cohort]
+                    if failure is not None:
+                        self._fail(
+                            cohort,
+                            "cohort",
+                            f"GenRM durable store could not record cohort "
+                            f"{key[:KEY_LOG_LIMIT]!r}: {type(failure).__name__}: {failure}",
+                        )
+                    opening.set()
+                else:
+                    await opening.wait()
+        if failure is not None:
+            raise failure
+        return cohort, index, self._attach(cohort, member, digest)
 
-    async def _resolve(
+    async def _wait_commits(self, commits: list[Commit]) -> Exception | None:
+        """Wait for every commit (shielded by the caller); returns the first failure."""
+        error: Exception | None = None
+        for commit in commits:
+            try:
+                await commit.wait()
+            except Exception as exc:
+                if error is None:
+                    error = exc
+        return error
+
+    def _resolve(
         self,
         item: VerifyInput,
         key: str,
@@ -294,8 +344,13 @@ class Engine:
         history: list[dict[str, str]],
         baseline: str | None,
         baseline_digest: str | None,
-    ) -> Cohort:
-        """Step 7 of SPEC §8.4: watermarks and supersession, then get or create the cohort."""
+        commits: list[Commit],
+    ) -> tuple[Cohort, bool]:
+        """Step 7 of SPEC §8.4: watermarks and supersession, then get or create the cohort.
+
+        Synchronous: with a store, the commit points are queued onto ``commits`` in order.
+        Returns the cohort and whether this request created it."""
+        store = self._store
         s = self.settings
         reg = self._registry
         if self._closed:
@@ -340,12 +395,15 @@ class Engine:
                             f"GenRM group {group_id!r} attempt {old.group_attempt} was superseded "
                             f"by attempt {attempt}",
                         )
-                await self._commit_watermark(WatermarkRecord(group_id, attempt, digest))
+                if store is not None:
+                    commits.append(
+                        store.submit_watermark(WatermarkRecord(group_id, attempt, digest))
+                    )
             else:
                 reg.touch_watermark(group_id, now)
         cohort = reg.get(key)
         if cohort is not None:
-            return cohort
+            return cohort, False
         cohort = Cohort(
             key=key,
             group_id=group_id,
@@ -361,12 +419,14 @@ class Engine:
             collect_deadline=now + s.cohort_collection_timeout_s,
             host=reg,
         )
-        await self._commit_open(OpenRecord(key, group_id, attempt, group_id is None, digest))
-        if self._closed:
-            raise RequestRejected(503, SHUTTING_DOWN)
+        if store is not None:
+            commits.append(
+                store.submit_open(OpenRecord(key, group_id, attempt, group_id is None, digest))
+            )
+            self._opening[cohort] = trio.Event()
         reg.add(cohort)
         self._spawn(self._run, cohort)
-        return cohort
+        return cohort, True
 
     def _attach(self, cohort: Cohort, member: Member, digest: str) -> Waiter | MemberOutcome:
         """Step 8 of SPEC §8.4 (synchronous): the replay/conflict matrix, then attach."""
@@ -435,21 +495,6 @@ class Engine:
     def _fail(self, cohort: Cohort, kind: FailureKind, message: str) -> bool:
         return machine.fail(cohort, failure=GroupFailed(kind, message))
 
-    async def _commit_watermark(self, record: WatermarkRecord) -> None:
-        if self._store is not None:
-            with trio.CancelScope(shield=True):
-                await self._store.commit_watermark(record)
-
-    async def _commit_open(self, record: OpenRecord) -> None:
-        if self._store is not None:
-            with trio.CancelScope(shield=True):
-                await self._store.commit_open(record)
-
-    async def _commit_terminal(self, record: TerminalRecord) -> None:
-        if self._store is not None:
-            with trio.CancelScope(shield=True):
-                await self._store.commit_terminal(record)
-
     async def _run(self, cohort: Cohort) -> None:
         """Collection deadline, then evaluation; finally commit the record and release."""
         s = self.settings
@@ -492,7 +537,7 @@ class Engine:
         assert record is not None
         if self._store is not None:
             try:
-                await self._store.commit_terminal(record)
+                await self._store.submit_terminal(record).wait()
             except Exception:
                 log.exception(
                     "GenRM durable store failed to commit key=%r", cohort.key[:KEY_LOG_LIMIT]
@@ -729,24 +774,49 @@ class Engine:
         with a fresh retention clock (or one set back by ``age_s[key]``), an identical record is
         left alone, anything else is a conflict; a watermark is raised (its clock set back by
         ``watermark_age_s[group_id]``) when the digests agree. Restored members replay without
-        judging. Added records and raised watermarks go through the store's commit hooks."""
+        judging. Added records and raised watermarks are committed to the store in one transaction
+        (``commit_many``) before any of them is applied; if that fails, nothing is applied."""
         conflicts: list[dict[str, str]] = []
-        added = unchanged = updated = 0
+        unchanged = 0
         reg = self._registry
         async with self._lock:
             if self._closed:
                 raise RequestRejected(503, SHUTTING_DOWN)
-            now = trio.current_time()
+            # Decide everything first, then commit it in one transaction (§17.12), then apply:
+            # nothing is visible before it is durable, and nothing is applied when it fails.
+            adds: dict[str, TerminalRecord] = {}
             for record in records:
                 present = reg.get(record.key)
-                if present is not None:
-                    if present.terminal and present.record == record:
-                        unchanged += 1
-                    else:
-                        reason = "active cohort" if not present.terminal else "different record"
-                        conflicts.append({"key": record.key, "reason": reason})
+                if present is None and record.key in adds:
+                    present_record: TerminalRecord | None = adds[record.key]
+                    terminal = True
+                elif present is not None:
+                    present_record, terminal = present.record, present.terminal
+                else:
+                    adds[record.key] = record
                     continue
-                await self._commit_terminal(record)
+                if terminal and present_record == record:
+                    unchanged += 1
+                else:
+                    reason = "active cohort" if not terminal else "different record"
+                    conflicts.append({"key": record.key, "reason": reason})
+            raises: dict[str, WatermarkRecord] = {}
+            for mark in watermarks:
+                current: WatermarkRecord | None = raises.get(mark.group_id)
+                if current is None and (w := reg.watermarks.get(mark.group_id)) is not None:
+                    current = WatermarkRecord(mark.group_id, w.latest_attempt, w.prompt_digest)
+                if current is not None and current.prompt_digest != mark.prompt_digest:
+                    conflicts.append(
+                        {"group_id": mark.group_id, "reason": "different prompt digest"}
+                    )
+                    continue
+                if current is None or mark.latest_attempt > current.latest_attempt:
+                    raises[mark.group_id] = mark
+            if self._store is not None and (adds or raises):
+                with trio.CancelScope(shield=True):
+                    await self._store.commit_many(list(adds.values()), list(raises.values()))
+            now = trio.current_time()
+            for record in adds.values():
                 cohort = Cohort(
                     key=record.key,
                     group_id=record.group_id,
@@ -765,21 +835,10 @@ class Engine:
                     record=record,
                 )
                 reg.adopt(cohort, now - (age_s or {}).get(record.key, 0.0))
-                added += 1
-            for mark in watermarks:
-                current = reg.watermarks.get(mark.group_id)
-                if current is not None and current.prompt_digest != mark.prompt_digest:
-                    conflicts.append(
-                        {"group_id": mark.group_id, "reason": "different prompt digest"}
-                    )
-                    continue
-                if current is None or mark.latest_attempt > current.latest_attempt:
-                    await self._commit_watermark(mark)
-                    age = (watermark_age_s or {}).get(mark.group_id, 0.0)
-                    reg.set_watermark(
-                        mark.group_id, mark.latest_attempt, mark.prompt_digest, now - age
-                    )
-                    updated += 1
+            for mark in raises.values():
+                age = (watermark_age_s or {}).get(mark.group_id, 0.0)
+                reg.set_watermark(mark.group_id, mark.latest_attempt, mark.prompt_digest, now - age)
+        added, updated = len(adds), len(raises)
         return RestoreReport(added, unchanged, updated, conflicts)
 
 

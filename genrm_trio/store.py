@@ -248,6 +248,28 @@ class _Call:
 
 
 @final
+class _Commit:
+    """A queued commit of :class:`SqliteStore` (the :class:`~genrm_trio.cohort.records.Commit`
+    protocol); ``_NOTHING`` is the one that had nothing to write."""
+
+    __slots__ = ("_pending", "_store", "_sync")
+
+    def __init__(self, store: SqliteStore | None, pending: _Pending | None, sync: bool) -> None:
+        self._store = store
+        self._pending = pending
+        self._sync = sync
+
+    async def wait(self) -> None:
+        if self._store is None or self._pending is None:
+            await trio.lowlevel.checkpoint()
+            return
+        await self._store._complete(self._pending, self._sync)
+
+
+_NOTHING: Final = _Commit(None, None, False)
+
+
+@final
 @dataclass(frozen=True, slots=True)
 class _TerminalRows:
     key: bytes
@@ -271,7 +293,10 @@ class _Pending:
 class SqliteStore:
     """The engine's durable :class:`~genrm_trio.cohort.records.CohortStore` (SQLite, WAL).
 
-    Create it with :func:`open_store`. Every hook returns once its transaction is committed.
+    Create it with :func:`open_store`. It is a
+    :class:`~genrm_trio.cohort.records.QueuedCohortStore`: ``submit_*`` queues a commit at once
+    (FIFO) and returns a handle whose ``wait()`` returns once its transaction is committed; the
+    ``commit_*`` hooks do both.
     """
 
     def __init__(
@@ -338,30 +363,40 @@ class SqliteStore:
 
     # --- CohortStore hooks (SPEC §17.11) --------------------------------------------------------
 
-    async def commit_watermark(self, record: WatermarkRecord) -> None:
-        """Commit point 1: a group's watermark was created or advanced."""
+    def submit_watermark(self, record: WatermarkRecord) -> _Commit:
+        """Commit point 1: a group's watermark was created or advanced (queued at once)."""
         if self._adopted_marks.pop(record.group_id, None) == record:
-            return
-        await self._submit(lambda cur, now: self._put_watermark(cur, record, now))
+            return _NOTHING
+        return self._enqueue(lambda cur, now: self._put_watermark(cur, record, now))
 
-    async def commit_open(self, record: OpenRecord) -> None:
+    def submit_open(self, record: OpenRecord) -> _Commit:
         """Commit point 2: a cohort was created (it replaces any record under its key)."""
         self._adopted.pop(record.key, None)
-        await self._submit(lambda cur, now: self._put_open(cur, record))
+        return self._enqueue(lambda cur, now: self._put_open(cur, record))
 
-    async def commit_terminal(self, record: TerminalRecord) -> None:
+    def submit_terminal(self, record: TerminalRecord) -> _Commit:
         """Commit point 3: the terminal record replaces the ``open`` one in one transaction.
 
         A record the engine does not retain (a completed legacy cohort without masked members)
         deletes the ``open`` record and keeps nothing. A cohort failed by a graceful shutdown
-        keeps its ``open`` record, so the next start fences it as interrupted (§17.11).
+        keeps its ``open`` record, so the next start fences it as interrupted (§17.11). A
+        record that cannot be stored raises :class:`StoreError` here, before anything is queued.
         """
         if self._adopted.pop(record.key, None) == record:
-            return
+            return _NOTHING
         if record.phase == "failed" and record.failure == _SHUTTING_DOWN:
-            return
+            return _NOTHING
         rows = self._terminal_rows(record)
-        await self._submit(lambda cur, now: self._put_terminal(cur, rows, now), sync=True)
+        return self._enqueue(lambda cur, now: self._put_terminal(cur, rows, now), sync=True)
+
+    async def commit_watermark(self, record: WatermarkRecord) -> None:
+        await self.submit_watermark(record).wait()
+
+    async def commit_open(self, record: OpenRecord) -> None:
+        await self.submit_open(record).wait()
+
+    async def commit_terminal(self, record: TerminalRecord) -> None:
+        await self.submit_terminal(record).wait()
 
     async def commit_many(
         self, records: Sequence[TerminalRecord], watermarks: Sequence[WatermarkRecord] = ()
@@ -378,7 +413,7 @@ class SqliteStore:
             for mark in marks:
                 self._put_watermark(cur, mark, now)
 
-        await self._submit(apply, sync=True)
+        await self._enqueue(apply, sync=True).wait()
 
     # --- loading (SPEC §17.11) -----------------------------------------------------------------
 
@@ -411,7 +446,10 @@ class SqliteStore:
             return
         with trio.CancelScope(shield=True):
             while self._queue or self._flushing:
-                await self._flushed.wait()
+                if self._flushing:
+                    await self._flushed.wait()
+                else:  # commits queued but not (yet) waited for
+                    await self._flush()
             while self._syncing:
                 await self._sync_done.wait()
             self._closed = True
@@ -434,25 +472,34 @@ class SqliteStore:
         if self._closed:
             raise StoreError(self.path, "the store is closed")
 
-    async def _submit(
+    def _enqueue(
         self, apply: Callable[[sqlite3.Cursor, float], None], *, sync: bool = False
-    ) -> None:
-        """Queue one operation and return once a committed transaction holds it (with ``sync``
-        under FULL: once that transaction is on disk).
-
-        Whoever finds no transaction in flight runs one for everything queued; the others wait
-        for it and retry. Shielded: an operation, once queued, is always applied or failed.
-        """
+    ) -> _Commit:
+        """Queue one operation now (FIFO: it is applied in the same transaction as, or a later
+        one than, everything queued before it); the returned commit's ``wait()`` returns once a
+        committed transaction holds it (with ``sync`` under FULL: once that is on disk)."""
         self._check_open()
         pending = _Pending(apply)
         self._queue.append(pending)
+        return _Commit(self, pending, sync and self._synchronous == "FULL")
+
+    async def _submit(
+        self, apply: Callable[[sqlite3.Cursor, float], None], *, sync: bool = False
+    ) -> None:
+        """Queue one operation and wait for it."""
+        await self._enqueue(apply, sync=sync).wait()
+
+    async def _complete(self, pending: _Pending, sync: bool) -> None:
+        """Wait for ``pending``: whoever finds no transaction in flight runs one for everything
+        queued; the others wait for it and retry. Shielded: an operation, once queued, is always
+        applied or failed."""
         with trio.CancelScope(shield=True):
             while not pending.done:
                 if self._flushing:
                     await self._flushed.wait()
                     continue
                 await self._flush()
-            if pending.error is None and sync and self._synchronous == "FULL":
+            if pending.error is None and sync:
                 await self._sync_through(pending.seq)
         if pending.error is not None:
             raise StoreError(

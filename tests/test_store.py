@@ -29,7 +29,13 @@ from judges import (
     verify,
 )
 
-from genrm_trio.cohort.records import MemberRecord, OpenRecord, TerminalRecord, WatermarkRecord
+from genrm_trio.cohort.records import (
+    MemberRecord,
+    OpenRecord,
+    QueuedCohortStore,
+    TerminalRecord,
+    WatermarkRecord,
+)
 from genrm_trio.config import Settings
 from genrm_trio.engine import Engine, open_engine
 from genrm_trio.model import GroupFailed, Masked, RequestRejected, Scored
@@ -595,6 +601,45 @@ async def test_commit_survives_the_callers_cancellation(tmp_path: Path) -> None:
                 scope.cancel()
                 await store.commit_terminal(record(explicit_key("x")))
             assert store.statistics().terminal_records == 1
+
+
+async def test_submits_queue_at_once_and_apply_in_order(tmp_path: Path) -> None:
+    """The engine queues commits under its registry lock and waits for them after it: a submit
+    never awaits, and queued commits apply in submission order (here in one transaction)."""
+    config = state(tmp_path)
+    key = explicit_key("q")
+    with trio.fail_after(LIMIT_S):
+        async with open_store(path_of(config), config) as store:
+            assert isinstance(store, QueuedCohortStore)
+            mark = store.submit_watermark(WatermarkRecord("q", 0, DIGEST))
+            opened = store.submit_open(OpenRecord(key, "q", 0, False, DIGEST))
+            done = store.submit_terminal(record(key, "q"))
+            assert store.statistics().queued == 3 and store.statistics().transactions == 0
+            with pytest.raises(StoreError, match="cannot store the record"):
+                store.submit_terminal(record(explicit_key("bad"), broken=math.nan))
+            assert store.statistics().queued == 3  # refused before anything was queued
+            await done.wait()  # the last one: everything before it is applied too
+            stats = store.statistics()
+            assert (stats.transactions, stats.operations) == (1, 3)
+            assert (stats.terminal_records, stats.watermarks, stats.queued) == (1, 1, 0)
+            await mark.wait()
+            await opened.wait()
+            await done.wait()  # waiting again is fine
+    with rows(path_of(config), "SELECT phase FROM cohorts") as found:
+        assert found == [("completed",)]  # the terminal record replaced the open one
+
+
+async def test_closing_applies_commits_nobody_waited_for(tmp_path: Path) -> None:
+    config = state(tmp_path)
+    key = explicit_key("o")
+    with trio.fail_after(LIMIT_S):
+        async with open_store(path_of(config), config) as store:
+            store.submit_watermark(WatermarkRecord("o", 0, DIGEST))
+            store.submit_open(OpenRecord(key, "o", 0, False, DIGEST))
+    with rows(path_of(config), "SELECT phase FROM cohorts") as found:
+        assert found == [("open",)]
+    with rows(path_of(config), "SELECT latest_attempt FROM watermarks") as found:
+        assert found == [(0,)]
 
 
 async def test_a_closed_store_refuses_commits(tmp_path: Path) -> None:
