@@ -2,13 +2,15 @@
 
     python benchmarks/state_overhead.py [--groups 3000] [--concurrency 64] [--rollouts 8]
                                         [--rounds 3] [--synchronous FULL|NORMAL] [--dir DIR]
+                                        [--judge-latency-ms 0]
 
 In-process: the real engine, the in-process simulated judge at zero latency, and a closed loop
 of ``--concurrency`` groups in flight, each sending its ``--rollouts`` members at once. With
 state, every group costs three commits (watermark, open, terminal) on the SQLite store; the
 judge costs nothing, so this is the worst case for the store's relative overhead. Runs alternate
 (without, with) ``--rounds`` times; the best round of each is compared. The target is at most
-10% slower with state.
+10% slower with state. ``--judge-latency-ms`` gives every simulated judge call that latency
+(a realistic judge takes hundreds of milliseconds), to see the store's share in a real run.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ async def _round(
     """(groups/s, CPU ms per group, all threads) of one round."""
     path = None if state_dir is None else str(state_dir / f"{label}.db")
     settings = _settings(args.rollouts, path)
-    judge = SimJudge(SimConfig(record_calls=False))
+    judge = SimJudge(SimConfig(record_calls=False, latency_s=args.judge_latency_ms / 1000.0))
     if path is None or args.synchronous == "FULL":
         async with durable_engine(settings, judge) as engine:
             elapsed, cpu = await _drive(engine, args.groups, args.concurrency, args.rollouts)
@@ -147,11 +149,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of each")
     parser.add_argument("--synchronous", choices=["FULL", "NORMAL"], default="FULL")
     parser.add_argument("--dir", default=None, help="where the state files go (default: tmp)")
+    parser.add_argument(
+        "--judge-latency-ms", type=float, default=0.0, help="latency of every judge call"
+    )
     args = parser.parse_args()
     result = trio.run(_main, args)
     print(
         f"{args.groups} groups x {args.rollouts} rollouts, {args.concurrency} in flight, "
-        f"zero-latency simulated judge, synchronous={args.synchronous}"
+        f"simulated judge at {args.judge_latency_ms:g} ms per call, "
+        f"synchronous={args.synchronous}"
     )
     for name in ("without", "with"):
         rounds = ", ".join(f"{value:.0f}" for value in result[name])
