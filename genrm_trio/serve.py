@@ -49,6 +49,9 @@ class ListenError(Exception):
         self.reason = reason
 
 
+LISTEN_BACKLOG: Final = 4096
+"""The listening socket's accept queue (hypercorn's default is 100; uvicorn's 2048)."""
+
 GC_THRESHOLDS: Final = (50_000, 20, 20)
 """Collector thresholds of a serving process (CPython's default is (700, 10, 10))."""
 
@@ -137,6 +140,11 @@ def hypercorn_config(sock: socket.socket, *, grace_s: float) -> Config:
     config.errorlog = logging.getLogger("genrm_trio.http.server")
     config.graceful_timeout = grace_s
     config.include_server_header = False
+    # A trainer opens N connections per group, G groups at once: hypercorn's default accept
+    # queue of 100 overflows at G >= 8 and the kernel drops the extra handshakes, which clients
+    # retry after 1 s, 3 s, 7 s... (p99 of 20 s at G=64 in benchmarks/run_suite.py). The
+    # kernel caps this at net.core.somaxconn.
+    config.backlog = LISTEN_BACKLOG
     return config
 
 

@@ -137,6 +137,24 @@ def test_tuned_gc_sets_and_restores_the_collector() -> None:
     assert gc.get_freeze_count() == 0
 
 
+def test_listen_backlog_holds_a_burst_of_connections() -> None:
+    from genrm_trio.serve import LISTEN_BACKLOG, hypercorn_config
+
+    sock = bind_socket("127.0.0.1", 0)
+    clients: list[socket.socket] = []
+    try:
+        config = hypercorn_config(sock, grace_s=1.0)
+        assert config.backlog == LISTEN_BACKLOG
+        sock.listen(config.backlog)  # as hypercorn does
+        # Nobody accepts: with hypercorn's default of 100 the 102nd handshake would be dropped.
+        for _ in range(300):
+            clients.append(socket.create_connection(sock.getsockname()[:2], timeout=5))
+    finally:
+        for client in clients:
+            client.close()
+        sock.close()
+
+
 def test_config_file_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "absent.yaml"
     assert main(["serve", "--judge", "sim", "--config", str(missing)]) == 2

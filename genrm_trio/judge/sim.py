@@ -948,6 +948,7 @@ async def serve_sim_judge(
     hc.errorlog = _server_log
     hc.accesslog = None
     hc.graceful_timeout = 1.0
+    hc.backlog = 4096  # a server under test opens up to judge.max_concurrency connections at once
     async with trio.open_nursery() as nursery:
         binds = cast(list[str], await nursery.start(serve, app, hc))
         task_status.started(int(binds[0].rpartition(":")[2]))
