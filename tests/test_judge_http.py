@@ -5,10 +5,13 @@ cancellation without leaks, a closed port)."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,6 +30,7 @@ from genrm_trio.judge.base import (
 )
 from genrm_trio.judge.http import (
     HttpJudge,
+    KeepAlivePool,
     chat_params,
     interpret_chat,
     interpret_responses,
@@ -879,3 +883,158 @@ async def test_mock_clock_does_not_leak_into_mock_transport(
     with trio.fail_after(60):
         await judge.attempt(CALL)
     assert trio.current_time() - start == 30
+
+
+# --- the pool's HTTP/1.1 response parsing over real sockets ------------------------------------
+
+
+def _reply_with(raw: bytes, *, keep: bool = True) -> Script:
+    async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
+        await stream.send_all(raw)
+        return keep
+
+    return script
+
+
+async def _one_attempt(script: Script) -> tuple[JudgeReply | Exception, TinyServer, HttpJudge]:
+    server = TinyServer(script)
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        judge = real_judge(server.port)
+        with trio.fail_after(5):
+            try:
+                outcome: JudgeReply | Exception = await judge.attempt(CALL)
+            except Exception as exc:
+                outcome = exc
+        nursery.cancel_scope.cancel()
+    return outcome, server, judge
+
+
+async def test_pool_reads_chunked_replies_with_extensions_and_trailers() -> None:
+    body = json.dumps(responses_reply()).encode()
+    raw = (
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"%x;ext=1\r\n" % 10
+        + body[:10]
+        + b"\r\n"
+        + b"%X\r\n" % (len(body) - 10)
+        + body[10:]
+        + b"\r\n0\r\nx-trailer: 1\r\n\r\n"
+    )
+    reply, _, judge = await _one_attempt(_reply_with(raw))
+    assert isinstance(reply, JudgeReply) and reply.status is ReplyStatus.COMPLETED
+    assert judge.open_connections == 1  # kept for reuse
+    await judge.aclose()
+
+
+async def test_pool_reads_close_delimited_http10_replies_and_honours_connection_close() -> None:
+    body = json.dumps(responses_reply()).encode()
+    reply, _, judge = await _one_attempt(_reply_with(b"HTTP/1.0 200 OK\r\n\r\n" + body, keep=False))
+    assert isinstance(reply, JudgeReply) and reply.status is ReplyStatus.COMPLETED
+    assert judge.open_connections == 0
+    closing = response_bytes(200, body, "Connection: close")
+    reply, _, judge = await _one_attempt(_reply_with(closing))
+    assert isinstance(reply, JudgeReply) and judge.open_connections == 0
+    await judge.aclose()
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"", "RemoteProtocolError: Server disconnected without sending a response."),
+        (b"HTTP/1.1 200 OK\r\ncontent-len", "RemoteProtocolError: peer closed connection"),
+        (b"SMTP ready\r\n\r\n", "RemoteProtocolError: illegal status line"),
+        (b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n", "RemoteProtocolError: illegal header line"),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n10\r\nabc",
+            "RemoteProtocolError: peer closed connection without sending complete message body: "
+            "incomplete chunked read",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc",
+            "RemoteProtocolError: peer closed connection without sending complete message body: "
+            "received 3 bytes, expected 10",
+        ),
+    ],
+)
+async def test_pool_broken_replies_are_retryable_transport_errors(raw: bytes, message: str) -> None:
+    error, _, judge = await _one_attempt(_reply_with(raw, keep=False))
+    assert isinstance(error, JudgeTransportError), error
+    assert error.retryable
+    assert error.describe().startswith(message), error.describe()
+    assert judge.open_connections == 0
+    await judge.aclose()
+
+
+async def test_pool_as_an_httpx_transport() -> None:
+    body = json.dumps({"ok": True}).encode()
+    server = TinyServer(_reply_with(response_bytes(201, body, "x-reply: yes")))
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        pool = KeepAlivePool(httpx.URL(f"http://127.0.0.1:{server.port}"))
+        with trio.fail_after(5):
+            async with httpx.AsyncClient(transport=pool) as client:
+                reply = await client.post(f"http://127.0.0.1:{server.port}/x?q=1", json={"a": 1})
+        assert (reply.status_code, reply.json(), reply.headers["x-reply"]) == (
+            201,
+            {"ok": True},
+            "yes",
+        )
+        head, _, sent = server.requests[0].partition(b"\r\n\r\n")
+        assert head.startswith(b"POST /x?q=1 HTTP/1.1\r\n") and json.loads(sent) == {"a": 1}
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+async def test_pool_over_tls_reuses_its_connection(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    await trio.run_process(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        capture_stdout=True, capture_stderr=True,
+    )  # fmt: skip
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(cert, key)
+    body = json.dumps(responses_reply()).encode()
+    connections = 0
+
+    async def handle(stream: trio.SocketStream) -> None:
+        nonlocal connections
+        connections += 1
+        tls = trio.SSLStream(stream, server_context, server_side=True)
+        buffer = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    data = await tls.receive_some()
+                    if not data:
+                        return
+                    buffer += data
+                head, _, rest = buffer.partition(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                while len(rest) < length:
+                    rest += await tls.receive_some()
+                buffer = rest[length:]
+                await tls.send_all(response_bytes(200, body))
+        except trio.BrokenResourceError:
+            return
+        finally:
+            await trio.aclose_forcefully(tls)
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, handle, 0)
+        port = listeners[0].socket.getsockname()[1]
+        pool = KeepAlivePool(
+            httpx.URL(f"https://127.0.0.1:{port}"),
+            ssl_context=ssl.create_default_context(cafile=str(cert)),
+        )
+        request = b"POST /v1/responses HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 2\r\n\r\n{}"
+        with trio.fail_after(10):
+            for _ in range(3):
+                status, _, reply = await pool.exchange(request)
+                assert (status, reply) == (200, body)
+            assert (connections, pool.connections) == (1, 1)
+            await pool.aclose()
+        nursery.cancel_scope.cancel()
