@@ -367,7 +367,7 @@ def run_load(
             )
 
         # Pilot: warms the server up and sizes the measured run.
-        pilot_groups = max(2 * sc.concurrency, 4)
+        pilot_groups = max(min(2 * sc.concurrency, 64), sc.concurrency, 4)
         pilot = trio.run(_bounded, cfg(pilot_groups), HARD_LIMIT_S)
         if pilot is None or pilot.groups == 0:
             raise RuntimeError(f"pilot made no progress: {pilot}")
