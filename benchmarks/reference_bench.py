@@ -80,6 +80,7 @@ class Scenario:
     sticky_faults: bool = False
     target_s: float = 30.0  # measured run length aimed for (pilot-sized)
     max_groups: int = 4000
+    pilot_groups: int | None = None  # default: 2 * concurrency (at least 4)
     timeout_s: float = 60.0  # per request, client side
     server_args: tuple[str, ...] = ()
 
@@ -262,7 +263,7 @@ def run_scenario(sc: Scenario, *, log_dir: Path, quiet_wait_s: float = 0.0) -> d
             )
 
         # Pilot: warms the server up and sizes the measured run.
-        pilot_groups = max(2 * sc.concurrency, 4)
+        pilot_groups = sc.pilot_groups or max(2 * sc.concurrency, 4)
         pilot, _ = trio.run(_measured_bench, cfg(pilot_groups), 3 * sc.timeout_s, judge.pid)
         if pilot is None or pilot.groups == 0:
             raise RuntimeError(f"pilot made no progress: {pilot}")
@@ -421,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-kind", default="http_500")
     parser.add_argument("--sticky-faults", action="store_true")
     parser.add_argument("--target-s", type=float, default=30.0)
-    parser.add_argument("--max-groups", type=int, default=4000)
+    parser.add_argument("--max-groups", type=int, default=4000, help="cap on measured groups")
+    parser.add_argument("--pilot-groups", type=int, default=None, help="default 2*G")
     parser.add_argument("--timeout-s", type=float, default=60.0, help="client per-request timeout")
     parser.add_argument("--server-arg", action="append", default=[], help="passed to the launcher")
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
@@ -462,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
                 sticky_faults=args.sticky_faults,
                 target_s=args.target_s,
                 max_groups=args.max_groups,
+                pilot_groups=args.pilot_groups,
                 timeout_s=args.timeout_s,
                 server_args=tuple(args.server_arg),
             )
@@ -476,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         r = result["report"]
         print(
             f"{result['label']}: waited {args.drop_probe} s, "
-            f"groups answered={r['groups'] - r['failed_groups']}, "
+            f"groups answered={max(0, r['groups'] - r['failed_groups'])}, "
             f"p50={r['group_p50_ms']} ms, errors={r['errors']}, "
             f"judge connections={result['judge_connections_seen']}"
         )
