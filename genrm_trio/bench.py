@@ -100,7 +100,14 @@ def policy_response(text: str) -> dict[str, Any]:
         "parallel_tool_calls": True,
         "tool_choice": "auto",
         "tools": [],
-        "usage": {"input_tokens": 64, "output_tokens": max(1, len(text) // 4)},
+        "usage": {
+            # every usage field: the reference server validates the response strictly
+            "input_tokens": 64,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": max(1, len(text) // 4),
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 64 + max(1, len(text) // 4),
+        },
     }
 
 
