@@ -46,25 +46,6 @@ SERVER_CPU = 0
 LOAD_CPU = 1
 
 
-# --- workaround: bench.policy_response's `usage` is too thin for the reference ---------------
-# The reference validates `response` as NeMoGymResponse (openai ResponseUsage), which requires
-# usage.input_tokens_details, usage.output_tokens_details and usage.total_tokens; without them
-# every /verify is a 422. Real policy responses (vLLM through Gym) carry all three.
-_thin_policy_response = bench.policy_response
-
-
-def _full_policy_response(text: str) -> dict[str, Any]:
-    response = _thin_policy_response(text)
-    usage = response["usage"]
-    usage.setdefault("input_tokens_details", {"cached_tokens": 0})
-    usage.setdefault("output_tokens_details", {"reasoning_tokens": 0})
-    usage.setdefault("total_tokens", usage["input_tokens"] + usage["output_tokens"])
-    return response
-
-
-bench.policy_response = _full_policy_response  # verify_body and the /compare body look it up here
-
-
 # --- scenarios -----------------------------------------------------------------------------------
 
 
