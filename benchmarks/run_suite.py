@@ -435,7 +435,7 @@ LOAD_B = [LoadScenario(mode="compare", concurrency=16, latency_ms=lat) for lat i
 LOAD_D = [
     LoadScenario(fault_rate=rate, sticky_faults=True, min_groups=400) for rate in (0.01, 0.05)
 ]
-LOAD_F = [LoadScenario(state=True)]
+LOAD_F = [LoadScenario(state=True), LoadScenario(concurrency=64, state=True)]
 
 
 # --- (c) fail-fast -------------------------------------------------------------------------------

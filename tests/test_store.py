@@ -99,6 +99,10 @@ def rows(path: str | Path, query: str, *args: Any) -> Iterator[list[tuple[Any, .
         yield db.execute(query, args).fetchall()
 
 
+# Schema 2 keeps a cohort's members in one JSON column: count them across every row.
+STORED_MEMBERS = "SELECT count(*) FROM cohorts, json_each(cohorts.members)"
+
+
 def explicit_key(group: str, attempt: int = 0) -> str:
     return f"group_id::{group}::group_attempt::{attempt}"
 
@@ -485,7 +489,7 @@ async def test_load_applies_the_cap_by_age(tmp_path: Path) -> None:
     assert [r.key for r in loaded.records] == [explicit_key("d"), explicit_key("e")]
     assert [m.group_id for m in loaded.watermarks] == ["d", "e"]
     assert loaded.evicted == 6
-    with rows(path_of(roomy), "SELECT count(*) FROM members") as found:
+    with rows(path_of(roomy), STORED_MEMBERS) as found:
         assert found == [(4,)]
 
 
@@ -507,7 +511,7 @@ async def test_commits_prune_by_ttl_and_cap(tmp_path: Path) -> None:
             await store.commit_terminal(failed(explicit_key("f")))
             await store.commit_open(OpenRecord(explicit_key("f"), "g", 0, False, DIGEST))
             assert store.statistics().terminal_records == 0
-    with rows(path_of(config), "SELECT count(*) FROM members") as found:
+    with rows(path_of(config), STORED_MEMBERS) as found:
         assert found == [(0,)]
 
 
@@ -714,6 +718,90 @@ async def test_an_unknown_schema_version_is_a_store_error(tmp_path: Path) -> Non
         db.commit()
     message = await open_fails(path_of(config), config)
     assert f"schema version {SCHEMA_VERSION + 1} is not supported" in message
+
+
+# Schema 1 (genrm-trio before the packed members column): one `members` row per member.
+SCHEMA_1 = (
+    "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE cohorts (key BLOB PRIMARY KEY, group_id BLOB, group_attempt NOT NULL, "
+    "legacy INTEGER NOT NULL, prompt_digest TEXT NOT NULL, phase TEXT NOT NULL, failure BLOB, "
+    "failure_kind TEXT, terminal_at REAL) WITHOUT ROWID",
+    "CREATE INDEX cohorts_by_terminal_at ON cohorts (terminal_at) WHERE terminal_at IS NOT NULL",
+    "CREATE INDEX cohorts_open_groups ON cohorts (group_id) WHERE phase = 'open'",
+    "CREATE TABLE members (key BLOB NOT NULL, rollout_index INTEGER NOT NULL, "
+    "response_digest TEXT NOT NULL, result TEXT, masked_alone INTEGER NOT NULL, "
+    "failure_reason BLOB, PRIMARY KEY (key, rollout_index)) WITHOUT ROWID",
+    "CREATE TABLE watermarks (group_id BLOB PRIMARY KEY, latest_attempt NOT NULL, "
+    "prompt_digest TEXT NOT NULL, updated_at REAL NOT NULL) WITHOUT ROWID",
+    "CREATE INDEX watermarks_by_updated_at ON watermarks (updated_at)",
+)
+
+
+def write_schema_1(path: str, now: float) -> None:
+    lone = "why \udfff"
+    done, fence, opened = explicit_key("done"), explicit_key("fence"), explicit_key("open")
+    with closing(sqlite3.connect(path)) as db:
+        for statement in SCHEMA_1:
+            db.execute(statement)
+        db.executemany(
+            "INSERT INTO meta VALUES (?, ?)",
+            [("application", "genrm-trio"), ("schema_version", "1")],
+        )
+        db.executemany(
+            "INSERT INTO cohorts VALUES (?, ?, 0, 0, ?, ?, ?, ?, ?)",
+            [
+                (done.encode(), b"done", DIGEST, "completed", None, None, now - 2),
+                (fence.encode(), b"fence", DIGEST, "failed", b"it broke", "judge", now - 1),
+                (opened.encode(), b"open", DIGEST, "open", None, None, None),
+            ],
+        )
+        db.executemany(
+            "INSERT INTO members VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (done.encode(), 1, RESPONSE, None, 1, lone.encode("utf-8", "surrogatepass")),
+                (done.encode(), 0, RESPONSE, '{"reward":0.30000000000000004,"n":null}', 0, None),
+            ],
+        )
+        db.execute("INSERT INTO watermarks VALUES (?, 0, ?, ?)", (b"done", DIGEST, now))
+        db.commit()
+
+
+async def test_a_schema_1_file_is_upgraded_in_place(tmp_path: Path) -> None:
+    config = state(tmp_path)
+    wall = Wall()
+    write_schema_1(path_of(config), wall.now)
+    with trio.fail_after(LIMIT_S):
+        async with open_store(path_of(config), config, clock=wall) as store:
+            assert store.statistics().terminal_records == 2
+            assert store.statistics().watermarks == 1
+            loaded = await store.load()
+    done, fence, opened = loaded.records
+    assert done.key == explicit_key("done") and done.phase == "completed"
+    assert done.members == {
+        0: MemberRecord(RESPONSE, result={"reward": 0.30000000000000004, "n": None}),
+        1: MemberRecord(RESPONSE, masked_alone=True, failure_reason="why \udfff"),
+    }
+    assert (fence.phase, fence.failure, fence.members) == ("failed", "it broke", {})
+    assert opened.key == explicit_key("open") and opened.failure_kind == "cohort"  # interrupted
+    assert loaded.watermarks == (WatermarkRecord("done", 0, DIGEST),)
+    with rows(path_of(config), "SELECT value FROM meta WHERE name = 'schema_version'") as found:
+        assert found == [(str(SCHEMA_VERSION),)]
+    with rows(path_of(config), "SELECT name FROM sqlite_master WHERE name = 'members'") as found:
+        assert found == []
+
+
+async def test_an_unreadable_members_column_is_a_store_error(tmp_path: Path) -> None:
+    config = state(tmp_path)
+    async with open_store(path_of(config), config) as store:
+        await store.commit_terminal(record(explicit_key("a")))
+    for packed in ("[1]", '{"x": {}}', '{"0": {"response_digest": 1, "masked_alone": false}}'):
+        with closing(sqlite3.connect(path_of(config))) as db:
+            db.execute("UPDATE cohorts SET members = ?", (packed,))
+            db.commit()
+        async with open_store(path_of(config), config) as store:
+            with pytest.raises(StoreError, match=r"cannot load: ValueError: key .*: members: "):
+                await store.load()
+            assert store.statistics().terminal_records == 1  # nothing dropped
 
 
 async def test_missing_directory_and_busy_file_are_store_errors(tmp_path: Path) -> None:
