@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from genrm_trio.cohort.records import MemberRecord, TerminalRecord, WatermarkRecord
+from genrm_trio.cohort.records import MemberRecord, TerminalRecord, WatermarkRecord, result_dict
 
 if TYPE_CHECKING:
     from genrm_trio.engine import RestoreReport
@@ -105,7 +105,7 @@ def _member_json(member: MemberRecord) -> dict[str, Any]:
         "response_digest": member.response_digest,
         "masked_alone": member.masked_alone,
         "failure_reason": member.failure_reason,
-        "result": None if member.result is None else dict(member.result),
+        "result": None if member.result is None else result_dict(member.result),
     }
 
 

@@ -34,7 +34,13 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, final
 
 import trio
 
-from genrm_trio.cohort.records import MemberRecord, OpenRecord, TerminalRecord, WatermarkRecord
+from genrm_trio.cohort.records import (
+    MemberRecord,
+    OpenRecord,
+    PackedResult,
+    TerminalRecord,
+    WatermarkRecord,
+)
 from genrm_trio.config import Settings
 
 if TYPE_CHECKING:
@@ -184,17 +190,22 @@ def _members_text(members: Mapping[int, MemberRecord]) -> str | None:
     terminal record is one row: every row costs the writer thread a trip through the GIL."""
     if not members:
         return None
-    return _ENCODER.encode(
-        {
-            str(index): {
-                "response_digest": member.response_digest,
-                "result": None if member.result is None else dict(member.result),
-                "masked_alone": member.masked_alone,
-                "failure_reason": member.failure_reason,
-            }
-            for index, member in sorted(members.items())
-        }
-    )
+    encode = _ENCODER.encode
+    parts = []
+    for index, member in sorted(members.items()):
+        result = member.result
+        if result is None:
+            text = "null"
+        elif type(result) is PackedResult:
+            text = result.json_text()  # already compact JSON: spliced, not decoded
+        else:
+            text = encode(dict(result))
+        parts.append(
+            f'"{index}":{{"response_digest":{encode(member.response_digest)},"result":{text},'
+            f'"masked_alone":{encode(member.masked_alone)},'
+            f'"failure_reason":{encode(member.failure_reason)}}}'
+        )
+    return "{" + ",".join(parts) + "}"
 
 
 def _members_read(text: object) -> dict[int, MemberRecord]:

@@ -31,6 +31,7 @@ from pydantic import (
 )
 from pydantic.json_schema import models_json_schema
 
+from .cohort.records import PackedResult, result_dict
 from .config import RESPONSES_CREATE_PARAM_KEYS
 from .model import CompareInput, JSONValue, Scored, VerifyInput
 
@@ -48,6 +49,7 @@ __all__ = [
     "parse_compare",
     "parse_verify",
     "success_row",
+    "success_row_json",
 ]
 
 MAX_DEPTH = 512  # deepest accepted nesting of arrays and objects (SPEC §17.3)
@@ -426,11 +428,35 @@ def success_row(request: VerifyRequest, outcome: Scored) -> dict[str, JSONValue]
         "responses_create_params": body["responses_create_params"],
         "response": body["response"],
     }
-    row.update(outcome.result)
+    row.update(result_dict(outcome.result))
     row["_ng_group_id"] = inp.group_id
     row["_ng_group_attempt"] = inp.group_attempt
     row["_ng_rollout_index"] = inp.rollout_index
     return row
+
+
+def success_row_json(request: VerifyRequest, outcome: Scored) -> bytes:
+    """``encode_json(success_row(request, outcome))``, with a packed result spliced in as the
+    JSON it is stored as instead of being decoded and encoded again (the hot path of /verify).
+    """
+    result = outcome.result
+    if type(result) is not PackedResult:
+        return encode_json(success_row(request, outcome))
+    body = request.body
+    inp = request.input
+    head = encode_json(
+        {"responses_create_params": body["responses_create_params"], "response": body["response"]}
+    )
+    tail = encode_json(
+        {
+            "_ng_group_id": inp.group_id,
+            "_ng_group_attempt": inp.group_attempt,
+            "_ng_rollout_index": inp.rollout_index,
+        }
+    )
+    inner = result.json_text()[1:-1].encode("ascii")
+    middle = b"," + inner + b"," if inner else b","
+    return head[:-1] + middle + tail[1:]
 
 
 def failsafe_row(request: VerifyRequest, message: str) -> dict[str, JSONValue]:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from genrm_trio.cohort.records import MemberRecord, PackedResult
 from genrm_trio.config import RESPONSES_CREATE_PARAM_KEYS
 from genrm_trio.model import Scored
 from genrm_trio.wire import (
@@ -27,6 +28,7 @@ from genrm_trio.wire import (
     parse_compare,
     parse_verify,
     success_row,
+    success_row_json,
 )
 
 SECRET = "s3cr3t-value-never-echoed"
@@ -478,6 +480,18 @@ def test_success_row_echo_is_byte_exact() -> None:
         b'"metadata":{"k":"v"}},"response":{"id":"r","n":123456789012345678901234567890,'
         b'"f":0.30000000000000004},"reward":1.0,'
     )
+
+
+def test_success_row_json_splices_a_packed_result_byte_for_byte() -> None:
+    lone = "\udc80 caf\u00e9"
+    result = {**RESULT, "answer_text": "x" * 2000 + lone, "reward": 0.1 + 0.2, "n": -0.0}
+    for raw in (body(_ng_group_id=lone, _ng_rollout_index=1), body(group_attempt=2**70)):
+        parsed = parse_verify(raw)
+        packed = MemberRecord("d" * 64, result=result).result
+        assert type(packed) is PackedResult and packed == result
+        expected = encode_json(success_row(parsed, Scored(result)))
+        assert success_row_json(parsed, Scored(packed)) == expected
+        assert success_row_json(parsed, Scored(result)) == expected  # a plain mapping too
 
 
 FAILURE_KEYS = [

@@ -8,11 +8,13 @@ wall-clock times itself and the registry keeps monotonic ones.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import json
+import zlib
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Literal, Protocol, final, runtime_checkable
+from typing import Any, Final, Literal, Protocol, final, runtime_checkable
 
 import trio
 
@@ -23,18 +25,96 @@ __all__ = [
     "Commit",
     "MemberRecord",
     "OpenRecord",
+    "PackedResult",
     "QueuedCohortStore",
     "SerialCommits",
     "TerminalRecord",
     "WatermarkRecord",
     "queued",
+    "result_dict",
 ]
+
+
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+_COMPRESS_FROM: Final = 512  # bytes of JSON; smaller results are kept as plain JSON
+
+
+@final
+class PackedResult(Mapping[str, JSONValue]):
+    """A scored member's result row, held for replay as its compact JSON text (zlib-compressed
+    when that pays).
+
+    Retained records are most of a long run's memory (the shipped cap keeps 4,096 cohorts, and
+    every member's result carries its answer and reasoning texts): as a dict of ~20 keys with
+    its floats and strings a member took ~2.2 KB with 1,000-character answers, as packed JSON
+    ~0.8 KB. Reading it decodes the JSON again (``unpack()`` once, not per key); ``json_text()``
+    gives the JSON as stored, for writers that splice it without decoding. Equality is that of
+    the decoded mappings. A result JSON cannot hold (NaN) stays a plain dict, so that the
+    store's own check reports it.
+    """
+
+    __slots__ = ("_compressed", "_data")
+
+    def __init__(self, result: Mapping[str, JSONValue]) -> None:
+        text = _ENCODER.encode(dict(result)).encode("ascii")
+        packed = zlib.compress(text, 1) if len(text) >= _COMPRESS_FROM else text
+        self._compressed = len(packed) < len(text)
+        self._data = packed if self._compressed else text
+
+    @staticmethod
+    def of(result: Mapping[str, JSONValue]) -> Mapping[str, JSONValue]:
+        """``result`` packed, or as it is when it is packed already or not JSON."""
+        if type(result) is PackedResult:
+            return result
+        try:
+            return PackedResult(result)
+        except (TypeError, ValueError):
+            return result
+
+    def json_text(self) -> str:
+        """The compact ASCII JSON object this result was packed from."""
+        data = zlib.decompress(self._data) if self._compressed else self._data
+        return data.decode("ascii")
+
+    def unpack(self) -> dict[str, Any]:
+        """A fresh dict of the result (floats, ints and strings exactly as packed)."""
+        value: dict[str, Any] = json.loads(self.json_text())
+        return value
+
+    def __getitem__(self, key: str) -> JSONValue:
+        return self.unpack()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.unpack())
+
+    def __len__(self) -> int:
+        return len(self.unpack())
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is PackedResult and self._data == other._data:
+            return True
+        if isinstance(other, Mapping):
+            return self.unpack() == (other.unpack() if type(other) is PackedResult else other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PackedResult({self.unpack()!r})"
+
+
+def result_dict(result: Mapping[str, JSONValue]) -> dict[str, Any]:
+    """A plain dict of a result mapping (one decode for a :class:`PackedResult`)."""
+    return result.unpack() if type(result) is PackedResult else dict(result)
 
 
 @final
 @dataclass(frozen=True, slots=True)
 class MemberRecord:
-    """One member of a completed cohort: exactly one of ``result`` or ``masked_alone``."""
+    """One member of a completed cohort: exactly one of ``result`` or ``masked_alone``.
+
+    ``result`` is kept as a :class:`PackedResult` whatever mapping it was given.
+    """
 
     response_digest: str
     result: Mapping[str, JSONValue] | None = None  # every non-echo key of its success row
@@ -46,6 +126,8 @@ class MemberRecord:
             raise ValueError("a member record holds exactly one of result or masked_alone")
         if self.masked_alone and not self.failure_reason:
             raise ValueError("a masked member record needs its failure_reason")
+        if self.result is not None:
+            object.__setattr__(self, "result", PackedResult.of(self.result))
 
 
 @final

@@ -46,7 +46,7 @@ from ..wire import (
     openapi_document,
     parse_compare,
     parse_verify,
-    success_row,
+    success_row_json,
 )
 
 __all__ = ["PUBLIC_PATHS", "EngineLike", "create_app", "current_rollout_id"]
@@ -226,7 +226,7 @@ class _App(QuartTrio):
         """The route's reply, or the error handlers' reply for what it raised (as in Quart)."""
         try:
             status, payload, extra = await route(box.pop())
-            body = encode_json(payload)
+            body = payload if type(payload) is bytes else encode_json(payload)
         except WireError as exc:
             status, body, extra = 422, encode_json({"detail": exc.errors}), None
         except RequestRejected as exc:
@@ -441,8 +441,9 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
         parsed = parse_verify(decode_json(data))
         del data
         outcome = await engine.verify(parsed.input)
+        row: object
         if type(outcome) is Scored:
-            row = success_row(parsed, outcome)
+            row = success_row_json(parsed, outcome)  # encoded already: the result is spliced
         elif type(outcome) is Masked:
             row = failsafe_row(parsed, outcome.reason)
         elif type(outcome) is GroupFailed and outcome.kind == "judge":
