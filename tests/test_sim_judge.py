@@ -768,9 +768,8 @@ async def test_serve_sim_judge_on_a_real_socket(caplog: pytest.LogCaptureFixture
     assert chat.status_code == 200
     assert chat.json()["choices"][0]["message"]["content"] == sim_verdict_text("four", "4")
     assert [c.api for c in app.sim.calls] == ["responses", "chat_completions", "responses"]
-    # hypercorn logs the drop's exception; the simulator keeps that intended traceback out
+    # the drop is intended: nothing is logged as an error
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert any("Running on http://127.0.0.1:" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.slow

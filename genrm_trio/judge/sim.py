@@ -6,7 +6,7 @@ A test and demo tool, never a production default. One simulator core serves thre
   `MockClock` virtual time drives its latency.
 - `sim_asgi_app()`: a plain ASGI3 app speaking both judge APIs (`POST /v1/responses`,
   `POST /v1/chat/completions`) plus `GET /v1/models` and `GET /health`.
-- `serve_sim_judge()`: that app on hypercorn's trio worker (what `genrm-trio sim-judge` runs).
+- `serve_sim_judge()`: that app on a minimal HTTP/1.1 server (what `genrm-trio sim-judge` runs).
 
 Verdicts are a pure function of the two answer texts: each answer gets a quality 1..5 from its
 sha256 (or from a `[quality=N]` marker in the text), the scores are the qualities and the ranking
@@ -18,12 +18,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final, Literal, cast, final, get_args
 
 import httpx
@@ -89,18 +89,9 @@ _MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 _OCCURRENCE_CAP: Final = 65536
 _FILLER: Final = "Let me weigh both responses against the conversation once more. "
 
-_server_log = logging.getLogger(f"{__name__}.server")
-
 
 class _SimulatedDrop(httpx.RemoteProtocolError):
     """Raised by the ASGI app after half a body: the `drop` fault, as the client should see it."""
-
-
-def _not_a_simulated_drop(record: logging.LogRecord) -> bool:
-    return not (record.exc_info and isinstance(record.exc_info[1], _SimulatedDrop))
-
-
-_server_log.addFilter(_not_a_simulated_drop)  # hypercorn logs app exceptions; drops are intended
 
 
 # --- configuration ---------------------------------------------------------------------------
@@ -709,8 +700,8 @@ class SimJudgeApp:
 
     Routes: `POST /v1/responses`, `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`.
     The `drop` fault sends the headers (with a Content-Length) and half the body, then raises
-    an `httpx.RemoteProtocolError` subclass: hypercorn closes the connection (the client's httpx
-    raises `RemoteProtocolError`; `serve_sim_judge` keeps the traceback out of its log), and
+    an `httpx.RemoteProtocolError` subclass: the server closes the connection (the client's
+    httpx raises `RemoteProtocolError`), and
     `httpx.ASGITransport` hands the exception to the client as it is.
     """
 
@@ -934,24 +925,19 @@ async def serve_sim_judge(
     port: int = 0,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the simulated judge on hypercorn's trio worker until cancelled.
+    """Serve the simulated judge until cancelled, on :mod:`genrm_trio.judge.h1` (a minimal
+    HTTP/1.1 server: the judge's own CPU per call must not stretch the latencies a benchmark
+    measures).
 
     `task_status.started()` reports the bound port (useful with `port=0`). Pass a `SimJudgeApp`
     instead of a config to keep a handle on its calls and counters.
     """
-    from hypercorn.config import Config as HypercornConfig
-    from hypercorn.trio import serve
+    from genrm_trio.judge.h1 import serve_h1
 
     app = config if isinstance(config, SimJudgeApp) else SimJudgeApp(config)
-    hc = HypercornConfig()
-    hc.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    hc.errorlog = _server_log
-    hc.accesslog = None
-    hc.graceful_timeout = 1.0
-    hc.backlog = 4096  # a server under test opens up to judge.max_concurrency connections at once
     async with trio.open_nursery() as nursery:
-        binds = cast(list[str], await nursery.start(serve, app, hc))
-        task_status.started(int(binds[0].rpartition(":")[2]))
+        bound = await nursery.start(partial(serve_h1, app, host=host, port=port, backlog=4096))
+        task_status.started(bound)
 
 
 # --- command-line mapping ---------------------------------------------------------------------
