@@ -22,6 +22,8 @@ from typing import Any, Final
 
 import trio
 
+from genrm_trio.judge.http import keeps_alive
+
 __all__ = ["serve_h1"]
 
 log = logging.getLogger("genrm_trio.sim_judge.h1")
@@ -238,11 +240,7 @@ def _parse_head(
         elif name == b"transfer-encoding":
             raise _Reject(411)
         elif name == b"connection":
-            tokens = {t.strip() for t in value.lower().split(b",")}
-            if b"close" in tokens:
-                close = True
-            elif b"keep-alive" in tokens:
-                close = False
+            close = not keeps_alive(value, not close)
     return method.decode("ascii"), target, protocol[5:].decode("ascii"), headers, length, close
 
 

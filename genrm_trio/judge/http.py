@@ -277,6 +277,17 @@ def _decode_json(content: bytes) -> object:
 
 _RECV_BYTES: Final = 65536
 _MAX_HEAD_BYTES: Final = 64 * 1024  # status line and headers of one response (h11's limit)
+
+
+def keeps_alive(connection: bytes, default: bool) -> bool:
+    """Whether a message's `Connection` header value keeps the connection open (else
+    ``default``, which is HTTP/1.1's yes and HTTP/1.0's no)."""
+    tokens = {token.strip() for token in connection.lower().split(b",")}
+    if b"close" in tokens:
+        return False
+    return True if b"keep-alive" in tokens else default
+
+
 _NO_RESPONSE: Final = "Server disconnected without sending a response."
 _INCOMPLETE: Final = "peer closed connection without sending complete message body"
 
@@ -398,11 +409,7 @@ class _Connection:
             value = value.strip(b" \t")
             headers.append((name, value))
             if name == b"connection":
-                tokens = {token.strip() for token in value.lower().split(b",")}
-                if b"close" in tokens:
-                    keep = False
-                elif b"keep-alive" in tokens:
-                    keep = True
+                keep = keeps_alive(value, keep)
         return int(code), headers, keep
 
     async def _read_length(self, length: int) -> bytes:
