@@ -18,6 +18,7 @@ from judges import (
 )
 from trio.testing import MockClock
 
+from genrm_trio.cohort.evaluation import NON_FINITE_MESSAGE
 from genrm_trio.judge.base import ReplyStatus
 from genrm_trio.model import CompareFailed, CompareResult, RequestRejected
 
@@ -211,3 +212,16 @@ async def test_style_penalty_is_applied_only_when_on(
     async with running(settings(group_style_penalty_coeff=coeff), judge) as engine:
         result = await engine.compare(compare_input([plain, styled]))
     assert result.rewards == rewards  # SPEC §6.3c: +0.5 / -0.5 at coeff 1
+
+
+async def test_non_finite_rewards_are_a_503_not_an_internal_error(
+    autojump_clock: MockClock,
+) -> None:
+    # Unvalidated absurd verdicts overflow the reward sums: the reply could not be JSON.
+    judge = ScriptedJudge(script=lambda r1, r2, n: ok(1e308, 1e308, 3.5))
+    config = settings(validate_verdict_range=False, num_rollouts_per_prompt=4)
+    async with running(config, judge) as engine:
+        failed = await compare(engine, compare_input(["a0", "a1", "a2", "a3"]))
+    assert isinstance(failed, CompareFailed)
+    assert failed.detail.startswith(NON_FINITE_MESSAGE)
+    assert len(judge.calls) == 4  # every comparison ran; nothing is retried
