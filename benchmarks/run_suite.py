@@ -25,7 +25,7 @@ Scenarios, named like the reference harness's so the two can be paired:
      receiving the failing comparison's last attempt to the client receiving the 503.
   d  masked fraction with sticky per-pair judge failures at 1 % and 5 % (/verify G = 16)
   e  memory: 1,000 groups with 15 of 16 members held in collection, answers of 16 KB
-  f  /verify G = 16 with `serve --state PATH` (skipped while serve does not wire state_path)
+  f  /verify G = 16 and G = 64 with `serve --state PATH` (SQLite, synchronous=FULL)
 """
 
 from __future__ import annotations
@@ -348,8 +348,6 @@ def run_load(
     try:
         extra = ["--state", os.path.join(state_dir, "state.sqlite")] if state_dir else []
         server = start_server(log_dir, sc.name, judge.url + "/v1", extra=extra)
-        if sc.state and "not wired" in server.log():
-            return {"label": f"ours-{sc.name}", "skipped": "serve does not wire state_path yet"}
         time.sleep(1.0)
         rss_fresh = bench._proc_rss_mb(server.pid)
 
