@@ -338,7 +338,7 @@ _ROWS_PER_STATEMENT: Final = 128
 
 @cache
 def _rows_sql(head: str, width: int, count: int) -> str:
-    if head is _DELETE_COHORTS:
+    if head == _DELETE_COHORTS:  # "key IN (?, ?, …)"
         return head + "(" + ", ".join("?" * count) + ")"
     row = "(" + ", ".join("?" * width) + ")"
     return head + ", ".join([row] * count)
