@@ -40,6 +40,11 @@ class EchoApp:
             )
             await send({"type": "http.response.body", "body": b"12345", "more_body": True})
             raise RuntimeError("cut short")
+        if scope["path"] == "/stream":  # no content-length: the body ends with the connection
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ab", "more_body": True})
+            await send({"type": "http.response.body", "body": b"cd"})
+            return
         if scope["path"] == "/wait":
             self.after_body.append((await receive())["type"])
             return
@@ -136,6 +141,15 @@ async def test_a_response_cut_short_closes_the_connection() -> None:
                 await http.get(f"http://127.0.0.1:{port}/half")
             again = await http.post(f"http://127.0.0.1:{port}/ok", content=b"x")
     assert again.status_code == 201  # the server goes on
+
+
+async def test_a_streamed_body_without_a_length_ends_with_the_connection() -> None:
+    with trio.fail_after(LIMIT_S):
+        async with running(EchoApp()) as port, httpx.AsyncClient() as http:
+            streamed = await http.get(f"http://127.0.0.1:{port}/stream")
+    assert streamed.content == b"abcd"
+    assert "content-length" not in streamed.headers
+    assert streamed.headers["connection"] == "close"
 
 
 async def test_the_app_sees_the_client_go_away() -> None:

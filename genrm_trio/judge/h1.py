@@ -60,14 +60,18 @@ class _Reject(Exception):
         self.status = status
 
 
-def _head(status: int, headers: list[tuple[bytes, bytes]], length: int, close: bool) -> bytes:
+def _has_length(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(name.lower() == b"content-length" for name, _ in headers)
+
+
+def _head(
+    status: int, headers: list[tuple[bytes, bytes]], length: int | None, close: bool
+) -> bytes:
+    """The status line and headers; ``content-length: length`` unless the app set one (or
+    ``length`` is None: a body that ends when the connection closes)."""
     lines = [b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"Status"))]
-    has_length = False
-    for name, value in headers:
-        if name.lower() == b"content-length":
-            has_length = True
-        lines.append(name + b": " + value)
-    if not has_length:
+    lines.extend(name + b": " + value for name, value in headers)
+    if length is not None and not _has_length(headers):
         lines.append(b"content-length: %d" % length)
     if close:
         lines.append(b"connection: close")
@@ -166,7 +170,7 @@ class _Connection:
             return {"type": "http.disconnect"}
 
         async def send(message: Message) -> None:
-            nonlocal status, response_headers, started, finished
+            nonlocal status, response_headers, started, finished, close
             kind = message["type"]
             if kind == "http.response.start":
                 status = int(message["status"])
@@ -179,7 +183,9 @@ class _Connection:
                     data = b"".join(chunks)
                     chunks.clear()
                     if not started:
-                        data = _head(status, response_headers, 0, close) + data
+                        if not _has_length(response_headers):
+                            close = True  # no length given: the body ends with the connection
+                        data = _head(status, response_headers, None, close) + data
                         started = True
                     await self.stream.send_all(data)
                     return
