@@ -990,3 +990,75 @@ async def test_every_reply_sent_before_sigkill_replays_after_restart(tmp_path: P
             metrics = await trio.to_thread.run_sync(client.get, "/metrics")
             assert _judge_calls(metrics.text) == 0
     assert interrupted, (pending, replayed)
+
+
+# --- the in-memory mirrors match the file ------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_random_commits_keep_counts_and_file_in_step(tmp_path: Path, seed: int) -> None:
+    """Random opens, terminals (kept or not), watermarks, failing operations, clock jumps and
+    concurrent batches against a tiny cap and TTL: the store's counts always equal the file's,
+    and a reload returns exactly the terminal records the file holds."""
+    import random
+
+    rng = random.Random(seed)
+    config = state(tmp_path, max_terminal_cohorts=5, cohort_result_ttl_s=50.0)
+    wall = Wall()
+    names = [explicit_key(f"k{i}") for i in range(9)]
+
+    def terminal(key: str) -> TerminalRecord:
+        kind = rng.randrange(3)
+        if kind == 0:
+            return failed(key)
+        if kind == 1:
+            return record(key)
+        # a completed legacy record without masked members is not kept
+        return TerminalRecord(
+            key=key,
+            group_id=None,
+            group_attempt=0,
+            legacy=True,
+            prompt_digest=DIGEST,
+            phase="completed",
+            members={0: MemberRecord(RESPONSE, result={"reward": 1.0})},
+        )
+
+    def explode(cur: sqlite3.Cursor, now: float) -> None:
+        cur.execute("INSERT INTO no_such_table VALUES (1)")
+
+    async def one(store: Any) -> None:
+        key = rng.choice(names)
+        action = rng.randrange(6)
+        if action == 0:
+            await store.commit_open(OpenRecord(key, "g", 0, False, DIGEST))
+        elif action in (1, 2):
+            await store.commit_terminal(terminal(key))
+        elif action == 3:
+            await store.commit_watermark(WatermarkRecord(f"w{rng.randrange(8)}", 0, DIGEST))
+        elif action == 4:
+            with pytest.raises(StoreError):
+                await store._submit(explode)
+        else:
+            wall.now += rng.choice([1.0, 30.0, -5.0])
+
+    def counted() -> tuple[int, int]:
+        with rows(path_of(config), "SELECT count(*) FROM cohorts WHERE terminal_at NOT NULL") as t:
+            terminal_rows = t[0][0]
+        with rows(path_of(config), "SELECT count(*) FROM watermarks") as w:
+            return terminal_rows, w[0][0]
+
+    with trio.fail_after(LIMIT_S):
+        async with open_store(path_of(config), config, clock=wall) as store:
+            for _ in range(25):
+                async with trio.open_nursery() as nursery:  # several share one transaction
+                    for _ in range(rng.randrange(1, 5)):
+                        nursery.start_soon(one, store)
+                stats = store.statistics()
+                assert (stats.terminal_records, stats.watermarks) == counted()
+        async with open_store(path_of(config), config, clock=wall) as store:
+            loaded = await store.load()
+            stats = store.statistics()
+            assert (stats.terminal_records, stats.watermarks) == counted()
+    with rows(path_of(config), "SELECT key FROM cohorts WHERE terminal_at NOT NULL") as found:
+        assert sorted(bytes(k).decode() for (k,) in found) == sorted(r.key for r in loaded.records)
