@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Annotated, Any, Literal, NoReturn, final
+from typing import Annotated, Any, Final, Literal, NoReturn, final
 
 from pydantic import (
     AliasChoices,
@@ -39,6 +39,7 @@ __all__ = [
     "FAILSAFE_REASON_LIMIT",
     "MAX_DEPTH",
     "ROLES",
+    "HeldVerify",
     "VerifyRequest",
     "WireError",
     "decode_json",
@@ -435,28 +436,71 @@ def success_row(request: VerifyRequest, outcome: Scored) -> dict[str, JSONValue]
     return row
 
 
-def success_row_json(request: VerifyRequest, outcome: Scored) -> bytes:
-    """``encode_json(success_row(request, outcome))``, with a packed result spliced in as the
-    JSON it is stored as instead of being decoded and encoded again (the hot path of /verify).
+_ECHO_KEYS: Final = ("responses_create_params", "response")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class HeldVerify:
+    """What a `/verify` request keeps while it waits for its group: the echoed fields already
+    encoded as the reply will carry them, the identity keys, and the rest of the body.
+
+    The decoded body of an agent's request is ~8 KB of dicts and strings with 1,000-character
+    answers; its echo as compact JSON is ~2.3 KB, and with a group's members waiting in the
+    hundreds that is most of a request's footprint. Encoding it now instead of at the reply costs
+    nothing extra; the failsafe row (masked members) decodes it again.
     """
-    result = outcome.result
-    if type(result) is not PackedResult:
-        return encode_json(success_row(request, outcome))
-    body = request.body
-    inp = request.input
-    head = encode_json(
-        {"responses_create_params": body["responses_create_params"], "response": body["response"]}
-    )
-    tail = encode_json(
-        {
-            "_ng_group_id": inp.group_id,
-            "_ng_group_attempt": inp.group_attempt,
-            "_ng_rollout_index": inp.rollout_index,
-        }
-    )
-    inner = result.json_text()[1:-1].encode("ascii")
-    middle = b"," + inner + b"," if inner else b","
-    return head[:-1] + middle + tail[1:]
+
+    echo: bytes  # {"responses_create_params":…,"response":…}
+    rest: dict[str, Any]  # the body's other keys, in their order
+    group_id: str | None
+    group_attempt: int
+    rollout_index: int | None
+
+    @staticmethod
+    def of(request: VerifyRequest) -> HeldVerify:
+        body = request.body
+        inp = request.input
+        return HeldVerify(
+            echo=encode_json({key: body[key] for key in _ECHO_KEYS}),
+            rest={key: value for key, value in body.items() if key not in _ECHO_KEYS},
+            group_id=inp.group_id,
+            group_attempt=inp.group_attempt,
+            rollout_index=inp.rollout_index,
+        )
+
+    def body(self) -> dict[str, Any]:
+        """The request body again (equal to the decoded one; the echoed fields last)."""
+        echoed = decode_json(self.echo)
+        assert type(echoed) is dict
+        return {**self.rest, **echoed}
+
+    def success_json(self, outcome: Scored) -> bytes:
+        """The encoded scored row: ``encode_json(success_row(...))``, with the result spliced in
+        as the JSON it is stored as (a :class:`PackedResult`) instead of decoded and encoded."""
+        result = outcome.result
+        if type(result) is PackedResult:
+            inner = result.json_text()[1:-1].encode("ascii")
+        else:
+            inner = encode_json(result_dict(result))[1:-1]
+        tail = encode_json(
+            {
+                "_ng_group_id": self.group_id,
+                "_ng_group_attempt": self.group_attempt,
+                "_ng_rollout_index": self.rollout_index,
+            }
+        )
+        middle = b"," + inner + b"," if inner else b","
+        return self.echo[:-1] + middle + tail[1:]
+
+    def failsafe_row(self, message: str) -> dict[str, JSONValue]:
+        """:func:`failsafe_row` of the request this was made from."""
+        return _failsafe_row(self.body(), message)
+
+
+def success_row_json(request: VerifyRequest, outcome: Scored) -> bytes:
+    """``encode_json(success_row(request, outcome))``, the result spliced (see HeldVerify)."""
+    return HeldVerify.of(request).success_json(outcome)
 
 
 def failsafe_row(request: VerifyRequest, message: str) -> dict[str, JSONValue]:
@@ -466,7 +510,10 @@ def failsafe_row(request: VerifyRequest, message: str) -> dict[str, JSONValue]:
     null; `_ng_rollout_id` removed; extra keys kept), then the failure keys. The request is not
     mutated; `instance_config` is a shallow copy.
     """
-    body = request.body
+    return _failsafe_row(request.body, message)
+
+
+def _failsafe_row(body: dict[str, Any], message: str) -> dict[str, JSONValue]:
     row: dict[str, JSONValue] = dict.fromkeys(_DUMP_FIELDS)
     row["_ng_group_attempt"] = 0
     for key, value in body.items():

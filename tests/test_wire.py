@@ -18,6 +18,7 @@ from genrm_trio.wire import (
     FAILSAFE_REASON_LIMIT,
     VERIFY_FIELDS,
     CompareBody,
+    HeldVerify,
     ResponsesCreateParams,
     VerifyBody,
     WireError,
@@ -586,6 +587,58 @@ def test_failsafe_row_capture_id_by_name_and_alias_shadowing() -> None:
 def test_failsafe_instance_config_not_an_object(instance_config: Any) -> None:
     row = failsafe_row(parse_verify(body(instance_config=instance_config)), "x")
     assert row["instance_config"] == {"mask_sample": True}
+
+
+HELD_BODIES = [
+    body(),
+    body(_ng_group_id="\udc80", _ng_rollout_index=3, extra={"f": 0.1 + 0.2, "n": 2**70}),
+    body(
+        capture_rollout_id="cap",
+        _ng_group_attempt=5,
+        group_attempt="shadowed",
+        instance_config={"mask_sample": False, "x": [1]},
+        principle="p",
+        agent_ref={"name": "a"},
+    ),
+]
+
+
+@pytest.mark.parametrize("raw", HELD_BODIES)
+def test_a_held_request_replies_as_the_decoded_one(raw: dict[str, Any]) -> None:
+    parsed = parse_verify(decode_json(encode_json(raw)))
+    held = HeldVerify.of(parsed)
+    assert held.body() == parsed.body
+    result = Scored({"reward": 1.5, "answer_text": "a\udc80", "n": -0.0})
+    assert held.success_json(result) == encode_json(success_row(parsed, result))
+    message = "GenRM judge unavailable"
+    assert held.failsafe_row(message) == failsafe_row(parsed, message)
+    assert list(held.failsafe_row(message)) == list(failsafe_row(parsed, message))
+    assert encode_json(held.failsafe_row(message)) == encode_json(failsafe_row(parsed, message))
+
+
+def test_a_held_request_keeps_far_less_than_the_decoded_body() -> None:
+    import tracemalloc
+
+    from genrm_trio import bench
+
+    # shaped like NeMo Gym's simple agent's body: many keys, most of them null
+    raw = encode_json(
+        bench.verify_body(
+            task=1, rollout=2, group_id="g", attempt=0, prompt="Q?", answer="word " * 200
+        )
+    )
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        parsed = parse_verify(decode_json(raw))
+        decoded = tracemalloc.get_traced_memory()[0] - before
+        held = HeldVerify.of(parsed)
+        del parsed
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held.echo.startswith(b'{"responses_create_params":')
+    assert kept < decoded / 2
 
 
 def test_failsafe_reason_truncated_to_2000() -> None:

@@ -38,15 +38,14 @@ from ..model import (
     VerifyInput,
 )
 from ..wire import (
+    HeldVerify,
     WireError,
     decode_json,
     encode_json,
     error,
-    failsafe_row,
     openapi_document,
     parse_compare,
     parse_verify,
-    success_row_json,
 )
 
 __all__ = ["PUBLIC_PATHS", "EngineLike", "create_app", "current_rollout_id"]
@@ -440,14 +439,19 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
     async def verify_route(data: bytes) -> _Reply:
         parsed = parse_verify(decode_json(data))
         del data
-        outcome = await engine.verify(parsed.input)
+        # While the request waits for its group it keeps only what its reply needs, encoded
+        # (HeldVerify); the decoded body goes now.
+        held = HeldVerify.of(parsed)
+        pending = engine.verify(parsed.input)
+        del parsed
+        outcome = await pending
         row: object
         if type(outcome) is Scored:
-            row = success_row_json(parsed, outcome)  # encoded already: the result is spliced
+            row = held.success_json(outcome)  # encoded already: the result is spliced
         elif type(outcome) is Masked:
-            row = failsafe_row(parsed, outcome.reason)
+            row = held.failsafe_row(outcome.reason)
         elif type(outcome) is GroupFailed and outcome.kind == "judge":
-            row = failsafe_row(parsed, outcome.message)
+            row = held.failsafe_row(outcome.message)
         elif type(outcome) is GroupFailed:
             return 503, {"detail": outcome.message}, None
         else:
@@ -455,8 +459,8 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
         if debug:
             log.debug(
                 "verify group_id=%r rollout_index=%r -> %s",
-                parsed.input.group_id,
-                parsed.input.rollout_index,
+                held.group_id,
+                held.rollout_index,
                 type(outcome).__name__,
             )
         return 200, row, None
