@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import importlib.util
 import json
 import math
 import os
@@ -56,6 +57,7 @@ import trio
 import yaml
 
 from genrm_trio import bench
+from genrm_trio.config import Settings
 from genrm_trio.judge.sim import FaultRule, SimConfig, SimJudgeApp, serve_sim_judge
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,31 +68,21 @@ HARD_LIMIT_S = 60.0  # no measured run lasts longer
 CLEAN_CORES = 0.05  # a run that saw less foreign CPU than this (in cores) is clean
 START_TIMEOUT_S = 30.0
 
-# The shipped resources_servers/genrm_compare/configs/genrm_compare.yaml values (as the reference
-# harness runs the reference server), in our flat config shape.
-SHIPPED: dict[str, Any] = {
-    "num_rollouts_per_prompt": 16,
-    "cohort_collection_timeout_s": 1800,
-    "cohort_evaluation_timeout_s": 1800,
-    "judge_request_timeout_s": 1800,
-    "cohort_result_ttl_s": 21600,
-    "max_terminal_cohorts": 4096,
-    "genrm_responses_create_params": {
-        "input": [],
-        "max_output_tokens": 16384,
-        "temperature": 0.6,
-        "top_p": 0.95,
-    },
-    "comparison_strategy": "circular",
-    "num_judges_per_comparison": 1,
-    "use_principle": False,
-    "aggregator_method": "simple_tiebreaker",
-    "default_score": 3.0,
-    "default_ranking": 3.5,
-    "debug_logging": False,
-    "genrm_parse_retries": 3,
-    "genrm_parse_retry_sleep_s": 0.2,
-}
+
+def _shipped() -> dict[str, Any]:
+    """The shipped genrm_compare.yaml values, from the reference launcher (one copy for both
+    servers), kept to the keys our flat config has. The judge comes from `--judge-url`, so the
+    Gym server entry `genrm_model_server` is left out."""
+    path = ROOT / "benchmarks" / "reference" / "run_reference_server.py"
+    spec = importlib.util.spec_from_file_location("run_reference_server", path)
+    assert spec is not None and spec.loader is not None
+    launcher = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launcher)
+    keys = set(Settings.model_fields) - {"genrm_model_server"}
+    return {key: value for key, value in launcher.SHIPPED.items() if key in keys}
+
+
+SHIPPED: dict[str, Any] = _shipped()
 
 
 # --- processes -----------------------------------------------------------------------------------

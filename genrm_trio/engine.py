@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -34,7 +33,6 @@ import trio
 from genrm_trio.cohort import machine
 from genrm_trio.cohort.cohort import Cohort, Member, Waiter
 from genrm_trio.cohort.evaluation import (
-    NON_FINITE_MESSAGE,
     AllMasked,
     Evaluation,
     MemberText,
@@ -102,21 +100,6 @@ def _log_legacy_attempt_once() -> None:
     if not _legacy_attempt_logged:
         _legacy_attempt_logged = True
         log.warning(LEGACY_ATTEMPT_MESSAGE)
-
-
-def _json_finite(value: object) -> bool:
-    """Whether every float in a result (dataclass fields, lists, dict values) is finite."""
-    if type(value) is float:
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(_json_finite(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return all(_json_finite(v) for v in value)
-    if isinstance(value, CompareResult):
-        return all(
-            _json_finite(part) for part in (value.rewards, value.comparison_results, value.metrics)
-        )
-    return True
 
 
 def _first_leaf(error: BaseException) -> BaseException:
@@ -725,11 +708,10 @@ class Engine:
                 raise CompareFailed(SHUTTING_DOWN)
             self.metrics.deadline_failures.labels("compare").inc()
             raise CompareFailed(f"GenRM compare deadline exceeded after {timeout}s")
-        result = compare_result(s, evaluation, texts)
-        if not _json_finite(result):
-            # Absurd verdicts (validate_verdict_range off) can overflow the sums: the reply could
-            # not be JSON. Like a /verify cohort's non-finite rewards (SPEC §8.6), a failure.
-            raise CompareFailed(NON_FINITE_MESSAGE)
+        try:
+            result = compare_result(s, evaluation, texts)
+        except ValueError as exc:  # non-finite rewards: a failure, as for /verify (SPEC §8.6)
+            raise CompareFailed(str(exc)) from None
         if s.debug_logging:
             log.info("GenRM compare final rewards: %s", [f"{r:.4f}" for r in result.rewards])
         return result

@@ -35,11 +35,13 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, final
 import trio
 
 from genrm_trio.cohort.records import (
+    CommitsBySubmit,
     MemberRecord,
     OpenRecord,
-    PackedResult,
     TerminalRecord,
     WatermarkRecord,
+    compact_json,
+    result_json,
 )
 from genrm_trio.config import Settings
 
@@ -182,24 +184,16 @@ def _int_read(value: object) -> int:
     raise TypeError(f"expected an integer, got {value!r}")
 
 
-_ENCODER: Final = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
-
-
 def _members_text(members: Mapping[int, MemberRecord]) -> str | None:
     """A cohort's members as one JSON object (index → the checkpoint v1 member shape), so that a
     terminal record is one row: every row costs the writer thread a trip through the GIL."""
     if not members:
         return None
-    encode = _ENCODER.encode
+    encode = compact_json
     parts = []
     for index, member in sorted(members.items()):
-        result = member.result
-        if result is None:
-            text = "null"
-        elif type(result) is PackedResult:
-            text = result.json_text()  # already compact JSON: spliced, not decoded
-        else:
-            text = encode(dict(result))
+        # a packed result is spliced as the JSON it is stored as, not decoded and re-encoded
+        text = "null" if member.result is None else result_json(member.result)
         parts.append(
             f'"{index}":{{"response_digest":{encode(member.response_digest)},"result":{text},'
             f'"masked_alone":{encode(member.masked_alone)},'
@@ -376,7 +370,7 @@ class _Pending:
 
 
 @final
-class SqliteStore:
+class SqliteStore(CommitsBySubmit):
     """The engine's durable :class:`~genrm_trio.cohort.records.CohortStore` (SQLite, WAL).
 
     Create it with :func:`open_store`. It is a
@@ -456,12 +450,12 @@ class SqliteStore:
         """Commit point 1: a group's watermark was created or advanced (queued at once)."""
         if self._adopted_marks.pop(record.group_id, None) == record:
             return _NOTHING
-        return self._enqueue(lambda cur, now: self._put_watermark(cur, record, now))
+        return self._enqueue(lambda cur, now: self._put_watermark(record, now))
 
     def submit_open(self, record: OpenRecord) -> _Commit:
         """Commit point 2: a cohort was created (it replaces any record under its key)."""
         self._adopted.pop(record.key, None)
-        return self._enqueue(lambda cur, now: self._put_open(cur, record))
+        return self._enqueue(lambda cur, now: self._put_open(record))
 
     def submit_terminal(self, record: TerminalRecord) -> _Commit:
         """Commit point 3: the terminal record replaces the ``open`` one in one transaction.
@@ -476,16 +470,7 @@ class SqliteStore:
         if record.phase == "failed" and record.failure == _SHUTTING_DOWN:
             return _NOTHING
         rows = self._terminal_rows(record)
-        return self._enqueue(lambda cur, now: self._put_terminal(cur, rows, now), sync=True)
-
-    async def commit_watermark(self, record: WatermarkRecord) -> None:
-        await self.submit_watermark(record).wait()
-
-    async def commit_open(self, record: OpenRecord) -> None:
-        await self.submit_open(record).wait()
-
-    async def commit_terminal(self, record: TerminalRecord) -> None:
-        await self.submit_terminal(record).wait()
+        return self._enqueue(lambda cur, now: self._put_terminal(rows, now), sync=True)
 
     async def commit_many(
         self, records: Sequence[TerminalRecord], watermarks: Sequence[WatermarkRecord] = ()
@@ -498,9 +483,9 @@ class SqliteStore:
 
         def apply(cur: sqlite3.Cursor, now: float) -> None:
             for rows in todo:
-                self._put_terminal(cur, rows, now)
+                self._put_terminal(rows, now)
             for mark in marks:
-                self._put_watermark(cur, mark, now)
+                self._put_watermark(mark, now)
 
         await self._enqueue(apply, sync=True).wait()
 
@@ -701,12 +686,12 @@ class SqliteStore:
     # over only after a forced switch: 0.5–1.5 ms per statement measured, so rows per statement
     # is what keeps a durable store cheap (benchmarks/state_overhead.py).
 
-    def _put_watermark(self, cur: sqlite3.Cursor, record: WatermarkRecord, now: float) -> None:
+    def _put_watermark(self, record: WatermarkRecord, now: float) -> None:
         gid = _blob(record.group_id)
         row = (gid, _int_value(record.latest_attempt), record.prompt_digest, now)
         self._staged.marks[gid] = row
 
-    def _put_open(self, cur: sqlite3.Cursor, record: OpenRecord) -> None:
+    def _put_open(self, record: OpenRecord) -> None:
         key = _blob(record.key)
         self._staged.cohorts[key] = (
             key,
@@ -745,7 +730,7 @@ class SqliteStore:
             ) from exc
         return _TerminalRows(key, record.retained, cohort)
 
-    def _put_terminal(self, cur: sqlite3.Cursor, rows: _TerminalRows, now: float) -> None:
+    def _put_terminal(self, rows: _TerminalRows, now: float) -> None:
         self._staged.cohorts[rows.key] = (*rows.cohort, now) if rows.retained else None
 
     def _write_staged(self, cur: sqlite3.Cursor) -> None:

@@ -31,7 +31,7 @@ from pydantic import (
 )
 from pydantic.json_schema import models_json_schema
 
-from .cohort.records import PackedResult, result_dict
+from .cohort.records import compact_json, result_dict, result_json
 from .config import RESPONSES_CREATE_PARAM_KEYS
 from .model import CompareInput, JSONValue, Scored, VerifyInput
 
@@ -50,7 +50,6 @@ __all__ = [
     "parse_compare",
     "parse_verify",
     "success_row",
-    "success_row_json",
 ]
 
 MAX_DEPTH = 512  # deepest accepted nesting of arrays and objects (SPEC §17.3)
@@ -145,15 +144,13 @@ def decode_json(body: bytes | bytearray) -> JSONValue:
 
 # --- encoding -----------------------------------------------------------------------------------
 
-_ENCODER = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
-
 
 def encode_json(value: JSONValue) -> bytes:
     """ASCII-safe compact JSON; lone surrogates become `\\uXXXX` escapes.
 
     Raises ValueError for NaN/Infinity: the engine never produces them, so that is a bug (500).
     """
-    return _ENCODER.encode(value).encode("ascii")
+    return compact_json(value).encode("ascii")
 
 
 # --- request validation -------------------------------------------------------------------------
@@ -478,11 +475,7 @@ class HeldVerify:
     def success_json(self, outcome: Scored) -> bytes:
         """The encoded scored row: ``encode_json(success_row(...))``, with the result spliced in
         as the JSON it is stored as (a :class:`PackedResult`) instead of decoded and encoded."""
-        result = outcome.result
-        if type(result) is PackedResult:
-            inner = result.json_text()[1:-1].encode("ascii")
-        else:
-            inner = encode_json(result_dict(result))[1:-1]
+        inner = result_json(outcome.result)[1:-1].encode("ascii")
         tail = encode_json(
             {
                 "_ng_group_id": self.group_id,
@@ -495,25 +488,16 @@ class HeldVerify:
 
     def failsafe_row(self, message: str) -> dict[str, JSONValue]:
         """:func:`failsafe_row` of the request this was made from."""
-        return _failsafe_row(self.body(), message)
+        return failsafe_row(self.body(), message)
 
 
-def success_row_json(request: VerifyRequest, outcome: Scored) -> bytes:
-    """``encode_json(success_row(request, outcome))``, the result spliced (see HeldVerify)."""
-    return HeldVerify.of(request).success_json(outcome)
-
-
-def failsafe_row(request: VerifyRequest, message: str) -> dict[str, JSONValue]:
+def failsafe_row(body: dict[str, Any], message: str) -> dict[str, JSONValue]:
     """The judge failsafe row (SPEC §2.4.2, §17.9) for a masked member or a judge-kind failure.
 
-    The request dumped by alias (absent declared fields added: `_ng_group_attempt` 0, the others
-    null; `_ng_rollout_id` removed; extra keys kept), then the failure keys. The request is not
-    mutated; `instance_config` is a shallow copy.
+    The request body dumped by alias (absent declared fields added: `_ng_group_attempt` 0, the
+    others null; `_ng_rollout_id` removed; extra keys kept), then the failure keys. The body is
+    not mutated; `instance_config` is a shallow copy.
     """
-    return _failsafe_row(request.body, message)
-
-
-def _failsafe_row(body: dict[str, Any], message: str) -> dict[str, JSONValue]:
     row: dict[str, JSONValue] = dict.fromkeys(_DUMP_FIELDS)
     row["_ng_group_attempt"] = 0
     for key, value in body.items():

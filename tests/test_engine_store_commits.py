@@ -19,6 +19,7 @@ from judges import ScriptedJudge, gather, member, running, settings, verify
 from trio.testing import MockClock
 
 from genrm_trio.cohort.records import (
+    CommitsBySubmit,
     MemberRecord,
     OpenRecord,
     QueuedCohortStore,
@@ -34,7 +35,7 @@ DIGEST = "d" * 64
 Record = WatermarkRecord | OpenRecord | TerminalRecord
 
 
-class FifoStore:
+class FifoStore(CommitsBySubmit):
     """A :class:`QueuedCohortStore` that applies commits in order, one transaction at a time.
 
     A transaction takes everything queued when it starts and lasts ``delay`` virtual seconds;
@@ -71,15 +72,6 @@ class FifoStore:
 
     def submit_terminal(self, record: TerminalRecord) -> _FifoCommit:
         return self._submit("terminal", record)
-
-    async def commit_watermark(self, record: WatermarkRecord) -> None:
-        await self.submit_watermark(record).wait()
-
-    async def commit_open(self, record: OpenRecord) -> None:
-        await self.submit_open(record).wait()
-
-    async def commit_terminal(self, record: TerminalRecord) -> None:
-        await self.submit_terminal(record).wait()
 
     async def commit_many(
         self, records: Sequence[TerminalRecord], watermarks: Sequence[WatermarkRecord] = ()

@@ -29,7 +29,6 @@ from genrm_trio.wire import (
     parse_compare,
     parse_verify,
     success_row,
-    success_row_json,
 )
 
 SECRET = "s3cr3t-value-never-echoed"
@@ -491,8 +490,9 @@ def test_success_row_json_splices_a_packed_result_byte_for_byte() -> None:
         packed = MemberRecord("d" * 64, result=result).result
         assert type(packed) is PackedResult and packed == result
         expected = encode_json(success_row(parsed, Scored(result)))
-        assert success_row_json(parsed, Scored(packed)) == expected
-        assert success_row_json(parsed, Scored(result)) == expected  # a plain mapping too
+        held = HeldVerify.of(parsed)
+        assert held.success_json(Scored(packed)) == expected
+        assert held.success_json(Scored(result)) == expected  # a plain mapping too
 
 
 FAILURE_KEYS = [
@@ -508,7 +508,7 @@ FAILURE_KEYS = [
 
 def test_failsafe_row_minimal_request() -> None:
     raw = body()
-    row = failsafe_row(parse_verify(raw), "GenRM judge unavailable")
+    row = failsafe_row(parse_verify(raw).body, "GenRM judge unavailable")
     assert row == {
         "responses_create_params": raw["responses_create_params"],
         "response": raw["response"],
@@ -548,7 +548,7 @@ def test_failsafe_row_full_request() -> None:
         reward=9.0,
     )
     before = copy.deepcopy(raw)
-    row = failsafe_row(parse_verify(raw), "boom")
+    row = failsafe_row(parse_verify(raw).body, "boom")
     assert raw == before  # the request is never mutated
     assert "_ng_rollout_id" not in row
     assert "task_index" not in row and "group_attempt" not in row
@@ -577,7 +577,7 @@ def test_failsafe_row_full_request() -> None:
 
 def test_failsafe_row_capture_id_by_name_and_alias_shadowing() -> None:
     raw = body(capture_rollout_id="cap", _ng_group_attempt=5, group_attempt="shadowed")
-    row = failsafe_row(parse_verify(raw), "x")
+    row = failsafe_row(parse_verify(raw).body, "x")
     assert "capture_rollout_id" not in row and "_ng_rollout_id" not in row
     assert row["_ng_group_attempt"] == 5
     assert "group_attempt" not in row
@@ -585,7 +585,7 @@ def test_failsafe_row_capture_id_by_name_and_alias_shadowing() -> None:
 
 @pytest.mark.parametrize("instance_config", [None, "x", [1], 3])
 def test_failsafe_instance_config_not_an_object(instance_config: Any) -> None:
-    row = failsafe_row(parse_verify(body(instance_config=instance_config)), "x")
+    row = failsafe_row(parse_verify(body(instance_config=instance_config)).body, "x")
     assert row["instance_config"] == {"mask_sample": True}
 
 
@@ -611,9 +611,11 @@ def test_a_held_request_replies_as_the_decoded_one(raw: dict[str, Any]) -> None:
     result = Scored({"reward": 1.5, "answer_text": "a\udc80", "n": -0.0})
     assert held.success_json(result) == encode_json(success_row(parsed, result))
     message = "GenRM judge unavailable"
-    assert held.failsafe_row(message) == failsafe_row(parsed, message)
-    assert list(held.failsafe_row(message)) == list(failsafe_row(parsed, message))
-    assert encode_json(held.failsafe_row(message)) == encode_json(failsafe_row(parsed, message))
+    assert held.failsafe_row(message) == failsafe_row(parsed.body, message)
+    assert list(held.failsafe_row(message)) == list(failsafe_row(parsed.body, message))
+    assert encode_json(held.failsafe_row(message)) == encode_json(
+        failsafe_row(parsed.body, message)
+    )
 
 
 def test_a_held_request_keeps_far_less_than_the_decoded_body() -> None:
@@ -643,7 +645,7 @@ def test_a_held_request_keeps_far_less_than_the_decoded_body() -> None:
 
 def test_failsafe_reason_truncated_to_2000() -> None:
     message = "é" * 1999 + "xyz"
-    row = failsafe_row(parse_verify(body()), message)
+    row = failsafe_row(parse_verify(body()).body, message)
     assert row["failure_reason"] == message[:FAILSAFE_REASON_LIMIT]
     assert len(row["failure_reason"]) == 2000
     assert row["_ng_failure_judge_error"] == row["failure_reason"]

@@ -319,7 +319,9 @@ def compare_result(
 ) -> CompareResult:
     """The `/compare` reply once every comparison succeeded (SPEC §2.5, §17.8).
 
-    Rewards carry the group adjustments over all inputs, as in the reference.
+    Rewards carry the group adjustments over all inputs, as in the reference. Raises ValueError
+    when a reward or metric is not finite (absurd unvalidated verdicts overflow the sums; the
+    reply could not be JSON), like :func:`score_cohort`.
     """
     n = len(texts)
     comparisons = [j for _, j in evaluation.judged()]
@@ -342,6 +344,9 @@ def compare_result(
     for key in _RATE_KEYS:
         group.pop(key, None)
     metrics.update(group)
+    numbers = [*agg.final.values(), *metrics.values()]
+    if not all(math.isfinite(v) for v in numbers if type(v) is float):
+        raise ValueError(NON_FINITE_MESSAGE)
     return CompareResult(
         rewards=[agg.final[m] for m in population], comparison_results=rows, metrics=metrics
     )

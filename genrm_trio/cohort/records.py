@@ -23,6 +23,7 @@ from genrm_trio.model import FailureKind, JSONValue
 __all__ = [
     "CohortStore",
     "Commit",
+    "CommitsBySubmit",
     "MemberRecord",
     "OpenRecord",
     "PackedResult",
@@ -30,12 +31,22 @@ __all__ = [
     "SerialCommits",
     "TerminalRecord",
     "WatermarkRecord",
+    "compact_json",
     "queued",
     "result_dict",
+    "result_json",
 ]
 
 
 _ENCODER: Final = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+
+
+def compact_json(value: object) -> str:
+    """The project's one JSON text form (replies, packed results, the store): compact, ASCII
+    (lone surrogates as ``\\uXXXX``). Raises ValueError for NaN and infinities."""
+    return _ENCODER.encode(value)
+
+
 _COMPRESS_FROM: Final = 512  # bytes of JSON; smaller results are kept as plain JSON
 
 
@@ -56,7 +67,7 @@ class PackedResult(Mapping[str, JSONValue]):
     __slots__ = ("_compressed", "_data")
 
     def __init__(self, result: Mapping[str, JSONValue]) -> None:
-        text = _ENCODER.encode(dict(result)).encode("ascii")
+        text = compact_json(dict(result)).encode("ascii")
         packed = zlib.compress(text, 1) if len(text) >= _COMPRESS_FROM else text
         self._compressed = len(packed) < len(text)
         self._data = packed if self._compressed else text
@@ -106,6 +117,11 @@ class PackedResult(Mapping[str, JSONValue]):
 def result_dict(result: Mapping[str, JSONValue]) -> dict[str, Any]:
     """A plain dict of a result mapping (one decode for a :class:`PackedResult`)."""
     return result.unpack() if type(result) is PackedResult else dict(result)
+
+
+def result_json(result: Mapping[str, JSONValue]) -> str:
+    """A result mapping as :func:`compact_json` text (as stored, for a :class:`PackedResult`)."""
+    return result.json_text() if type(result) is PackedResult else compact_json(dict(result))
 
 
 @final
@@ -286,8 +302,30 @@ class _SerialCommit:
         await self._done.wait()
 
 
+class CommitsBySubmit:
+    """The plain :class:`CohortStore` hooks of a :class:`QueuedCohortStore`: submit, then wait."""
+
+    def submit_watermark(self, record: WatermarkRecord) -> Commit:
+        raise NotImplementedError
+
+    def submit_open(self, record: OpenRecord) -> Commit:
+        raise NotImplementedError
+
+    def submit_terminal(self, record: TerminalRecord) -> Commit:
+        raise NotImplementedError
+
+    async def commit_watermark(self, record: WatermarkRecord) -> None:
+        await self.submit_watermark(record).wait()
+
+    async def commit_open(self, record: OpenRecord) -> None:
+        await self.submit_open(record).wait()
+
+    async def commit_terminal(self, record: TerminalRecord) -> None:
+        await self.submit_terminal(record).wait()
+
+
 @final
-class SerialCommits:
+class SerialCommits(CommitsBySubmit):
     """A :class:`QueuedCohortStore` over the plain async hooks of a :class:`CohortStore`.
 
     ``submit_*`` chains the hook call after the previous one; it runs when first waited for, so
@@ -311,15 +349,6 @@ class SerialCommits:
 
     def submit_terminal(self, record: TerminalRecord) -> Commit:
         return self._chain(partial(self.inner.commit_terminal, record))
-
-    async def commit_watermark(self, record: WatermarkRecord) -> None:
-        await self.submit_watermark(record).wait()
-
-    async def commit_open(self, record: OpenRecord) -> None:
-        await self.submit_open(record).wait()
-
-    async def commit_terminal(self, record: TerminalRecord) -> None:
-        await self.submit_terminal(record).wait()
 
     async def commit_many(
         self, records: Sequence[TerminalRecord], watermarks: Sequence[WatermarkRecord] = ()
