@@ -156,10 +156,6 @@ def encode_json(value: JSONValue) -> bytes:
 # --- request validation -------------------------------------------------------------------------
 
 
-def _type_name(value: object) -> str:
-    return type(value).__name__
-
-
 def _is_int(value: object) -> bool:
     return type(value) is int  # JSON integers only: bool is a subclass and is refused
 
