@@ -28,6 +28,7 @@ from judges import (
     settings,
     verify,
 )
+from procs import command
 
 from genrm_trio.cohort.records import (
     MemberRecord,
@@ -831,14 +832,6 @@ async def test_an_empty_file_becomes_a_new_store(tmp_path: Path) -> None:
 # `genrm-trio serve --state PATH` against it, both on 127.0.0.1 with free ports.
 
 
-def _genrm_trio() -> list[str]:
-    import shutil
-    import sys
-
-    exe = shutil.which("genrm-trio")
-    return [exe] if exe else [sys.executable, "-m", "genrm_trio.cli"]
-
-
 def _spawn(argv: list[str], log: Path) -> Any:
     import subprocess
 
@@ -866,7 +859,7 @@ async def _process(argv: list[str], log: Path) -> AsyncIterator[Any]:
 
 @asynccontextmanager
 async def sim_judge_process(latency_ms: int, log: Path) -> AsyncIterator[Any]:
-    argv = [*_genrm_trio(), "sim-judge", "--port", "0", "--latency-ms", str(latency_ms)]
+    argv = [*command(), "sim-judge", "--port", "0", "--latency-ms", str(latency_ms)]
     async with _process(argv, log) as proc:
         yield proc
 
@@ -876,7 +869,7 @@ async def server_process(path: Path, judge_url: str, log: Path) -> AsyncIterator
     config = path.with_suffix(".yaml")
     config.write_text("num_rollouts_per_prompt: 4\ncohort_collection_timeout_s: 30\n")
     argv = [
-        *_genrm_trio(),
+        *command(),
         "serve",
         "--config",
         str(config),
