@@ -228,7 +228,9 @@ class Engine:
                 if slot is not None and attached in slot.waiters:
                     slot.waiters.remove(attached)
             raise
-        return cohort.member_outcome(index)
+        outcome = attached.outcome
+        assert outcome is not None  # handed over by Cohort.release before it wakes us
+        return outcome
 
     async def _join(
         self, item: VerifyInput
@@ -466,7 +468,7 @@ class Engine:
                     f"GenRM cohort {cohort.key!r} already has a different response for "
                     f"rollout_index={index}",
                 )
-            return cohort.member_outcome(index)
+            return cohort.outcome_of(record)
         present = cohort.members.get(index)
         waiter = Waiter()
         if present is not None:
@@ -847,7 +849,7 @@ class Engine:
                     collect_deadline=now,
                     host=reg,
                     state=record.state,
-                    record=record,
+                    record=record.compacted(),
                 )
                 reg.adopt(cohort, now - (age_s or {}).get(record.key, 0.0))
             for mark in raises.values():

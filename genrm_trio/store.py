@@ -40,8 +40,8 @@ from genrm_trio.cohort.records import (
     OpenRecord,
     TerminalRecord,
     WatermarkRecord,
-    compact_json,
-    result_json,
+    members_from_json,
+    members_json,
 )
 from genrm_trio.config import Settings
 
@@ -184,51 +184,11 @@ def _int_read(value: object) -> int:
     raise TypeError(f"expected an integer, got {value!r}")
 
 
-def _members_text(members: Mapping[int, MemberRecord]) -> str | None:
-    """A cohort's members as one JSON object (index → the checkpoint v1 member shape), so that a
-    terminal record is one row: every row costs the writer thread a trip through the GIL."""
-    if not members:
-        return None
-    encode = compact_json
-    parts = []
-    for index, member in sorted(members.items()):
-        # a packed result is spliced as the JSON it is stored as, not decoded and re-encoded
-        text = "null" if member.result is None else result_json(member.result)
-        parts.append(
-            f'"{index}":{{"response_digest":{encode(member.response_digest)},"result":{text},'
-            f'"masked_alone":{encode(member.masked_alone)},'
-            f'"failure_reason":{encode(member.failure_reason)}}}'
-        )
-    return "{" + ",".join(parts) + "}"
-
-
 def _members_read(text: object) -> dict[int, MemberRecord]:
-    """The inverse of :func:`_members_text`; raises ValueError or TypeError for a bad value."""
+    """A ``members`` column (see :func:`members_json`); raises ValueError or TypeError."""
     if text is None:
         return {}
-    decoded = json.loads(_text(text))
-    if type(decoded) is not dict:
-        raise ValueError("members is not a JSON object")
-    members: dict[int, MemberRecord] = {}
-    for index, item in decoded.items():
-        if not index.isdigit() or type(item) is not dict:
-            raise ValueError(f"member {index!r} is malformed")
-        digest, result, masked, reason = (
-            item.get("response_digest"),
-            item.get("result"),
-            item.get("masked_alone"),
-            item.get("failure_reason"),
-        )
-        if type(digest) is not str or type(masked) is not bool:
-            raise ValueError(f"member {index}: response_digest or masked_alone is malformed")
-        if (result is not None and type(result) is not dict) or (
-            reason is not None and type(reason) is not str
-        ):
-            raise ValueError(f"member {index}: result or failure_reason is malformed")
-        members[int(index)] = MemberRecord(
-            response_digest=digest, result=result, masked_alone=masked, failure_reason=reason
-        )
-    return dict(sorted(members.items()))
+    return members_from_json(_text(text))
 
 
 # --- the store ---------------------------------------------------------------------------------
@@ -720,7 +680,7 @@ class SqliteStore(CommitsBySubmit):
                 record.phase,
                 _opt_blob(record.failure),
                 record.failure_kind,
-                _members_text(record.members),
+                members_json(record.members),
             )
         except (TypeError, ValueError) as exc:
             raise StoreError(
@@ -976,7 +936,7 @@ def _migrate_v1(db: sqlite3.Connection) -> None:
             )
         db.executemany(
             "UPDATE cohorts SET members = ? WHERE key = ?",
-            [(_members_text(members), key) for key, members in packed.items()],
+            [(members_json(members), key) for key, members in packed.items()],
         )
         db.execute("DROP TABLE members")
         db.execute(

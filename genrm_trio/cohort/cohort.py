@@ -52,12 +52,15 @@ def with_legacy_suffix(message: str) -> str:
 
 @final
 class Waiter:
-    """One attached request, a token in its member's waiter list (identity only).
+    """One attached request, a token in its member's waiter list.
 
-    It waits on ``Cohort.released`` and then reads ``Cohort.member_outcome(index)``.
+    It waits on ``Cohort.released``; :meth:`Cohort.release` hands it its ``outcome`` first.
     """
 
-    __slots__ = ()
+    __slots__ = ("outcome",)
+
+    def __init__(self) -> None:
+        self.outcome: MemberOutcome | None = None
 
 
 @final
@@ -239,7 +242,10 @@ class Cohort:
         assert record is not None
         if record.phase == "failed":
             return self.failure_outcome()
-        member = record.members[index]
+        return self.outcome_of(record.members[index])
+
+    def outcome_of(self, member: MemberRecord) -> MemberOutcome:
+        """The reply of one member record of this (completed) cohort."""
         if member.masked_alone:
             assert member.failure_reason is not None
             reason = member.failure_reason
@@ -248,15 +254,22 @@ class Cohort:
         return Scored(member.result)
 
     def release(self) -> int:
-        """Drop the members, then wake every waiter (they read their outcome from the record).
+        """Hand every waiter its outcome, drop the members, wake the waiters, then compact the
+        record for retention (the waiters never read it again).
 
         Returns the number of waiters woken.
         """
         assert self.record is not None
-        woken = sum(len(member.waiters) for member in self.members.values())
-        for member in self.members.values():
-            member.waiters.clear()
+        woken = 0
+        for index, member in self.members.items():
+            if member.waiters:
+                outcome = self.member_outcome(index)
+                for waiter in member.waiters:
+                    waiter.outcome = outcome
+                woken += len(member.waiters)
+                member.waiters.clear()
         self.members.clear()
         self.history = []
         self.released.set()
+        self.record = self.record.compacted()
         return woken

@@ -10,9 +10,17 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    ItemsView,
+    Iterator,
+    Mapping,
+    Sequence,
+    ValuesView,
+)
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Final, Literal, Protocol, final, runtime_checkable
 
@@ -26,12 +34,15 @@ __all__ = [
     "CommitsBySubmit",
     "MemberRecord",
     "OpenRecord",
+    "PackedMembers",
     "PackedResult",
     "QueuedCohortStore",
     "SerialCommits",
     "TerminalRecord",
     "WatermarkRecord",
     "compact_json",
+    "members_from_json",
+    "members_json",
     "queued",
     "result_dict",
     "result_json",
@@ -47,30 +58,29 @@ def compact_json(value: object) -> str:
     return _ENCODER.encode(value)
 
 
-_COMPRESS_FROM: Final = 512  # bytes of JSON; smaller results are kept as plain JSON
-
-
 @final
 class PackedResult(Mapping[str, JSONValue]):
-    """A scored member's result row, held for replay as its compact JSON text (zlib-compressed
-    when that pays).
+    """A scored member's result row, held as its compact JSON text.
 
-    Retained records are most of a long run's memory (the shipped cap keeps 4,096 cohorts, and
-    every member's result carries its answer and reasoning texts): as a dict of ~20 keys with
-    its floats and strings a member took ~2.2 KB with 1,000-character answers, as packed JSON
-    ~0.8 KB. Reading it decodes the JSON again (``unpack()`` once, not per key); ``json_text()``
-    gives the JSON as stored, for writers that splice it without decoding. Equality is that of
-    the decoded mappings. A result JSON cannot hold (NaN) stays a plain dict, so that the
-    store's own check reports it.
+    The reply to each waiting request and the durable store splice this text as it is, so a
+    result is encoded once, at terminal time, and never decoded on the hot path. Reading it as a
+    mapping decodes the JSON again (``unpack()`` once, not per key). Equality is that of the
+    decoded mappings. A result JSON cannot hold (NaN) stays a plain dict, so that the store's
+    own check reports it. A retained record keeps all its members in one compressed
+    :class:`PackedMembers` instead (see :meth:`TerminalRecord.compacted`).
     """
 
-    __slots__ = ("_compressed", "_data")
+    __slots__ = ("_text",)
 
     def __init__(self, result: Mapping[str, JSONValue]) -> None:
-        text = compact_json(dict(result)).encode("ascii")
-        packed = zlib.compress(text, 1) if len(text) >= _COMPRESS_FROM else text
-        self._compressed = len(packed) < len(text)
-        self._data = packed if self._compressed else text
+        self._text = compact_json(dict(result))
+
+    @classmethod
+    def from_json(cls, text: str) -> PackedResult:
+        """A result from compact JSON text produced by :func:`compact_json` (not re-checked)."""
+        packed = cls.__new__(cls)
+        packed._text = text
+        return packed
 
     @staticmethod
     def of(result: Mapping[str, JSONValue]) -> Mapping[str, JSONValue]:
@@ -84,12 +94,11 @@ class PackedResult(Mapping[str, JSONValue]):
 
     def json_text(self) -> str:
         """The compact ASCII JSON object this result was packed from."""
-        data = zlib.decompress(self._data) if self._compressed else self._data
-        return data.decode("ascii")
+        return self._text
 
     def unpack(self) -> dict[str, Any]:
         """A fresh dict of the result (floats, ints and strings exactly as packed)."""
-        value: dict[str, Any] = json.loads(self.json_text())
+        value: dict[str, Any] = json.loads(self._text)
         return value
 
     def __getitem__(self, key: str) -> JSONValue:
@@ -102,7 +111,7 @@ class PackedResult(Mapping[str, JSONValue]):
         return len(self.unpack())
 
     def __eq__(self, other: object) -> bool:
-        if type(other) is PackedResult and self._data == other._data:
+        if type(other) is PackedResult and self._text == other._text:
             return True
         if isinstance(other, Mapping):
             return self.unpack() == (other.unpack() if type(other) is PackedResult else other)
@@ -146,6 +155,127 @@ class MemberRecord:
             object.__setattr__(self, "result", PackedResult.of(self.result))
 
 
+def members_json(members: Mapping[int, MemberRecord]) -> str | None:
+    """A cohort's members as one compact JSON object, index → the checkpoint v1 member shape
+    (``None`` for none): the store's ``members`` column and what :class:`PackedMembers` keeps.
+    Results are spliced as the JSON they are packed as, not decoded and re-encoded. Raises
+    ValueError for a result JSON cannot hold."""
+    if type(members) is PackedMembers:
+        return members.json_text()
+    if not members:
+        return None
+    encode = compact_json
+    parts = []
+    for index, member in sorted(members.items()):
+        text = "null" if member.result is None else result_json(member.result)
+        parts.append(
+            f'"{index}":{{"response_digest":{encode(member.response_digest)},"result":{text},'
+            f'"masked_alone":{encode(member.masked_alone)},'
+            f'"failure_reason":{encode(member.failure_reason)}}}'
+        )
+    return "{" + ",".join(parts) + "}"
+
+
+def _member_from_json(index: str, item: object) -> MemberRecord:
+    if not index.isdigit() or type(item) is not dict:
+        raise ValueError(f"member {index!r} is malformed")
+    digest, result, masked, reason = (
+        item.get("response_digest"),
+        item.get("result"),
+        item.get("masked_alone"),
+        item.get("failure_reason"),
+    )
+    if type(digest) is not str or type(masked) is not bool:
+        raise ValueError(f"member {index}: response_digest or masked_alone is malformed")
+    if (result is not None and type(result) is not dict) or (
+        reason is not None and type(reason) is not str
+    ):
+        raise ValueError(f"member {index}: result or failure_reason is malformed")
+    return MemberRecord(
+        response_digest=digest, result=result, masked_alone=masked, failure_reason=reason
+    )
+
+
+def _members_object(text: str) -> dict[str, Any]:
+    decoded = json.loads(text)
+    if type(decoded) is not dict:
+        raise ValueError("members is not a JSON object")
+    return decoded
+
+
+def members_from_json(text: str) -> dict[int, MemberRecord]:
+    """The inverse of :func:`members_json`; raises ValueError or TypeError for a bad value."""
+    decoded = _members_object(text)
+    members = {int(index): _member_from_json(index, item) for index, item in decoded.items()}
+    return dict(sorted(members.items()))
+
+
+@final
+class PackedMembers(Mapping[int, MemberRecord]):
+    """A retained cohort's members as one zlib-compressed :func:`members_json` text.
+
+    A replayable record lives for `cohort_result_ttl_s` (up to `max_terminal_cohorts` of them),
+    so its size is most of a long run's memory. Sixteen member records with their packed results
+    and digests were ~94 small objects and ~12.6 KiB per cohort, scattered between short-lived
+    request objects; this is three objects, and compresses across members (the answers to one
+    prompt share most of their words). Reading a member decompresses and decodes the whole text
+    (a replay, a checkpoint or a restore; never the first reply, which is handed its outcome
+    before the record is compacted); ``unpack()`` gives all members at once.
+    """
+
+    __slots__ = ("_data", "_indexes", "masked")
+
+    def __init__(self, members: Mapping[int, MemberRecord]) -> None:
+        text = members_json(members)
+        if text is None:
+            raise ValueError("no members to pack")
+        self._data = zlib.compress(text.encode("ascii"), 1)
+        self._indexes = bytes(sorted(members)) if max(members) < 256 else None
+        self.masked = sum(1 for m in members.values() if m.masked_alone)
+
+    def json_text(self) -> str:
+        """The :func:`members_json` text this was packed from."""
+        return zlib.decompress(self._data).decode("ascii")
+
+    def unpack(self) -> dict[int, MemberRecord]:
+        """A fresh dict of every member record, in index order."""
+        return members_from_json(self.json_text())
+
+    def __getitem__(self, index: int) -> MemberRecord:
+        if type(index) is not int or index < 0:
+            raise KeyError(index)
+        item = _members_object(self.json_text()).get(str(index))
+        if item is None:
+            raise KeyError(index)
+        return _member_from_json(str(index), item)
+
+    def __iter__(self) -> Iterator[int]:
+        if self._indexes is not None:
+            return iter(self._indexes)
+        return iter(self.unpack())
+
+    def __len__(self) -> int:
+        return len(self._indexes) if self._indexes is not None else len(self.unpack())
+
+    def items(self) -> ItemsView[int, MemberRecord]:
+        return self.unpack().items()
+
+    def values(self) -> ValuesView[MemberRecord]:
+        return self.unpack().values()
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is PackedMembers and self._data == other._data:
+            return True
+        if isinstance(other, Mapping):
+            return self.unpack() == dict(other.items())
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PackedMembers({self.unpack()!r})"
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class TerminalRecord:
@@ -167,7 +297,21 @@ class TerminalRecord:
     @property
     def masked(self) -> int:
         """How many members were masked alone."""
-        return sum(1 for m in self.members.values() if m.masked_alone)
+        members = self.members
+        if type(members) is PackedMembers:
+            return members.masked
+        return sum(1 for m in members.values() if m.masked_alone)
+
+    def compacted(self) -> TerminalRecord:
+        """This record with its members in one :class:`PackedMembers` (itself when there is
+        nothing to pack, or a result JSON cannot hold: the store reports that one)."""
+        if not self.members or type(self.members) is PackedMembers:
+            return self
+        try:
+            packed = PackedMembers(self.members)
+        except ValueError:
+            return self
+        return replace(self, members=packed)
 
     @property
     def state(self) -> Literal["scored", "partially_masked", "failed"]:
