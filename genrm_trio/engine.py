@@ -294,17 +294,7 @@ class Engine:
         )
 
         commits: list[Commit] = []
-        # The registry section below does not await (but on a refusal with queued commits), so
-        # the lock only ever waits for a restore or a shutdown, and is taken without yielding:
-        # `async with` yields once while holding it, every request arriving meanwhile parks, and
-        # a contended trio.Lock is handed over one task per scheduler pass. A starved server (it
-        # showed under tracemalloc) then queued most requests here, each with its decoded body.
-        lock = self._lock
-        try:
-            lock.acquire_nowait()
-        except trio.WouldBlock:
-            await lock.acquire()
-        try:
+        async with self._lock:
             try:
                 cohort, created = self._resolve(
                     item, key, digest, history, baseline, baseline_digest, commits
@@ -317,8 +307,6 @@ class Engine:
             opening = self._opening.get(cohort) if self._opening else None
             if not commits and opening is None:
                 return cohort, index, self._attach(cohort, member, digest)
-        finally:
-            lock.release()
         # Durable store: the commits were queued in registry order; wait for them unlocked.
         with trio.CancelScope(shield=True):  # the creator must set `opening` in every case
             failure = await self._wait_commits(commits)
