@@ -138,6 +138,45 @@ class RestoreReport:
 
 
 @final
+class _Arrival:
+    """What a validated `/verify` request needs for its cohort: not its decoded body."""
+
+    __slots__ = (
+        "baseline",
+        "baseline_digest",
+        "digest",
+        "group_attempt",
+        "group_id",
+        "history",
+        "key",
+        "member",
+        "principle",
+        "rubric_ids",
+    )
+
+    def __init__(
+        self,
+        item: VerifyInput,
+        key: str,
+        digest: str,
+        history: list[dict[str, str]],
+        baseline: str | None,
+        baseline_digest: str | None,
+        member: Member,
+    ) -> None:
+        self.group_id = item.group_id
+        self.group_attempt = item.group_attempt
+        self.principle = item.principle
+        self.rubric_ids = item.expected_rubric_ids
+        self.key = key
+        self.digest = digest
+        self.history = history
+        self.baseline = baseline
+        self.baseline_digest = baseline_digest
+        self.member = member
+
+
+@final
 class Engine:
     """Cohort verification and batch comparison. Create it with :func:`open_engine`."""
 
@@ -207,14 +246,15 @@ class Engine:
     async def verify(self, item: VerifyInput) -> MemberOutcome:
         """One `/verify` request (SPEC §8.4). Raises RequestRejected for 422, 409 and 503
         refusals; a cohort-kind GroupFailed is the caller's 503, the others are 200 rows."""
-        joined = await self._join(item)
-        # While it waits, a request holds only its cohort, slot and waiter token: the request
-        # body stays the caller's, and the cohort keeps the compact Member (SPEC D22).
+        arrival = self._arrive(item)
+        # From here a request holds only what its cohort needs (queued at the registry lock, a
+        # few hundred bytes beside its answer text), then only its cohort, slot and waiter
+        # token: the decoded body stays the caller's (SPEC D22).
         del item
-        if not isinstance(joined, tuple):
-            return joined
-        cohort, index, attached = joined
-        del joined
+        if not isinstance(arrival, _Arrival):
+            return arrival
+        cohort, index, attached = await self._join(arrival)
+        del arrival
         if not isinstance(attached, Waiter):
             if not cohort.released.is_set():  # terminal, record not yet committed
                 await cohort.released.wait()
@@ -232,12 +272,9 @@ class Engine:
         assert outcome is not None  # handed over by Cohort.release before it wakes us
         return outcome
 
-    async def _join(
-        self, item: VerifyInput
-    ) -> tuple[Cohort, int, Waiter | MemberOutcome] | MemberOutcome:
-        """Steps 1-8 of SPEC §8.4: validate, key and digest the request, resolve its cohort and
-        attach it. Returns the singleton outcome, or (cohort, slot, waiter or replayed outcome);
-        everything else it computed is dropped on return."""
+    def _arrive(self, item: VerifyInput) -> _Arrival | MemberOutcome:
+        """Steps 1-6 of SPEC §8.4: validate, key and digest the request. Returns the singleton
+        outcome, or what the rest of the request needs of it."""
         s = self.settings
         if item.group_id is not None and not item.group_attempt_given:
             _log_legacy_attempt_once()
@@ -292,7 +329,13 @@ class Engine:
             rubric_ids=item.expected_rubric_ids,
             baseline_digest=baseline_digest,
         )
+        return _Arrival(item, key, digest, history, baseline, baseline_digest, member)
 
+    async def _join(self, arrival: _Arrival) -> tuple[Cohort, int, Waiter | MemberOutcome]:
+        """Steps 7-8 of SPEC §8.4: resolve the request's cohort and attach it. Returns the
+        cohort, the slot and a waiter or the replayed outcome."""
+        member = arrival.member
+        key, digest, index = arrival.key, arrival.digest, member.index
         commits: list[Commit] = []
         # `async with` yields once while holding the lock, so requests pass this section one per
         # scheduler pass, in arrival order: a throttle on intake that leaves the CPU to groups
@@ -300,9 +343,7 @@ class Engine:
         # (docs/benchmarks.md, "Session 3").
         async with self._lock:
             try:
-                cohort, created = self._resolve(
-                    item, key, digest, history, baseline, baseline_digest, commits
-                )
+                cohort, created = self._resolve(arrival, commits)
             except BaseException:
                 if commits:  # a commit queued before the refusal is still waited for
                     with trio.CancelScope(shield=True):
@@ -342,20 +383,12 @@ class Engine:
                     error = exc
         return error
 
-    def _resolve(
-        self,
-        item: VerifyInput,
-        key: str,
-        digest: str,
-        history: list[dict[str, str]],
-        baseline: str | None,
-        baseline_digest: str | None,
-        commits: list[Commit],
-    ) -> tuple[Cohort, bool]:
+    def _resolve(self, arrival: _Arrival, commits: list[Commit]) -> tuple[Cohort, bool]:
         """Step 7 of SPEC §8.4: watermarks and supersession, then get or create the cohort.
 
         Synchronous: with a store, the commit points are queued onto ``commits`` in order.
         Returns the cohort and whether this request created it."""
+        key, digest = arrival.key, arrival.digest
         store = self._store
         s = self.settings
         reg = self._registry
@@ -363,8 +396,8 @@ class Engine:
             raise RequestRejected(503, SHUTTING_DOWN)
         now = trio.current_time()
         reg.prune(now)
-        group_id = item.group_id
-        attempt = item.group_attempt
+        group_id = arrival.group_id
+        attempt = arrival.group_attempt
         advances = False
         if group_id is not None:
             watermark = reg.watermarks.get(group_id)
@@ -416,11 +449,11 @@ class Engine:
             group_attempt=attempt,
             prompt_digest=digest,
             size=s.num_rollouts_per_prompt,
-            history=history,
-            principle=item.principle,
-            baseline=baseline,
-            baseline_digest=baseline_digest,
-            rubric_ids=item.expected_rubric_ids,
+            history=arrival.history,
+            principle=arrival.principle,
+            baseline=arrival.baseline,
+            baseline_digest=arrival.baseline_digest,
+            rubric_ids=arrival.rubric_ids,
             created_at=now,
             collect_deadline=now + s.cohort_collection_timeout_s,
             host=reg,

@@ -68,6 +68,39 @@ async def test_a_waiting_request_keeps_nothing_of_its_body(autojump_clock: MockC
         assert replies[0] != replies[1]
 
 
+async def test_a_request_queued_at_the_registry_lock_keeps_nothing_of_its_body(
+    autojump_clock: MockClock,
+) -> None:
+    """Requests pass the registry section one per scheduler pass (a throttle on intake, see
+    Engine._join), so under load many queue there: each must hold only its key, digests and
+    compact member, not the decoded body it came from."""
+    async with running(settings(num_rollouts_per_prompt=3), ScriptedJudge()) as engine:
+        refs: list[tuple[weakref.ref[Body], weakref.ref[Prompt]]] = []
+
+        def make(index: int) -> VerifyInput:
+            item, body, prompt = weak_item(index)
+            refs.append((body, prompt))
+            return item
+
+        async def send(index: int) -> None:
+            await engine.verify(make(index))
+
+        lock = engine._lock
+        await lock.acquire()  # as a restore would: every request now queues at the lock
+        try:
+            async with trio.open_nursery() as nursery:
+                for index in range(3):
+                    nursery.start_soon(send, index)
+                await trio.testing.wait_all_tasks_blocked()
+                assert lock.statistics().tasks_waiting == 3
+                gc.collect()
+                assert [(body(), prompt()) for body, prompt in refs] == [(None, None)] * 3
+                lock.release()
+        finally:
+            if lock.locked() and lock.statistics().owner is trio.lowlevel.current_task():
+                lock.release()
+
+
 async def test_waiters_share_the_cohort_event_and_detach_alone(
     autojump_clock: MockClock,
 ) -> None:
