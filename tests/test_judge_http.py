@@ -736,6 +736,52 @@ async def test_pool_concurrent_calls_use_one_connection_each() -> None:
         nursery.cancel_scope.cancel()
 
 
+def _awaiting_frames(coroutine: Any) -> list[Any]:
+    """The frames of a suspended coroutine and of everything it awaits."""
+    frames = []
+    while coroutine is not None and getattr(coroutine, "cr_frame", None) is not None:
+        frames.append(coroutine.cr_frame)
+        coroutine = coroutine.cr_await
+    return frames
+
+
+async def test_a_call_awaiting_its_reply_holds_no_copy_of_its_request() -> None:
+    # 1,024 calls waiting on a 200 ms judge each kept its prompt's bytes twice (~6 MB).
+    release = trio.Event()
+    body = json.dumps(responses_reply()).encode()
+
+    async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
+        await release.wait()
+        await stream.send_all(response_bytes(200, body))
+        return True
+
+    server = TinyServer(script)
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        judge = real_judge(server.port)
+        call = JudgeCall(HISTORY, "an answer " * 50, "another answer " * 50, None)
+        with trio.fail_after(5):
+            async with trio.open_nursery() as calls:
+                calls.start_soon(judge.attempt, call)
+                await server.got_request.wait()
+                await trio.testing.wait_all_tasks_blocked()
+                (task,) = calls.child_tasks
+                frames = _awaiting_frames(task.coro)
+                assert any(f.f_code.co_name == "_fill" for f in frames)  # waiting for the reply
+                held = [
+                    (f.f_code.co_name, name)
+                    for f in frames
+                    for name, value in f.f_locals.items()
+                    if (isinstance(value, (bytes, bytearray)) and b"another answer" in value)
+                    or (isinstance(value, list) and any(isinstance(v, bytes) for v in value))
+                ]
+                assert held == []
+                release.set()
+            assert b"another answer" in server.requests[0]
+            await judge.aclose()
+        nursery.cancel_scope.cancel()
+
+
 async def test_pool_real_http_error_with_retry_after_and_token(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -337,13 +337,16 @@ class _Connection:
         self.buffer += data
 
     async def exchange(
-        self, request: bytes, *, head: bool = False
+        self, request: bytes | list[bytes], *, head: bool = False
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes, bool]:
-        """Send `request` and read its response: (status, headers, body, reusable)."""
+        """Send `request` and read its response: (status, headers, body, reusable). A request
+        in a one-item list is taken out of it, so no frame keeps it while the reply is awaited."""
+        data = request.pop() if isinstance(request, list) else request
         try:
-            await self.stream.send_all(request)
+            await self.stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise httpx.WriteError(str(exc) or type(exc).__name__) from exc
+        del data
         while True:
             status, headers, keep = await self._read_head()
             if not 100 <= status <= 199:
@@ -550,11 +553,11 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
             self._idle.append((now, connection))
 
     async def exchange(
-        self, request: bytes, *, head: bool = False
+        self, request: bytes | list[bytes], *, head: bool = False
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """Send one serialized HTTP/1.1 request and read the whole reply: (status, headers with
         lower-case names, body). Raises httpx.ConnectError, WriteError, ReadError or
-        RemoteProtocolError."""
+        RemoteProtocolError. A request in a one-item list is dropped once it is sent."""
         if self._closed:
             raise RuntimeError("the judge connection pool is closed")
         connection = await self._checkout()
@@ -687,7 +690,10 @@ class HttpJudge:
         self._in_flight += 1
         try:
             if self._pool is not None:
-                request = self._request_head + b"%d\r\n\r\n" % len(content) + content
+                # Handed over in a list the pool empties: with a 200 ms judge and 1,024 calls in
+                # flight, the prompt's bytes held twice for the wait were ~6 MB.
+                request = [self._request_head + b"%d\r\n\r\n" % len(content) + content]
+                del content
                 status, raw_headers, body = await self._pool.exchange(request)
                 retry_after = _raw_header(raw_headers, b"retry-after")
             else:
