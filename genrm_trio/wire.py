@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import accumulate
@@ -430,6 +431,7 @@ def success_row(request: VerifyRequest, outcome: Scored) -> dict[str, JSONValue]
 
 
 _ECHO_KEYS: Final = ("responses_create_params", "response")
+_COMPRESS_ECHO_FROM: Final = 4096  # bytes; the agent's body with a 1,000-character answer: ~2.3 KB
 
 
 @final
@@ -441,30 +443,44 @@ class HeldVerify:
     The decoded body of an agent's request is ~8 KB of dicts and strings with 1,000-character
     answers; its echo as compact JSON is ~2.3 KB, and with a group's members waiting in the
     hundreds that is most of a request's footprint. Encoding it now instead of at the reply costs
-    nothing extra; the failsafe row (masked members) decodes it again.
+    nothing extra; the failsafe row (masked members) decodes it again. A long echo (long answers,
+    reasoning traces) is kept zlib-compressed: its text is the second copy of the answer the
+    cohort holds anyway, and (e) of the benchmarks holds 15,000 of them.
     """
 
-    echo: bytes  # {"responses_create_params":…,"response":…}
+    echo: bytes  # {"responses_create_params":…,"response":…}, zlib-compressed if echo_compressed
     rest: dict[str, Any]  # the body's other keys, in their order
     group_id: str | None
     group_attempt: int
     rollout_index: int | None
+    echo_compressed: bool = False
 
     @staticmethod
     def of(request: VerifyRequest) -> HeldVerify:
         body = request.body
         inp = request.input
+        echo = encode_json({key: body[key] for key in _ECHO_KEYS})
+        compressed = False
+        if len(echo) >= _COMPRESS_ECHO_FROM:
+            packed = zlib.compress(echo, 1)
+            if len(packed) * 4 <= len(echo) * 3:
+                echo, compressed = packed, True
         return HeldVerify(
-            echo=encode_json({key: body[key] for key in _ECHO_KEYS}),
+            echo=echo,
             rest={key: value for key, value in body.items() if key not in _ECHO_KEYS},
             group_id=inp.group_id,
             group_attempt=inp.group_attempt,
             rollout_index=inp.rollout_index,
+            echo_compressed=compressed,
         )
+
+    def echo_json(self) -> bytes:
+        """The echoed fields as compact JSON: ``{"responses_create_params":…,"response":…}``."""
+        return zlib.decompress(self.echo) if self.echo_compressed else self.echo
 
     def body(self) -> dict[str, Any]:
         """The request body again (equal to the decoded one; the echoed fields last)."""
-        echoed = decode_json(self.echo)
+        echoed = decode_json(self.echo_json())
         assert type(echoed) is dict
         return {**self.rest, **echoed}
 
@@ -480,7 +496,7 @@ class HeldVerify:
             }
         )
         middle = b"," + inner + b"," if inner else b","
-        return self.echo[:-1] + middle + tail[1:]
+        return self.echo_json()[:-1] + middle + tail[1:]
 
     def failsafe_row(self, message: str) -> dict[str, JSONValue]:
         """:func:`failsafe_row` of the request this was made from."""

@@ -639,8 +639,38 @@ def test_a_held_request_keeps_far_less_than_the_decoded_body() -> None:
         kept = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert held.echo.startswith(b'{"responses_create_params":')
+    assert not held.echo_compressed and held.echo.startswith(b'{"responses_create_params":')
     assert kept < decoded / 2
+
+
+def test_a_long_echo_is_held_compressed_and_replies_byte_for_byte() -> None:
+    import tracemalloc
+
+    from genrm_trio import bench
+
+    words = [f"w{(i * 7919) % 1013}" for i in range(3000)]  # ~16 KB of varied text
+    answer = " ".join(words) + " \udc80 café"
+    raw = encode_json(
+        bench.verify_body(task=1, rollout=2, group_id="g", attempt=0, prompt="Q?", answer=answer)
+    )
+    parsed = parse_verify(decode_json(raw))
+    plain = encode_json({key: parsed.body[key] for key in ("responses_create_params", "response")})
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        held = HeldVerify.of(parsed)
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held.echo_compressed and held.echo_json() == plain
+    assert kept < len(plain) / 2  # the answer text the cohort also holds, not a second copy
+    assert held.body() == parsed.body
+    result = Scored({"reward": 1.5, "answer_text": answer, "n": -0.0})
+    assert held.success_json(result) == encode_json(success_row(parsed, result))
+    message = "GenRM judge unavailable"
+    assert encode_json(held.failsafe_row(message)) == encode_json(
+        failsafe_row(parsed.body, message)
+    )
 
 
 def test_failsafe_reason_truncated_to_2000() -> None:
