@@ -144,11 +144,19 @@ def _listening(popen: subprocess.Popen[bytes], timeout: float) -> str:
 
 
 SERVER_PYTHONPATH: str | None = None  # --server-src: serve another checkout (before/after runs)
+LEAN_SERVER = False  # --lean-server: the experiment of benchmarks/lean_serve.py (h1, not hypercorn)
 
 
-def start(args: Sequence[str], log_path: Path, *, cpu: int, pythonpath: str | None = None) -> Proc:
-    """`taskset -c CPU genrm-trio ARGS`, once it printed its listening line."""
-    cmd = ["taskset", "-c", str(cpu), *_genrm_trio(), *args]
+def start(
+    args: Sequence[str],
+    log_path: Path,
+    *,
+    cpu: int,
+    pythonpath: str | None = None,
+    program: Sequence[str] | None = None,
+) -> Proc:
+    """`taskset -c CPU genrm-trio ARGS` (or `PROGRAM ARGS`), once it printed its listening line."""
+    cmd = ["taskset", "-c", str(cpu), *(program or _genrm_trio()), *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
@@ -179,7 +187,14 @@ def start_server(
     path = log_dir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     args = ["serve", "--config", str(path), "--port", "0", "--judge-url", judge_url, *extra]
-    return start(args, log_dir / f"{name}.server.log", cpu=SERVER_CPU, pythonpath=SERVER_PYTHONPATH)
+    lean = [sys.executable, str(ROOT / "benchmarks" / "lean_serve.py")] if LEAN_SERVER else None
+    return start(
+        args,
+        log_dir / f"{name}.server.log",
+        cpu=SERVER_CPU,
+        pythonpath=SERVER_PYTHONPATH,
+        program=lean,
+    )
 
 
 # --- CPU and memory accounting -------------------------------------------------------------------
@@ -274,6 +289,7 @@ def _setup() -> dict[str, Any]:
         "versions": _versions(),
         "commit": _git_head(),
         "server_src": SERVER_PYTHONPATH,
+        "lean_server_experiment": LEAN_SERVER,
         "config": "shipped genrm_compare.yaml values (N=16, circular, 1 judge, A=4, sleep 0.2 s)",
     }
 
@@ -386,7 +402,11 @@ def run_load(
         time.sleep(1.0)
         return {
             "label": f"ours-{sc.name}",
-            "server": "genrm-trio serve (hypercorn trio worker, 1 process)",
+            "server": (
+                "genrm-trio serve on h1 (benchmarks/lean_serve.py experiment)"
+                if LEAN_SERVER
+                else "genrm-trio serve (hypercorn trio worker, 1 process)"
+            ),
             "scenario": dataclasses.asdict(sc),
             "setup": _setup(),
             "server_rss_fresh_mb": rss_fresh,
@@ -796,10 +816,16 @@ def main(argv: list[str] | None = None) -> int:
         help="run the server from this checkout (e.g. a git worktree of an older commit)",
     )
     parser.add_argument("--label-suffix", default="", help="appended to every result label")
+    parser.add_argument(
+        "--lean-server",
+        action="store_true",
+        help="experiment: serve the app on h1 instead of hypercorn (benchmarks/lean_serve.py)",
+    )
     args = parser.parse_args(argv)
-    global SERVER_PYTHONPATH
+    global SERVER_PYTHONPATH, LEAN_SERVER
     if args.server_src is not None:
         SERVER_PYTHONPATH = str(args.server_src.resolve())
+    LEAN_SERVER = args.lean_server
 
     if len(os.sched_getaffinity(0)) >= 2:
         os.sched_setaffinity(0, {LOAD_CPU})
