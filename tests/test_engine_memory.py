@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from functools import partial
 from typing import Any
 
 import trio
@@ -41,16 +42,21 @@ def weak_item(index: int) -> tuple[VerifyInput, weakref.ref[Body], weakref.ref[P
     return item, weakref.ref(body), weakref.ref(prompt)
 
 
+def tracked_item(
+    refs: list[tuple[weakref.ref[Body], weakref.ref[Prompt]]], index: int
+) -> VerifyInput:
+    """A request whose body and prompt are watched through `refs` (the caller keeps no copy)."""
+    item, body, prompt = weak_item(index)
+    refs.append((body, prompt))
+    return item
+
+
 async def test_a_waiting_request_keeps_nothing_of_its_body(autojump_clock: MockClock) -> None:
     judge = ScriptedJudge()
     async with running(settings(num_rollouts_per_prompt=3), judge) as engine:
         replies: dict[int, object] = {}
         refs: list[tuple[weakref.ref[Body], weakref.ref[Prompt]]] = []
-
-        def make(index: int) -> VerifyInput:
-            item, body, prompt = weak_item(index)
-            refs.append((body, prompt))
-            return item
+        make = partial(tracked_item, refs)
 
         async def send(index: int) -> None:
             replies[index] = await engine.verify(make(index))  # the only reference, handed over
@@ -76,11 +82,7 @@ async def test_a_request_queued_at_the_registry_lock_keeps_nothing_of_its_body(
     compact member, not the decoded body it came from."""
     async with running(settings(num_rollouts_per_prompt=3), ScriptedJudge()) as engine:
         refs: list[tuple[weakref.ref[Body], weakref.ref[Prompt]]] = []
-
-        def make(index: int) -> VerifyInput:
-            item, body, prompt = weak_item(index)
-            refs.append((body, prompt))
-            return item
+        make = partial(tracked_item, refs)
 
         async def send(index: int) -> None:
             await engine.verify(make(index))

@@ -709,8 +709,8 @@ async def test_pool_reuses_one_connection_for_sequential_calls() -> None:
         nursery.cancel_scope.cancel()
 
 
-async def test_pool_concurrent_calls_use_one_connection_each() -> None:
-    release = trio.Event()
+def _answer_after(release: trio.Event) -> Script:
+    """A script that answers every request with a verdict once `release` is set."""
     body = json.dumps(responses_reply()).encode()
 
     async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
@@ -718,7 +718,12 @@ async def test_pool_concurrent_calls_use_one_connection_each() -> None:
         await stream.send_all(response_bytes(200, body))
         return True
 
-    server = TinyServer(script)
+    return script
+
+
+async def test_pool_concurrent_calls_use_one_connection_each() -> None:
+    release = trio.Event()
+    server = TinyServer(_answer_after(release))
     async with trio.open_nursery() as nursery:
         await server.start(nursery)
         judge = real_judge(server.port)
@@ -748,14 +753,7 @@ def _awaiting_frames(coroutine: Any) -> list[Any]:
 async def test_a_call_awaiting_its_reply_holds_no_copy_of_its_request() -> None:
     # 1,024 calls waiting on a 200 ms judge each kept its prompt's bytes twice (~6 MB).
     release = trio.Event()
-    body = json.dumps(responses_reply()).encode()
-
-    async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
-        await release.wait()
-        await stream.send_all(response_bytes(200, body))
-        return True
-
-    server = TinyServer(script)
+    server = TinyServer(_answer_after(release))
     async with trio.open_nursery() as nursery:
         await server.start(nursery)
         judge = real_judge(server.port)
