@@ -595,7 +595,8 @@ class Engine:
         for m in members:
             if m.rubric_ids != cohort.rubric_ids:
                 raise ValueError("GenRM cohort members have inconsistent expected_rubric_ids")
-        judge_texts = [judge_text(m.answer_text) for m in members]
+        texts = {m.index: MemberText(*m.texts()) for m in members}  # one read of each
+        judge_texts = [judge_text(texts[m.index].answer_text) for m in members]
         plan: list[PlannedComparison]
         if s.comparison_mode == "fixed_baseline":
             if cohort.baseline is None or any(
@@ -614,7 +615,6 @@ class Engine:
         evaluation = Evaluation(
             plan, judge_texts, cohort.history, self._judge_principle(cohort.principle)
         )
-        texts = {m.index: MemberText(m.reasoning_text, m.answer_text) for m in members}
         return evaluation, texts
 
     async def _evaluate(self, cohort: Cohort) -> None:

@@ -17,6 +17,7 @@ import trio.testing
 from judges import ScriptedJudge, member, response, running, settings
 from trio.testing import MockClock
 
+from genrm_trio.cohort.cohort import Member
 from genrm_trio.model import Scored, VerifyInput
 
 
@@ -125,3 +126,53 @@ async def test_waiters_share_the_cohort_event_and_detach_alone(
             assert engine.statistics().waiters == 1
             nursery.start_soon(send, 1)
         assert len(replies) == 2 and all(isinstance(r, Scored) for r in replies), replies
+
+
+def _long_text(seed: int, words: int) -> str:
+    return " ".join(f"t{(i * 7919 + seed) % 1013}" for i in range(words))
+
+
+def test_long_member_texts_wait_compressed_and_read_back_exactly() -> None:
+    reasoning = _long_text(1, 2000) + " \ud800 lone"  # ~12 KB of trace, with a lone surrogate
+    answer = _long_text(2, 300) + " caf\u00e9 \U0001f600 \udfff"
+    held = Member(
+        index=0,
+        response_digest="d" * 64,
+        answer_text=answer,
+        reasoning_text=reasoning,
+        rubric_ids=None,
+        baseline_digest=None,
+    )
+    assert held.texts() == (reasoning, answer)
+    assert (held.reasoning_text, held.answer_text) == (reasoning, answer)
+    assert type(held._texts) is bytes and len(held._texts) * 2 < len(reasoning) + len(answer)
+    short = Member(
+        index=1,
+        response_digest="d" * 64,
+        answer_text="four",
+        reasoning_text="",
+        rubric_ids=None,
+        baseline_digest=None,
+    )
+    assert short.texts() == ("", "four") and type(short._texts) is tuple
+
+
+async def test_long_answers_are_judged_and_echoed_exactly(autojump_clock: MockClock) -> None:
+    judge = ScriptedJudge()
+    answers = [_long_text(i, 900) + f" \udc80{i}" for i in range(2)]
+    async with running(settings(num_rollouts_per_prompt=2), judge) as engine:
+        replies: dict[int, object] = {}
+
+        async def send(index: int) -> None:
+            item = member(index, answer=answers[index], reasoning=_long_text(9, 800))
+            replies[index] = await engine.verify(item)
+
+        async with trio.open_nursery() as nursery:
+            for index in range(2):
+                nursery.start_soon(send, index)
+    for index in range(2):
+        reply = replies[index]
+        assert isinstance(reply, Scored)
+        assert reply.result["answer_text"] == answers[index]
+        assert reply.result["reasoning_text"] == _long_text(9, 800)
+    assert {text for c in judge.calls for text in c.shown} == set(answers)  # judged as given

@@ -6,15 +6,16 @@ digest, the rubric ids and the baseline digest; the request bodies stay with the
 Once terminal, the members are dropped and the :class:`~genrm_trio.cohort.records.TerminalRecord`
 is the only source of replies.
 
-A waiter is a bare token in its member's list (counted, and removed when its request goes
-away); every waiting request of a cohort waits on the cohort's one ``released`` event and then
-reads its slot's outcome from the terminal record, so a held request costs no event of its own.
+A waiter is a token in its member's list (counted, and removed when its request goes away);
+every waiting request of a cohort waits on the cohort's one ``released`` event, after the release
+has put its slot's outcome in the token, so a held request costs no event of its own.
 Outcomes are decided when the cohort enters a terminal state; waiters are released later, by the
 cohort's run task, after the durable store has committed the record (SPEC §17.11).
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Final, Protocol, final
 
@@ -63,15 +64,46 @@ class Waiter:
         self.outcome: MemberOutcome | None = None
 
 
+_COMPRESS_TEXTS_FROM: Final = 4096  # characters of reasoning + answer
+
+
+def _pack_texts(reasoning: str, answer: str) -> tuple[str, str] | bytes:
+    """Long texts as one zlib blob (when that saves a quarter), short ones as they are."""
+    if len(reasoning) + len(answer) < _COMPRESS_TEXTS_FROM:
+        return reasoning, answer
+    # surrogatepass: a JSON body may carry lone surrogates, and they must come back exactly
+    head = reasoning.encode("utf-8", "surrogatepass")
+    data = b"%d:" % len(head) + head + answer.encode("utf-8", "surrogatepass")
+    packed = zlib.compress(data, 1)
+    return packed if len(packed) * 4 <= len(data) * 3 else (reasoning, answer)
+
+
+def _unpack_texts(packed: tuple[str, str] | bytes) -> tuple[str, str]:
+    if type(packed) is tuple:
+        return packed
+    assert type(packed) is bytes
+    data = zlib.decompress(packed)
+    size, _, rest = data.partition(b":")
+    cut = int(size)
+    return (
+        rest[:cut].decode("utf-8", "surrogatepass"),
+        rest[cut:].decode("utf-8", "surrogatepass"),
+    )
+
+
 @final
 class Member:
-    """One rollout slot, compacted to what scoring and replay need."""
+    """One rollout slot, compacted to what scoring and replay need.
+
+    Long reasoning and answer texts wait for the group zlib-compressed: a reasoning model's trace
+    is tens of kilobytes, and up to `server.max_active_cohorts` groups of them wait in memory.
+    They are read once, when the cohort is judged (:meth:`texts`).
+    """
 
     __slots__ = (
-        "answer_text",
+        "_texts",
         "baseline_digest",
         "index",
-        "reasoning_text",
         "response_digest",
         "rubric_ids",
         "waiters",
@@ -89,11 +121,22 @@ class Member:
     ) -> None:
         self.index = index
         self.response_digest = response_digest
-        self.answer_text = answer_text
-        self.reasoning_text = reasoning_text
+        self._texts = _pack_texts(reasoning_text, answer_text)
         self.rubric_ids = rubric_ids
         self.baseline_digest = baseline_digest
         self.waiters: list[Waiter] = []
+
+    def texts(self) -> tuple[str, str]:
+        """(reasoning text, answer text), exactly as given."""
+        return _unpack_texts(self._texts)
+
+    @property
+    def answer_text(self) -> str:
+        return self.texts()[1]
+
+    @property
+    def reasoning_text(self) -> str:
+        return self.texts()[0]
 
 
 class CohortHost(Protocol):
