@@ -596,7 +596,7 @@ class Engine:
             if m.rubric_ids != cohort.rubric_ids:
                 raise ValueError("GenRM cohort members have inconsistent expected_rubric_ids")
         texts = {m.index: MemberText(*m.texts()) for m in members}  # one read of each
-        judge_texts = [judge_text(texts[m.index].answer_text) for m in members]
+        judge_texts = [judge_text(t.answer_text) for t in texts.values()]
         plan: list[PlannedComparison]
         if s.comparison_mode == "fixed_baseline":
             if cohort.baseline is None or any(

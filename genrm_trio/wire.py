@@ -32,7 +32,7 @@ from pydantic import (
 )
 from pydantic.json_schema import models_json_schema
 
-from .cohort.records import compact_json, result_dict, result_json
+from .cohort.records import compact_json, compressed, result_dict, result_json
 from .config import RESPONSES_CREATE_PARAM_KEYS
 from .model import CompareInput, JSONValue, Scored, VerifyInput
 
@@ -431,7 +431,6 @@ def success_row(request: VerifyRequest, outcome: Scored) -> dict[str, JSONValue]
 
 
 _ECHO_KEYS: Final = ("responses_create_params", "response")
-_COMPRESS_ECHO_FROM: Final = 4096  # bytes; the agent's body with a 1,000-character answer: ~2.3 KB
 
 
 @final
@@ -444,8 +443,9 @@ class HeldVerify:
     answers; its echo as compact JSON is ~2.3 KB, and with a group's members waiting in the
     hundreds that is most of a request's footprint. Encoding it now instead of at the reply costs
     nothing extra; the failsafe row (masked members) decodes it again. A long echo (long answers,
-    reasoning traces) is kept zlib-compressed: its text is the second copy of the answer the
-    cohort holds anyway, and (e) of the benchmarks holds 15,000 of them.
+    reasoning traces) is kept zlib-compressed (:func:`compressed`; the agent's body with a
+    1,000-character answer stays plain): its text is the second copy of the answer the cohort
+    holds anyway, and (e) of the benchmarks holds 15,000 of them.
     """
 
     echo: bytes  # {"responses_create_params":…,"response":…}, zlib-compressed if echo_compressed
@@ -460,18 +460,14 @@ class HeldVerify:
         body = request.body
         inp = request.input
         echo = encode_json({key: body[key] for key in _ECHO_KEYS})
-        compressed = False
-        if len(echo) >= _COMPRESS_ECHO_FROM:
-            packed = zlib.compress(echo, 1)
-            if len(packed) * 4 <= len(echo) * 3:
-                echo, compressed = packed, True
+        packed = compressed(echo)
         return HeldVerify(
-            echo=echo,
+            echo=echo if packed is None else packed,
             rest={key: value for key, value in body.items() if key not in _ECHO_KEYS},
             group_id=inp.group_id,
             group_attempt=inp.group_attempt,
             rollout_index=inp.rollout_index,
-            echo_compressed=compressed,
+            echo_compressed=packed is not None,
         )
 
     def echo_json(self) -> bytes:

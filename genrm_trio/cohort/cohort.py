@@ -23,7 +23,7 @@ import trio
 from transitions import EventData
 
 from genrm_trio.cohort import machine
-from genrm_trio.cohort.records import MemberRecord, TerminalRecord
+from genrm_trio.cohort.records import COMPRESS_FROM, MemberRecord, TerminalRecord, compressed
 from genrm_trio.model import GroupFailed, Masked, MemberOutcome, Scored
 
 if TYPE_CHECKING:
@@ -64,18 +64,14 @@ class Waiter:
         self.outcome: MemberOutcome | None = None
 
 
-_COMPRESS_TEXTS_FROM: Final = 4096  # characters of reasoning + answer
-
-
 def _pack_texts(reasoning: str, answer: str) -> tuple[str, str] | bytes:
-    """Long texts as one zlib blob (when that saves a quarter), short ones as they are."""
-    if len(reasoning) + len(answer) < _COMPRESS_TEXTS_FROM:
+    """Long texts as one zlib blob (:func:`compressed`), short ones as they are."""
+    if len(reasoning) + len(answer) < COMPRESS_FROM:  # too short in bytes too: skip encoding
         return reasoning, answer
     # surrogatepass: a JSON body may carry lone surrogates, and they must come back exactly
     head = reasoning.encode("utf-8", "surrogatepass")
-    data = b"%d:" % len(head) + head + answer.encode("utf-8", "surrogatepass")
-    packed = zlib.compress(data, 1)
-    return packed if len(packed) * 4 <= len(data) * 3 else (reasoning, answer)
+    packed = compressed(b"%d:" % len(head) + head + answer.encode("utf-8", "surrogatepass"))
+    return (reasoning, answer) if packed is None else packed
 
 
 def _unpack_texts(packed: tuple[str, str] | bytes) -> tuple[str, str]:
@@ -129,14 +125,6 @@ class Member:
     def texts(self) -> tuple[str, str]:
         """(reasoning text, answer text), exactly as given."""
         return _unpack_texts(self._texts)
-
-    @property
-    def answer_text(self) -> str:
-        return self.texts()[1]
-
-    @property
-    def reasoning_text(self) -> str:
-        return self.texts()[0]
 
 
 class CohortHost(Protocol):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from array import array
 from collections.abc import (
     Awaitable,
     Callable,
@@ -29,6 +30,7 @@ import trio
 from genrm_trio.model import FailureKind, JSONValue
 
 __all__ = [
+    "COMPRESS_FROM",
     "CohortStore",
     "Commit",
     "CommitsBySubmit",
@@ -41,6 +43,7 @@ __all__ = [
     "TerminalRecord",
     "WatermarkRecord",
     "compact_json",
+    "compressed",
     "members_from_json",
     "members_json",
     "queued",
@@ -56,6 +59,19 @@ def compact_json(value: object) -> str:
     """The project's one JSON text form (replies, packed results, the store): compact, ASCII
     (lone surrogates as ``\\uXXXX``). Raises ValueError for NaN and infinities."""
     return _ENCODER.encode(value)
+
+
+COMPRESS_FROM: Final = 4096
+"""Bytes from which text kept while a request waits (its echo, a member's texts) is compressed."""
+
+
+def compressed(data: bytes) -> bytes | None:
+    """``data`` at zlib level 1 when it is at least :data:`COMPRESS_FROM` bytes and that saves a
+    quarter, else None: short or dense text is cheaper kept as it is."""
+    if len(data) < COMPRESS_FROM:
+        return None
+    packed = zlib.compress(data, 1)
+    return packed if len(packed) * 4 <= len(data) * 3 else None
 
 
 @final
@@ -74,13 +90,6 @@ class PackedResult(Mapping[str, JSONValue]):
 
     def __init__(self, result: Mapping[str, JSONValue]) -> None:
         self._text = compact_json(dict(result))
-
-    @classmethod
-    def from_json(cls, text: str) -> PackedResult:
-        """A result from compact JSON text produced by :func:`compact_json` (not re-checked)."""
-        packed = cls.__new__(cls)
-        packed._text = text
-        return packed
 
     @staticmethod
     def of(result: Mapping[str, JSONValue]) -> Mapping[str, JSONValue]:
@@ -230,7 +239,7 @@ class PackedMembers(Mapping[int, MemberRecord]):
         if text is None:
             raise ValueError("no members to pack")
         self._data = zlib.compress(text.encode("ascii"), 1)
-        self._indexes = bytes(sorted(members)) if max(members) < 256 else None
+        self._indexes = array("I", sorted(members))
         self.masked = sum(1 for m in members.values() if m.masked_alone)
 
     def json_text(self) -> str:
@@ -250,12 +259,10 @@ class PackedMembers(Mapping[int, MemberRecord]):
         return _member_from_json(str(index), item)
 
     def __iter__(self) -> Iterator[int]:
-        if self._indexes is not None:
-            return iter(self._indexes)
-        return iter(self.unpack())
+        return iter(self._indexes)
 
     def __len__(self) -> int:
-        return len(self._indexes) if self._indexes is not None else len(self.unpack())
+        return len(self._indexes)
 
     def items(self) -> ItemsView[int, MemberRecord]:
         return self.unpack().items()
