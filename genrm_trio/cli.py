@@ -1,4 +1,5 @@
-"""The `genrm-trio` command (SPEC §16.5, §17.7): serve, sim-judge, demo, bench.
+"""The `genrm-trio` command (SPEC §16.5, §17.7): serve, sim-judge, demo, bench, checkpoint,
+gym-root.
 
 Exit codes: 0 after a graceful stop, 2 for a usage or config error (one stderr line
 `genrm-trio: config error: {file}: {key}: {message}`, no traceback), 1 for any other start-up
@@ -90,27 +91,29 @@ def _rate(value: str) -> float:
 
 
 @final
-class _StderrHandler(logging.StreamHandler[IO[str]]):
-    """Writes to whatever `sys.stderr` is at emit time (so redirection and test capture work)."""
+class _StdHandler(logging.StreamHandler[IO[str]]):
+    """Writes to whatever `sys.stderr` (or `sys.stdout`) is at emit time, so redirection and
+    test capture work."""
 
-    def __init__(self) -> None:
-        super().__init__(sys.stderr)
+    def __init__(self, to_stdout: bool) -> None:
+        self.to_stdout = to_stdout
+        super().__init__(sys.stdout if to_stdout else sys.stderr)
 
     @property
     def stream(self) -> IO[str]:
-        return sys.stderr
+        return sys.stdout if self.to_stdout else sys.stderr
 
     @stream.setter
     def stream(self, value: IO[str]) -> None:
         pass
 
 
-def configure_logging(level: int = logging.INFO) -> None:
-    """Send `genrm_trio.*` records to stderr, once per process."""
+def configure_logging(level: int = logging.INFO, *, stdout: bool = False) -> None:
+    """Send `genrm_trio.*` records to stderr (or stdout), once per process."""
     logger = logging.getLogger("genrm_trio")
     logger.setLevel(level)
-    if not any(isinstance(handler, _StderrHandler) for handler in logger.handlers):
-        handler = _StderrHandler()
+    if not any(isinstance(handler, _StdHandler) for handler in logger.handlers):
+        handler = _StdHandler(stdout)
         handler.setFormatter(
             logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
         )
@@ -166,12 +169,19 @@ def _serve_settings(args: argparse.Namespace) -> Settings:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    return run_service(partial(_serve_settings, args), sim=args.judge == "sim")
+
+
+def run_service(load: Callable[[], Settings], *, sim: bool = False) -> int:
+    """Load the settings and serve until SIGINT/SIGTERM; the exit code. What `genrm-trio serve`
+    and NeMo Gym's app.py run (a config error is one stderr line and exit 2)."""
     from genrm_trio.serve import ListenError, serve, tuned_gc
 
     try:
-        settings = _serve_settings(args)
+        settings = load()
     except ConfigError as exc:
         return _config_error(exc)
+
     # What serving runs, imported before the collector is tuned (serve() imports it lazily).
     import genrm_trio.engine
     import genrm_trio.http.app
@@ -180,7 +190,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     code = 0
     try:
         with tuned_gc():
-            trio.run(partial(serve, settings, sim=args.judge == "sim"))
+            trio.run(partial(serve, settings, sim=sim))
     except* ConfigError as group:
         code = _config_error(_first(group, ConfigError))
     except* ListenError as group:
@@ -366,6 +376,27 @@ def _add_demo(sub: Any) -> None:
     parser.set_defaults(handler=_run_demo)
 
 
+def _run_gym_root(args: argparse.Namespace) -> int:
+    from genrm_trio.gym import gym_root
+
+    print(gym_root())
+    return 0
+
+
+def _add_gym_root(sub: Any) -> None:
+    parser = sub.add_parser(
+        "gym-root",
+        help="print the directory to give NeMo Gym as --search-dir",
+        description=(
+            "Print the absolute path of the directory that holds genrm-trio's NeMo Gym "
+            "resources server (resources_servers/genrm_trio: app.py, requirements.txt, "
+            'configs/genrm_trio.yaml). Use it as: gym env start --search-dir "$(genrm-trio '
+            'gym-root)" ...'
+        ),
+    )
+    parser.set_defaults(handler=_run_gym_root)
+
+
 def _add_bench(sub: Any) -> None:
     from genrm_trio.bench import add_bench_arguments, run_bench_command
 
@@ -392,6 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_sim_judge,
         _add_bench,
         add_checkpoint_arguments,
+        _add_gym_root,
     )
     for add in adders:
         add(sub)
@@ -409,7 +441,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     if args.command is None:
         return _config_error(
-            UsageError("command", "choose one of serve, demo, sim-judge, bench, checkpoint")
+            UsageError(
+                "command", "choose one of serve, demo, sim-judge, bench, checkpoint, gym-root"
+            )
         )
     if args.command in ("serve", "sim-judge"):
         configure_logging(logging.INFO)

@@ -13,7 +13,7 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, final
+from typing import Any, Final, Literal, final
 from urllib.parse import urlsplit
 
 import yaml
@@ -21,13 +21,24 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 log = logging.getLogger("genrm_trio.config")
 
+# NeMo Gym's default principle, verbatim, so a judge sees the same prompt from either server
+# (resources_servers/genrm_compare/app.py in NeMo Gym 0.7.0; Copyright (c) 2025 NVIDIA
+# CORPORATION & AFFILIATES, Apache License 2.0, http://www.apache.org/licenses/LICENSE-2.0).
 DEFAULT_PRINCIPLE = (
-    "Please act as an impartial judge and evaluate the quality of the two responses provided by "
-    "AI assistants to the conversation shown. Judge which response better follows the user's "
-    "instructions and answers the user's question: consider helpfulness, correctness, relevance, "
-    "depth, clarity and level of detail. Avoid any position bias: the order in which the "
-    "responses were presented must not influence your decision, nor should their length or the "
-    "names of the assistants. Be as objective as possible."
+    "Please act as an impartial judge and evaluate the quality of the responses provided by two "
+    "AI assistants to the user prompt. Begin your evaluation by generating your own answer to the "
+    "prompt. You must provide your answer before judging any answers. When evaluating the "
+    "assistants' answers, compare both assistants' answers with your answer. You must identify "
+    "and correct any mistakes or inaccurate information. Then consider if the assistant's answers "
+    "are helpful, relevant, and concise. Helpful means the answer correctly responds to the "
+    "prompt or follows the instructions. Note when user prompt has any ambiguity or more than one "
+    "interpretation, it is more helpful and appropriate to ask for clarifications or more "
+    "information from the user than providing an answer based on assumptions. Relevant means all "
+    "parts of the response closely connect or are appropriate to what is being asked. Concise "
+    "means the response is clear and not verbose or excessive. Then consider the creativity and "
+    "novelty of the assistant's answers when needed. Finally, identify any missing important "
+    "information in the assistants' answers that would be beneficial to include when responding "
+    "to the user prompt."
 )
 
 # The shipped `genrm_responses_create_params` (SPEC §3.2 shipped YAML values).
@@ -92,6 +103,8 @@ class JudgeSettings(_Strict):
     model: str | None = None
     api_key_env: str | None = None
     max_concurrency: int = Field(default=256, ge=1)
+    # Gym's model servers have no /models route and start beside this server: not probed.
+    probe: bool = True
 
     @field_validator("base_url")
     @classmethod
@@ -323,22 +336,99 @@ def _find_interpolation(value: object, path: str) -> str | None:
     return None
 
 
-def _gym_block(data: Mapping[str, Any], instance: str | None) -> Mapping[str, Any] | None:
-    """The `resources_servers.genrm_compare` block of a Gym config, or None for a flat file."""
-    blocks: list[tuple[str, Mapping[str, Any]]] = []
+GYM_BLOCK_NAMES: Final = ("genrm_trio", "genrm_compare")
+"""The `resources_servers` keys whose block configures this server in a Gym config file:
+`genrm_trio` when Gym launches genrm-trio itself (docs/operations.md), `genrm_compare` for a
+file written for Gym's own server."""
+
+
+def gym_instances(data: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """(instance name, block) of every genrm_trio / genrm_compare block of a Gym config."""
+    found: list[tuple[str, Mapping[str, Any]]] = []
     for name, value in data.items():
-        if isinstance(value, Mapping):
-            servers = value.get("resources_servers")
-            if isinstance(servers, Mapping) and isinstance(servers.get("genrm_compare"), Mapping):
-                blocks.append((str(name), servers["genrm_compare"]))
-    if not blocks:
-        return None
-    if instance is None:
+        if not isinstance(value, Mapping):
+            continue
+        servers = value.get("resources_servers")
+        if not isinstance(servers, Mapping):
+            continue
+        for block_name in GYM_BLOCK_NAMES:
+            block = servers.get(block_name)
+            if isinstance(block, Mapping):
+                found.append((str(name), block))
+                break
+    return found
+
+
+def _is_gym_file(data: Mapping[str, Any]) -> bool:
+    """Whether a mapping looks like a Gym config (`<instance>: {<server type>: {<name>: …}}`)."""
+    return any(
+        isinstance(value, Mapping)
+        and any(str(kind).endswith(("_servers", "_models", "_agents")) for kind in value)
+        for value in data.values()
+    )
+
+
+def _named(names: list[str]) -> str:
+    return ", ".join(repr(name) for name in names) if names else "none"
+
+
+def _gym_block(data: Mapping[str, Any], instance: str | None) -> Mapping[str, Any] | None:
+    """The genrm_trio / genrm_compare block of a Gym config file, or None for a flat file."""
+    blocks = gym_instances(data)
+    if instance is not None:
+        for name, block in blocks:
+            if name == instance:
+                return block
+        raise ConfigError(
+            "",
+            "--instance",
+            f"no genrm_trio or genrm_compare instance named {instance!r} "
+            f"(instances found: {_named([name for name, _ in blocks])})",
+        )
+    if blocks:
         return blocks[0][1]
-    for name, block in blocks:
-        if name == instance:
-            return block
-    raise ConfigError("", "--instance", f"no genrm_compare instance named {instance!r}")
+    if _is_gym_file(data):
+        raise ConfigError(
+            "",
+            "file",
+            "a Gym config file without a resources_servers.genrm_trio or .genrm_compare block "
+            f"(instances in it: {_named([str(name) for name in data])})",
+        )
+    return None
+
+
+def judge_from_gym(data: Mapping[str, Any], block: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The `judge` block that Gym's genrm_compare implies: its `genrm_model_server` reference
+    followed through the (resolved) config to that model server's host and port, called with
+    the Responses API at `/v1/responses` as Gym's server does.
+
+    None when the block has its own `judge:` (it wins), no reference, or a reference to a server
+    that has no host/port yet (an unresolved file: give `--judge-url`). A reference to a server
+    the config does not define is a ConfigError naming it.
+    """
+    reference = block.get("genrm_model_server")
+    if "judge" in block or not isinstance(reference, Mapping):
+        return None
+    kind = reference.get("type", "responses_api_models")
+    name = reference.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError("", "genrm_model_server.name", "must name a Gym model server")
+    instance = data.get(name)
+    servers = instance.get(kind) if isinstance(instance, Mapping) else None
+    if not isinstance(servers, Mapping) or not servers:
+        raise ConfigError(
+            "",
+            "genrm_model_server",
+            f"references {kind}/{name!r}, which the Gym config does not define "
+            "(define that server, or give the judge in a judge: block)",
+        )
+    server = next(iter(servers.values()))
+    host = server.get("host") if isinstance(server, Mapping) else None
+    port = server.get("port") if isinstance(server, Mapping) else None
+    if not host or not isinstance(port, int) or isinstance(port, bool) or port <= 0:
+        return None
+    shown = f"[{host}]" if ":" in str(host) else str(host)
+    return {"base_url": f"http://{shown}:{port}/v1", "api": "responses", "probe": False}
 
 
 def settings_from_mapping(
@@ -346,8 +436,12 @@ def settings_from_mapping(
     *,
     file: str = "<settings>",
     overrides: Mapping[str, Any] | None = None,
+    model_server_used: bool = False,
 ) -> Settings:
-    """Validate a flat mapping plus dotted-path `overrides` into Settings, or raise ConfigError."""
+    """Validate a flat mapping plus dotted-path `overrides` into Settings, or raise ConfigError.
+
+    `model_server_used`: the judge was found through `genrm_model_server` (`settings_from_gym`).
+    """
     flat: dict[str, Any] = {}
     ignored: list[str] = []
     for key, value in data.items():
@@ -359,8 +453,8 @@ def settings_from_mapping(
         flat[key] = value
     if ignored:
         log.info("ignoring Gym-only config keys: %s", ", ".join(sorted(ignored)))
-    if "genrm_model_server" in flat:
-        log.info("genrm_model_server is ignored: the judge is reached through judge.base_url")
+    if "genrm_model_server" in flat and not model_server_used:
+        log.info("genrm_model_server is not used: the judge is reached through judge.base_url")
     found = _find_interpolation(flat, "")
     if found:
         raise ConfigError(file, found, "OmegaConf interpolation (${...}) is not supported")
@@ -416,8 +510,38 @@ def load_settings(
         block = _gym_block(data, instance)
     except ConfigError as exc:
         raise ConfigError(file, exc.key, exc.message) from None
-    if block is None and instance is not None:
-        raise ConfigError(file, "--instance", "not a Gym config file (no genrm_compare block)")
+    if block is None:
+        if instance is not None:
+            raise ConfigError(
+                file, "--instance", "not a Gym config file (no genrm_trio or genrm_compare block)"
+            )
+        return settings_from_mapping(data, file=file, overrides=overrides)
+    return settings_from_gym(data, block, file=file, overrides=overrides)
+
+
+def settings_from_gym(
+    data: Mapping[str, Any],
+    block: Mapping[str, Any],
+    *,
+    file: str,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Settings from one genrm block of a Gym config: its keys, and without a `judge:` key the
+    judge that its `genrm_model_server` names (`judge_from_gym`), unless a flag gives one."""
+    flat = dict(block)
+    judge: dict[str, Any] | None = None
+    if "judge.base_url" not in (overrides or {}):
+        try:
+            judge = judge_from_gym(data, block)
+        except ConfigError as exc:
+            raise ConfigError(file, exc.key, exc.message) from None
+        if judge is not None:
+            flat["judge"] = judge
+            log.info(
+                "judge: Gym model server %s at %s (Responses API)",
+                block["genrm_model_server"]["name"],
+                judge["base_url"],
+            )
     return settings_from_mapping(
-        block if block is not None else data, file=file, overrides=overrides
+        flat, file=file, overrides=overrides, model_server_used=judge is not None
     )

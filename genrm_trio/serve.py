@@ -5,7 +5,8 @@ D37), reads the secrets, probes the judge once (§17.5), opens the engine, and s
 with hypercorn on a socket it binds itself, so a busy port is one clear error and never a leaked
 socket. SIGINT/SIGTERM stop it gracefully (D28): stop accepting, fail the active cohorts so their
 waiters get 503 `GenRM server is shutting down`, give those replies up to
-`server.shutdown_grace_s` to be delivered, then stop.
+`server.shutdown_grace_s` to be delivered, then stop at once: idle keep-alive connections do not
+hold the shutdown.
 """
 
 from __future__ import annotations
@@ -148,6 +149,48 @@ def hypercorn_config(sock: socket.socket, *, grace_s: float) -> Config:
     return config
 
 
+@final
+class RequestTracker:
+    """An ASGI wrapper that counts the HTTP requests its app is still handling.
+
+    A shutdown waits for these, not for connections: an idle keep-alive connection has nothing
+    to deliver, yet hypercorn (0.18, with quart-trio's handlers and with the `/verify` fast
+    path) would hold it open until `graceful_timeout`, because the handler's disconnect watcher
+    cancels the task that was re-arming the connection's idle timer. NeMo Gym kills a server
+    one second after SIGINT, so idle connections must not hold the shutdown.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+        self._running = 0
+        self._idle = trio.Event()
+        self._idle.set()
+
+    @property
+    def running(self) -> int:
+        """HTTP requests whose handler has not returned yet."""
+        return self._running
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        if self._running == 0:
+            self._idle = trio.Event()
+        self._running += 1
+        try:
+            await self._app(scope, receive, send)
+        finally:
+            self._running -= 1
+            if self._running == 0:
+                self._idle.set()
+
+    async def drained(self) -> None:
+        """Return once no HTTP request is being handled."""
+        while self._running:
+            await self._idle.wait()
+
+
 async def serve_app(
     app: Any,
     sock: socket.socket,
@@ -159,17 +202,31 @@ async def serve_app(
     """Serve an ASGI app on a socket from `bind_socket` until `shutdown_trigger` returns.
 
     Reports the bound port through `task_status` once hypercorn listens. After the trigger, new
-    connections are refused, idle keep-alive connections close, and requests in flight get up to
-    `grace_s` seconds to finish. Takes ownership of `sock` (closed on return).
+    connections are refused and the requests being handled get up to `grace_s` seconds to
+    finish; then every connection closes, idle keep-alive ones at once. Takes ownership of
+    `sock` (closed on return).
     """
     try:
         config = hypercorn_config(sock, grace_s=grace_s)
         port: int = sock.getsockname()[1]
+        tracker = RequestTracker(app)
+        stopping = trio.Event()
+
+        async def trigger() -> None:
+            await shutdown_trigger()
+            stopping.set()
+
         async with trio.open_nursery() as nursery:
             await nursery.start(
-                partial(hypercorn.trio.serve, app, config, shutdown_trigger=shutdown_trigger)
+                partial(hypercorn.trio.serve, tracker, config, shutdown_trigger=trigger)
             )
             task_status.started(port)
+            await stopping.wait()
+            with trio.move_on_after(grace_s):
+                await tracker.drained()
+            # Every reply has been written: what is left is idle connections (and requests
+            # past the grace period). Cancelling closes them without waiting for their timers.
+            nursery.cancel_scope.cancel()
     finally:
         sock.close()
 
@@ -182,6 +239,9 @@ async def probe_judge(settings: Settings, token: str | None) -> bool:
     """
     base_url = settings.judge.base_url
     if base_url is None:
+        return False
+    if not settings.judge.probe:
+        log.info("judge %s: not probed (judge.probe: false)", base_url)
         return False
     url = base_url.rstrip("/") + "/models"
     limit = min(PROBE_LIMIT_S, settings.judge_request_timeout_s)

@@ -150,6 +150,7 @@ def test_judge_defaults() -> None:
         "model": None,
         "api_key_env": None,
         "max_concurrency": 256,
+        "probe": True,
     }
     assert judge.endpoint == "unconfigured"
 
@@ -960,9 +961,13 @@ def test_empty_gym_block_gives_defaults(tmp_path: Path) -> None:
     assert load_settings(write(tmp_path, text)) == Settings()
 
 
-def test_gym_file_without_genrm_block_is_read_as_flat(tmp_path: Path) -> None:
+def test_gym_file_without_genrm_block_names_the_instances(tmp_path: Path) -> None:
+    # A Gym file is recognised as one: not read as a flat file ("other: unknown key").
     text = "other:\n  resources_servers:\n    math_verify:\n      entrypoint: app.py\n"
-    assert file_error(write(tmp_path, text)).key == "other"
+    err = file_error(write(tmp_path, text))
+    assert err.key == "file"
+    assert "without a resources_servers.genrm_trio or .genrm_compare block" in err.message
+    assert "(instances in it: 'other')" in err.message
 
 
 def test_file_top_level_dotted_key_is_unknown(tmp_path: Path) -> None:

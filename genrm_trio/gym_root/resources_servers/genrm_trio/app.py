@@ -1,0 +1,12 @@
+"""genrm-trio as a NeMo Gym resources server.
+
+`gym env start --search-dir "$(genrm-trio gym-root)"` runs this file for a
+`resources_servers.genrm_trio` block (docs/operations.md in genrm-trio).
+"""
+
+import sys
+
+from genrm_trio.gym import main
+
+if __name__ == "__main__":
+    sys.exit(main())
