@@ -13,6 +13,7 @@ test:
 lint:
     ruff check genrm_trio tests benchmarks
     ruff format --check genrm_trio tests benchmarks
+    lint-imports
 
 typecheck:
     mypy --strict genrm_trio
