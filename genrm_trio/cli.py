@@ -3,7 +3,9 @@ gym-root.
 
 Exit codes: 0 after a graceful stop, 2 for a usage or config error (one stderr line
 `genrm-trio: config error: {file}: {key}: {message}`, no traceback), 1 for any other start-up
-failure (a busy port prints `genrm-trio: cannot listen on {host}:{port}: address already in use`).
+failure (one line: a busy port prints `genrm-trio: cannot listen on {host}:{port}: address
+already in use`, a state file held by another server `genrm-trio: state file {path}: in use by
+another genrm-trio process`).
 """
 
 from __future__ import annotations
@@ -176,6 +178,7 @@ def run_service(load: Callable[[], Settings], *, sim: bool = False) -> int:
     """Load the settings and serve until SIGINT/SIGTERM; the exit code. What `genrm-trio serve`
     and NeMo Gym's app.py run (a config error is one stderr line and exit 2)."""
     from genrm_trio.serve import ListenError, serve, tuned_gc
+    from genrm_trio.store import StoreError
 
     try:
         settings = load()
@@ -195,6 +198,11 @@ def run_service(load: Callable[[], Settings], *, sim: bool = False) -> int:
         code = _config_error(_first(group, ConfigError))
     except* ListenError as group:
         _say(str(_first(group, ListenError)))
+        code = 1
+    except* StoreError as group:
+        # Raised inside the serve nurseries (the store opens after the judge probe), so it
+        # arrives wrapped; its message already names the file and the problem.
+        _say(str(_first(group, StoreError)))
         code = 1
     except* KeyboardInterrupt:
         code = 0  # a second Ctrl-C before the signal receiver was installed

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import procs
 import pytest
 import trio
 from rich.console import Console
@@ -225,6 +226,31 @@ def test_busy_port_is_one_line_exit_1(capsys: pytest.CaptureFixture[str]) -> Non
             f"genrm-trio: cannot listen on 127.0.0.1:{port}: address already in use"
         )
     # filterwarnings=error turns an unclosed socket's ResourceWarning into a failure at GC.
+
+
+def test_a_state_file_held_by_another_server_is_one_line_exit_1(tmp_path: Path) -> None:
+    """Two servers on one --state file: the second stops with the store's line, no traceback."""
+    state = tmp_path / "state.sqlite"
+    first = procs.start_server(tmp_path, {}, extra=["--state", str(state)], name="first")
+    try:
+        second = subprocess.run(
+            [*procs.command(), "serve", "--judge", "sim", "--port", "0", "--state", str(state)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert first.popen.poll() is None  # the first server is untouched
+    finally:
+        first.stop()
+        first.close()
+    assert second.returncode == 1
+    assert second.stdout == ""  # never listened
+    assert "Traceback" not in second.stderr
+    assert " ERROR " not in second.stderr
+    assert second.stderr.splitlines()[-1] == (
+        f"genrm-trio: state file {state}: in use by another genrm-trio process"
+    )
 
 
 # --- serve in-process: listening line, /health, graceful shutdown ---------------------------------
