@@ -2,10 +2,11 @@
 gym-root.
 
 Exit codes: 0 after a graceful stop, 2 for a usage or config error (one stderr line
-`genrm-trio: config error: {file}: {key}: {message}`, no traceback), 1 for any other start-up
-failure (one line: a busy port prints `genrm-trio: cannot listen on {host}:{port}: address
-already in use`, a state file held by another server `genrm-trio: state file {path}: in use by
-another genrm-trio process`).
+`genrm-trio: config error: {file}: {key}: {message}`, no traceback; no command at all prints the
+usage line and `genrm-trio: error: a command is required: …`), 1 for any other start-up failure
+(one line: a busy port prints `genrm-trio: cannot listen on {host}:{port}: address already in
+use`, a state file held by another server `genrm-trio: state file {path}: in use by another
+genrm-trio process`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from genrm_trio.checkpoint_cli import add_checkpoint_arguments
 from genrm_trio.config import ConfigError, Settings, load_settings
 
 PROG: Final = "genrm-trio"
+COMMANDS: Final = "serve, demo, sim-judge, bench, checkpoint or gym-root"
 FLAGS_FILE: Final = "<flags>"
 
 log = logging.getLogger("genrm_trio.cli")
@@ -448,11 +450,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help / --version
         return exc.code if isinstance(exc.code, int) else 0
     if args.command is None:
-        return _config_error(
-            UsageError(
-                "command", "choose one of serve, demo, sim-judge, bench, checkpoint, gym-root"
-            )
-        )
+        # What argparse prints for a missing required argument: the usage line, then the error.
+        parser.print_usage(sys.stderr)
+        _say(f"error: a command is required: {COMMANDS} ({PROG} --help describes them)")
+        return 2
     if args.command in ("serve", "sim-judge"):
         configure_logging(logging.INFO)
     handler: Callable[[argparse.Namespace], int] = args.handler

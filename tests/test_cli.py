@@ -95,7 +95,6 @@ def _row(rollout: int, group_id: str, answer: str) -> dict[str, Any]:
             "genrm-trio: config error: <flags>: judge.base_url:",
         ),
         (["serve", "--bogus"], "genrm-trio: config error: <flags>: arguments: unrecognized"),
-        ([], "genrm-trio: config error: <flags>: command: choose one of serve"),
         (["sim-judge", "--fault", "meteor"], "genrm-trio: config error: <flags>: --fault: unknown"),
     ],
 )
@@ -106,6 +105,21 @@ def test_usage_errors_are_one_line_exit_2(
     captured = capsys.readouterr()
     assert _one_line(captured.err).startswith(expected)
     assert captured.out == ""
+
+
+def test_no_command_is_a_usage_error_with_the_usage_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main([]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert lines[0].startswith("usage: genrm-trio [-h] [--version] COMMAND")
+    assert lines[-1] == (
+        "genrm-trio: error: a command is required: serve, demo, sim-judge, bench, checkpoint or "
+        "gym-root (genrm-trio --help describes them)"
+    )
+    assert "config error" not in captured.err
 
 
 def test_sim_judge_sticky_faults_flag_reaches_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
