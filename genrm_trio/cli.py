@@ -64,6 +64,22 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(self.prog.removeprefix(PROG).strip() or "arguments", message)
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Help text with `(default: X)` after every flag that has a real default.
+
+    Like argparse.ArgumentDefaultsHelpFormatter, minus the noise: no `(default: None)`,
+    `(default: False)` or `(default: [])`, and nothing when the help already names it.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        noise = default is None or default is False or default == [] or default is argparse.SUPPRESS
+        if noise or "(default" in text or "%(default)" in text or not action.option_strings:
+            return action.help
+        return f"{text} (default: %(default)s)"
+
+
 def _port(value: str) -> int:
     try:
         port = int(value)
@@ -323,6 +339,7 @@ def _add_sim_judge(sub: Any) -> None:
 
     parser = sub.add_parser(
         "sim-judge",
+        formatter_class=_DefaultsFormatter,
         help="serve the simulated GenRM judge (both judge APIs under /v1)",
         description=(
             "Serve the simulated judge: deterministic verdicts, latency and scripted faults. "
@@ -330,7 +347,7 @@ def _add_sim_judge(sub: Any) -> None:
         ),
     )
     parser.add_argument("--host", default="127.0.0.1", help="numeric bind address")
-    parser.add_argument("--port", type=_port, default=8000, help="bind port (0 picks a free port)")
+    parser.add_argument("--port", type=_port, default=8000, help="bind port; 0 picks a free port")
     parser.add_argument("--latency-ms", type=_non_negative, default=0.0, help="per-call latency")
     parser.add_argument("--jitter-ms", type=_non_negative, default=0.0, help="uniform extra 0..J")
     parser.add_argument("--seed", type=int, default=0, help="seed for jitter and random faults")
@@ -341,7 +358,7 @@ def _add_sim_judge(sub: Any) -> None:
         "--fault-kind",
         choices=FAULT_KINDS,
         default="http_500",
-        help="the kind of the random faults of --fault-rate (default http_500)",
+        help="the kind of the random faults of --fault-rate",
     )
     parser.add_argument(
         "--sticky-faults",
@@ -408,10 +425,13 @@ def _add_gym_root(sub: Any) -> None:
 
 
 def _add_bench(sub: Any) -> None:
-    from genrm_trio.bench import add_bench_arguments, run_bench_command
+    from genrm_trio.bench import BENCH_DESCRIPTION, add_bench_arguments, run_bench_command
 
     parser = sub.add_parser(
-        "bench", help="load generator: throughput, latency percentiles, judge-call counts"
+        "bench",
+        formatter_class=_DefaultsFormatter,
+        help="load generator: throughput, latency percentiles, judge-call counts",
+        description=BENCH_DESCRIPTION,
     )
     add_bench_arguments(parser)
     parser.set_defaults(handler=run_bench_command)
