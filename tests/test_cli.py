@@ -333,6 +333,60 @@ async def test_probe_warns_once_and_never_fails(caplog: pytest.LogCaptureFixture
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+async def test_probe_warns_when_the_judge_does_not_serve_the_configured_model(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(partial(serve_sim_judge, SimConfig()))
+            url = f"http://127.0.0.1:{port}/v1"
+            wrong = settings_from_mapping({"judge": {"base_url": url, "model": "qwen3-genrm"}})
+            assert await probe_judge(wrong, None) is True  # a warning, never a failure
+            assert warnings() == [
+                "judge probe: judge.model 'qwen3-genrm' is not among the models the judge serves "
+                "('genrm-sim'); judge calls naming it will likely fail"
+            ]
+            caplog.clear()
+            from_params = settings_from_mapping(
+                {
+                    "judge": {"base_url": url},
+                    "genrm_responses_create_params": {"input": [], "model": "other"},
+                }
+            )
+            assert await probe_judge(from_params, None) is True
+            assert len(warnings()) == 1
+            assert warnings()[0].startswith(
+                "judge probe: genrm_responses_create_params.model 'other' is not among"
+            )
+            caplog.clear()
+            for fine in ({"base_url": url, "model": "genrm-sim"}, {"base_url": url}):
+                assert await probe_judge(settings_from_mapping({"judge": fine}), None) is True
+            assert warnings() == []
+            nursery.cancel_scope.cancel()
+
+
+def test_the_model_warning_names_a_bounded_number_of_ids(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from genrm_trio.serve import PROBE_IDS_SHOWN, _check_model
+
+    settings = settings_from_mapping({"judge": {"base_url": "http://j/v1", "model": "m"}})
+    served = [f"model-{i}-" + "x" * 200 for i in range(PROBE_IDS_SHOWN + 3)]
+    body = {"object": "list", "data": [{"id": name} for name in served]}
+    _check_model(settings, httpx.Response(200, json=body))
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.count("'model-") == PROBE_IDS_SHOWN
+    assert "… (3 more)" in warning
+    assert len(warning) < 1200
+    caplog.clear()
+    for reply in (httpx.Response(200, text="not json"), httpx.Response(200, json={"data": 1})):
+        _check_model(settings, reply)  # not a model list: nothing to compare, no warning
+    assert not caplog.records
+
+
 # --- real processes: sim-judge + serve, a 4-rollout group end to end, SIGTERM → 0 ----------------
 
 
