@@ -14,12 +14,14 @@ import functools
 import json
 import math
 import os
+import re
 import resource
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, final
+from typing import Any, Final, Literal, final
 
 import httpx
 import trio
@@ -152,6 +154,9 @@ class _Tally:
     masked: int = 0
     failed_groups: int = 0  # a group with any non-200 reply
     errors: dict[str, int] = field(default_factory=dict)
+    in_flight: set[str] = field(default_factory=set)  # group ids of the /verify groups running
+    server_rollouts: int | None = None  # the server's N, once a 422 told it
+    news: trio.Event = field(default_factory=trio.Event)  # a group completed, or N was learned
 
     def error(self, text: str) -> None:
         self.errors[text] = self.errors.get(text, 0) + 1
@@ -433,17 +438,26 @@ async def _run_verify_group(pool: _HttpPool, cfg: BenchConfig, group: int, tally
         if status != 200:
             failed = True
             tally.error(f"HTTP {status}")
+            if status == 422 and (size := _index_range(reply)) is not None:
+                tally.server_rollouts = size
+                tally.news.set()
             return
         tally.rollouts += 1
         if json.loads(reply).get("mask_sample"):
             tally.masked += 1
 
-    async with trio.open_nursery() as nursery:
-        for body in bodies:
-            nursery.start_soon(one, body)
+    tally.in_flight.add(group_id)
+    try:
+        async with trio.open_nursery() as nursery:
+            for body in bodies:
+                nursery.start_soon(one, body)
+    finally:
+        tally.in_flight.discard(group_id)
     tally.group_latencies.append(time.perf_counter() - start)
     if failed:
         tally.failed_groups += 1
+    else:
+        tally.news.set()
 
 
 async def _run_compare_group(pool: _HttpPool, cfg: BenchConfig, group: int, tally: _Tally) -> None:
@@ -473,10 +487,83 @@ async def _run_compare_group(pool: _HttpPool, cfg: BenchConfig, group: int, tall
     tally.rollouts += cfg.rollouts
 
 
+class BenchError(Exception):
+    """A run that cannot measure anything, stopped early with the reason (one line)."""
+
+
+GROUP_SIZE_POLL_S: Final = 1.0
+"""Until the first /verify group completes, how often `/cohorts` is read for the server's N."""
+
+_INDEX_RANGE: Final = re.compile(r"_ng_rollout_index must be in \[0, (\d+)\)")
+
+
+def _index_range(reply: bytes) -> int | None:
+    """The server's N from a 422 `_ng_rollout_index must be in [0, N); got i` reply."""
+    try:
+        detail = json.loads(reply).get("detail")
+    except (ValueError, AttributeError):
+        return None
+    match = _INDEX_RANGE.match(detail) if isinstance(detail, str) else None
+    return int(match.group(1)) if match is not None else None
+
+
+async def _cohorts_group_size(
+    client: httpx.AsyncClient, url: str, ours: set[str]
+) -> tuple[bool, int | None]:
+    """(whether the server has a readable `/cohorts`, the `members_expected` of one of ours)."""
+    try:
+        reply = await client.get(url.rstrip("/") + "/cohorts")
+        views = reply.json() if reply.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return False, None
+    if not isinstance(views, list):
+        return False, None  # the reference server, or a token bench was not given
+    for view in views:
+        if isinstance(view, dict) and view.get("group_id") in ours:
+            expected = view.get("members_expected")
+            if isinstance(expected, int) and not isinstance(expected, bool):
+                return True, expected
+    return True, None
+
+
+def rollouts_mismatch(expected: int, rollouts: int) -> str:
+    """Why a run whose --rollouts differs from the server's num_rollouts_per_prompt stopped."""
+    if expected > rollouts:
+        why = (
+            f"no group can complete (each cohort waits for {expected} members until the "
+            "server's cohort_collection_timeout_s)"
+        )
+    else:
+        why = f"the server rejects _ng_rollout_index {expected} and above with 422"
+    return (
+        f"the server expects {expected} rollouts per group (its num_rollouts_per_prompt) but "
+        f"--rollouts is {rollouts}: {why}; run bench with --rollouts {expected}"
+    )
+
+
+def no_group_hint(report: BenchReport) -> str | None:
+    """A hint for a /verify run in which no group completed and requests timed out."""
+    if report.mode != "verify" or report.groups > report.failed_groups:
+        return None
+    if "TooSlowError" not in report.errors:
+        return None
+    return (
+        "no group completed; does the server's num_rollouts_per_prompt match "
+        f"--rollouts {report.rollouts_per_group}?"
+    )
+
+
 async def run_bench(
     cfg: BenchConfig, *, on_group_done: Callable[[], None] | None = None
 ) -> BenchReport:
-    """Run the configured load against `cfg.url` and return the measured report."""
+    """Run the configured load against `cfg.url` and return the measured report.
+
+    In verify mode, until the first group completes, the server's group size is learned from
+    its `/cohorts` (`members_expected` of one of the running groups) or from a 422 naming the
+    valid `_ng_rollout_index` range; when it differs from `cfg.rollouts` the run stops at once
+    with BenchError. Against a server that tells neither (the reference server), a run whose
+    groups all time out ends normally; `no_group_hint` then names the likely cause.
+    """
     headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     per_group = cfg.rollouts if cfg.mode == "verify" else 1
     in_flight = per_group * (cfg.groups if cfg.rate is not None else cfg.concurrency)
@@ -513,20 +600,49 @@ async def run_bench(
                 with trio.move_on_after(0.2):
                     await stop.wait()
 
+        mismatch: int | None = None
+
+        async def watch_group_size(run_scope: trio.CancelScope) -> None:
+            nonlocal mismatch
+            readable = True  # the server has a /cohorts bench can read
+            while True:
+                with trio.move_on_after(GROUP_SIZE_POLL_S if readable else math.inf):
+                    await tally.news.wait()
+                expected: int | None = None
+                if tally.news.is_set():
+                    expected = tally.server_rollouts
+                    if expected is None:
+                        return  # a group completed: the sizes match (or the server never groups)
+                elif tally.in_flight:
+                    readable, expected = await _cohorts_group_size(probe, cfg.url, tally.in_flight)
+                if expected is not None and expected != cfg.rollouts:
+                    mismatch = expected
+                    run_scope.cancel()
+                    return
+                if tally.news.is_set():
+                    return
+
         stop = trio.Event()
-        async with trio.open_nursery() as outer:
-            outer.start_soon(sample_rss, stop)
-            async with trio.open_nursery() as nursery:
-                if cfg.rate is None:
-                    for _ in range(min(cfg.concurrency, cfg.groups)):
-                        nursery.start_soon(closed_worker)
-                else:
-                    interval = 1.0 / cfg.rate
-                    origin = trio.current_time()
-                    for group in range(cfg.groups):
-                        nursery.start_soon(finish, group)
-                        await trio.sleep_until(origin + (group + 1) * interval)
-            stop.set()
+        with trio.CancelScope() as run_scope:
+            async with trio.open_nursery() as outer:
+                outer.start_soon(sample_rss, stop)
+                if cfg.mode == "verify":
+                    outer.start_soon(watch_group_size, run_scope)
+                async with trio.open_nursery() as nursery:
+                    if cfg.rate is None:
+                        for _ in range(min(cfg.concurrency, cfg.groups)):
+                            nursery.start_soon(closed_worker)
+                    else:
+                        interval = 1.0 / cfg.rate
+                        origin = trio.current_time()
+                        for group in range(cfg.groups):
+                            nursery.start_soon(finish, group)
+                            await trio.sleep_until(origin + (group + 1) * interval)
+                stop.set()
+                outer.cancel_scope.cancel()  # the group-size watch, if still waiting
+        if mismatch is not None:
+            await pool.aclose()
+            raise BenchError(rollouts_mismatch(mismatch, cfg.rollouts))
         wall = time.perf_counter() - start
         cpu_after = _proc_cpu_s(cfg.server_pid) if cfg.server_pid else None
         calls_after = await _judge_calls(cfg, probe)
@@ -568,16 +684,45 @@ async def run_bench(
 # --- command line ---------------------------------------------------------------------------
 
 
+BENCH_DESCRIPTION: Final = (
+    "Load generator: run GROUPS groups against a running server, CONCURRENCY at a time (closed "
+    "loop) or RATE per second (open loop), and report throughput, group and request latency "
+    "percentiles, the masked fraction and judge calls per group. verify mode sends N concurrent "
+    "/verify requests per group, shaped like NeMo Gym's simple agent; compare mode one /compare "
+    "of N answers. --rollouts must equal the server's num_rollouts_per_prompt in verify mode "
+    "(bench stops early and says so when the server tells a different N). Exit 0 when every "
+    "group got answers."
+)
+
+
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     """The `genrm-trio bench` flags."""
     parser.add_argument("--url", default="http://127.0.0.1:8100", help="server base URL")
-    parser.add_argument("--mode", choices=["verify", "compare"], default="verify")
+    parser.add_argument(
+        "--mode",
+        choices=["verify", "compare"],
+        default="verify",
+        help="verify: N /verify requests per group; compare: one /compare of N answers",
+    )
     parser.add_argument("--groups", type=int, default=64, help="total groups to run")
     parser.add_argument("--concurrency", "-G", type=int, default=16, help="groups in flight")
-    parser.add_argument("--rollouts", "-N", type=int, default=16, help="rollouts per group")
-    parser.add_argument("--answer-chars", type=int, default=1000)
-    parser.add_argument("--rate", type=float, default=None, help="open loop: groups per second")
-    parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
+    parser.add_argument(
+        "--rollouts",
+        "-N",
+        type=int,
+        default=16,
+        help="rollouts per group; in verify mode the server's num_rollouts_per_prompt",
+    )
+    parser.add_argument("--answer-chars", type=int, default=1000, help="characters per answer")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="open loop: groups per second (default: closed loop, --concurrency at a time)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="per-request timeout in seconds"
+    )
     parser.add_argument("--server-pid", type=int, default=None, help="measure its CPU and RSS")
     parser.add_argument("--judge-stats-url", default=None, help="simulated judge's /stats URL")
     parser.add_argument("--api-key-env", default=None, help="variable holding a bearer token")
@@ -614,12 +759,19 @@ def run_bench_command(args: argparse.Namespace) -> int:
         api_key=api_key or None,
     )
     console = Console(stderr=True)
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task(f"{cfg.mode} groups", total=cfg.groups)
-        report = trio.run(
-            functools.partial(run_bench, cfg, on_group_done=lambda: progress.advance(task))
-        )
+    try:
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task(f"{cfg.mode} groups", total=cfg.groups)
+            report = trio.run(
+                functools.partial(run_bench, cfg, on_group_done=lambda: progress.advance(task))
+            )
+    except BenchError as exc:
+        print(f"genrm-trio: bench stopped: {exc}", file=sys.stderr, flush=True)
+        return 1
     Console().print(_render(report, args.label))
+    hint = no_group_hint(report)
+    if hint is not None:
+        print(f"genrm-trio: bench: {hint}", file=sys.stderr, flush=True)
     if args.json_path:
         payload = json.loads(report.as_json())
         payload["label"] = args.label

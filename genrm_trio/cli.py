@@ -2,8 +2,11 @@
 gym-root.
 
 Exit codes: 0 after a graceful stop, 2 for a usage or config error (one stderr line
-`genrm-trio: config error: {file}: {key}: {message}`, no traceback), 1 for any other start-up
-failure (a busy port prints `genrm-trio: cannot listen on {host}:{port}: address already in use`).
+`genrm-trio: config error: {file}: {key}: {message}`, no traceback; no command at all prints the
+usage line and `genrm-trio: error: a command is required: …`), 1 for any other start-up failure
+(one line: a busy port prints `genrm-trio: cannot listen on {host}:{port}: address already in
+use`, a state file held by another server `genrm-trio: state file {path}: in use by another
+genrm-trio process`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from genrm_trio.checkpoint_cli import add_checkpoint_arguments
 from genrm_trio.config import ConfigError, Settings, load_settings
 
 PROG: Final = "genrm-trio"
+COMMANDS: Final = "serve, demo, sim-judge, bench, checkpoint or gym-root"
 FLAGS_FILE: Final = "<flags>"
 
 log = logging.getLogger("genrm_trio.cli")
@@ -58,6 +62,22 @@ class _Parser(argparse.ArgumentParser):
             key = match.group(1).split("/")[-1]
             raise UsageError(key, match.group(2))
         raise UsageError(self.prog.removeprefix(PROG).strip() or "arguments", message)
+
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Help text with `(default: X)` after every flag that has a real default.
+
+    Like argparse.ArgumentDefaultsHelpFormatter, minus the noise: no `(default: None)`,
+    `(default: False)` or `(default: [])`, and nothing when the help already names it.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        noise = default is None or default is False or default == [] or default is argparse.SUPPRESS
+        if noise or "(default" in text or "%(default)" in text or not action.option_strings:
+            return action.help
+        return f"{text} (default: %(default)s)"
 
 
 def _port(value: str) -> int:
@@ -176,6 +196,7 @@ def run_service(load: Callable[[], Settings], *, sim: bool = False) -> int:
     """Load the settings and serve until SIGINT/SIGTERM; the exit code. What `genrm-trio serve`
     and NeMo Gym's app.py run (a config error is one stderr line and exit 2)."""
     from genrm_trio.serve import ListenError, serve, tuned_gc
+    from genrm_trio.store import StoreError
 
     try:
         settings = load()
@@ -195,6 +216,11 @@ def run_service(load: Callable[[], Settings], *, sim: bool = False) -> int:
         code = _config_error(_first(group, ConfigError))
     except* ListenError as group:
         _say(str(_first(group, ListenError)))
+        code = 1
+    except* StoreError as group:
+        # Raised inside the serve nurseries (the store opens after the judge probe), so it
+        # arrives wrapped; its message already names the file and the problem.
+        _say(str(_first(group, StoreError)))
         code = 1
     except* KeyboardInterrupt:
         code = 0  # a second Ctrl-C before the signal receiver was installed
@@ -313,6 +339,7 @@ def _add_sim_judge(sub: Any) -> None:
 
     parser = sub.add_parser(
         "sim-judge",
+        formatter_class=_DefaultsFormatter,
         help="serve the simulated GenRM judge (both judge APIs under /v1)",
         description=(
             "Serve the simulated judge: deterministic verdicts, latency and scripted faults. "
@@ -320,7 +347,7 @@ def _add_sim_judge(sub: Any) -> None:
         ),
     )
     parser.add_argument("--host", default="127.0.0.1", help="numeric bind address")
-    parser.add_argument("--port", type=_port, default=8000, help="bind port (0 picks a free port)")
+    parser.add_argument("--port", type=_port, default=8000, help="bind port; 0 picks a free port")
     parser.add_argument("--latency-ms", type=_non_negative, default=0.0, help="per-call latency")
     parser.add_argument("--jitter-ms", type=_non_negative, default=0.0, help="uniform extra 0..J")
     parser.add_argument("--seed", type=int, default=0, help="seed for jitter and random faults")
@@ -331,7 +358,7 @@ def _add_sim_judge(sub: Any) -> None:
         "--fault-kind",
         choices=FAULT_KINDS,
         default="http_500",
-        help="the kind of the random faults of --fault-rate (default http_500)",
+        help="the kind of the random faults of --fault-rate",
     )
     parser.add_argument(
         "--sticky-faults",
@@ -398,10 +425,13 @@ def _add_gym_root(sub: Any) -> None:
 
 
 def _add_bench(sub: Any) -> None:
-    from genrm_trio.bench import add_bench_arguments, run_bench_command
+    from genrm_trio.bench import BENCH_DESCRIPTION, add_bench_arguments, run_bench_command
 
     parser = sub.add_parser(
-        "bench", help="load generator: throughput, latency percentiles, judge-call counts"
+        "bench",
+        formatter_class=_DefaultsFormatter,
+        help="load generator: throughput, latency percentiles, judge-call counts",
+        description=BENCH_DESCRIPTION,
     )
     add_bench_arguments(parser)
     parser.set_defaults(handler=run_bench_command)
@@ -440,11 +470,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help / --version
         return exc.code if isinstance(exc.code, int) else 0
     if args.command is None:
-        return _config_error(
-            UsageError(
-                "command", "choose one of serve, demo, sim-judge, bench, checkpoint, gym-root"
-            )
-        )
+        # What argparse prints for a missing required argument: the usage line, then the error.
+        parser.print_usage(sys.stderr)
+        _say(f"error: a command is required: {COMMANDS} ({PROG} --help describes them)")
+        return 2
     if args.command in ("serve", "sim-judge"):
         configure_logging(logging.INFO)
     handler: Callable[[argparse.Namespace], int] = args.handler

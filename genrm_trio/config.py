@@ -8,10 +8,11 @@ used (SPEC §17.1).
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal, final
 from urllib.parse import urlsplit
@@ -260,7 +261,9 @@ class Settings(_Strict):
     def _create_params(cls, value: dict[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(value) - RESPONSES_CREATE_PARAM_KEYS)
         if unknown:
-            raise ValueError(f"unknown create-params key {unknown[0]!r}")
+            close = _did_you_mean(unknown[0], sorted(RESPONSES_CREATE_PARAM_KEYS))
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown create-params key {unknown[0]!r}{hint}")
         if "input" not in value:
             raise ValueError("'input' is required (use [])")
         return value
@@ -431,6 +434,63 @@ def judge_from_gym(data: Mapping[str, Any], block: Mapping[str, Any]) -> dict[st
     return {"base_url": f"http://{shown}:{port}/v1", "api": "responses", "probe": False}
 
 
+def _did_you_mean(word: str, candidates: Sequence[str]) -> list[str]:
+    """The one candidate close to `word` (difflib ratio >= 0.75), else the one it begins."""
+    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.75)
+    if close:
+        return close
+    started = [candidate for candidate in candidates if candidate.startswith(word)]
+    return started if len(word) >= 4 and len(started) == 1 else []
+
+
+def _unknown_key_hint(loc: tuple[str, ...]) -> str:
+    """` (did you mean 'num_rollouts_per_prompt'?)` for an unknown key close to a known one.
+
+    Candidates are the keys of the block the unknown key is in (`judge.`, `server.` or the top
+    level). At the top level a key of a nested block counts too (`max_concurency` suggests
+    `judge.max_concurrency`) and a dotted key naming a nested one is told to nest instead; in a
+    block, a top-level key is told so.
+    """
+    *parents, name = loc
+    model: type[BaseModel] = Settings
+    for parent in parents:
+        annotation = model.model_fields[parent].annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return ""
+        model = annotation
+    prefix = "".join(f"{parent}." for parent in parents)
+    if parents and name in Settings.model_fields:
+        return f" ({name!r} is a top-level key, not one inside {parents[-1]!r})"
+    here = sorted(model.model_fields)
+    if not parents:
+        here = sorted({*here, *IGNORED_GYM_KEYS})
+    suggestions = [prefix + key for key in _did_you_mean(name, here)]
+    if not parents:
+        nested = _nested_keys()
+        block, dot, leaf = name.partition(".")
+        if dot and name in nested:
+            return f" (write it nested: {leaf!r} inside a {block!r} block)"
+        if not suggestions:
+            leaves = sorted({key.partition(".")[2] for key in nested})
+            for match in _did_you_mean(name, leaves):
+                suggestions = [key for key in nested if key.partition(".")[2] == match]
+        if not suggestions:
+            suggestions = _did_you_mean(name, nested)
+    if not suggestions:
+        return ""
+    return " (did you mean " + " or ".join(repr(key) for key in suggestions) + "?)"
+
+
+def _nested_keys() -> list[str]:
+    """`judge.base_url`, `server.max_body_bytes`, …: every key of a nested block."""
+    keys: list[str] = []
+    for block, field in Settings.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            keys.extend(f"{block}.{key}" for key in annotation.model_fields)
+    return sorted(keys)
+
+
 def settings_from_mapping(
     data: Mapping[str, Any],
     *,
@@ -474,7 +534,7 @@ def settings_from_mapping(
         key = ".".join(str(part) for part in error["loc"]) or "settings"
         message = str(error["msg"]).removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
-            message = "unknown key"
+            message = "unknown key" + _unknown_key_hint(tuple(str(part) for part in error["loc"]))
         if message == ONE_WORKER_MESSAGE:
             key = "num_workers"
         raise ConfigError(file, key, message) from None

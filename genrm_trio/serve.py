@@ -231,11 +231,61 @@ async def serve_app(
         sock.close()
 
 
+PROBE_IDS_SHOWN: Final = 8
+"""At most this many of the judge's model ids are named in the model-mismatch warning."""
+
+PROBE_ID_CHARS: Final = 80
+"""Each named id is cut at this many characters."""
+
+
+def _served_ids(response: httpx.Response) -> list[str] | None:
+    """The `id`s of an OpenAI `GET /models` reply (`{"data": [{"id": ...}, ...]}`), if it is one."""
+    try:
+        payload = response.json()
+    except ValueError:
+        return None
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list):
+        return None
+    return [
+        entry["id"]
+        for entry in data
+        if isinstance(entry, dict) and isinstance(entry.get("id"), str)
+    ]
+
+
+def _check_model(settings: Settings, response: httpx.Response) -> None:
+    """Warn once when the configured judge model is not one the judge says it serves."""
+    model = settings.judge_create_params.get("model")
+    if not isinstance(model, str):
+        return  # no model configured: the judge picks (or refuses), nothing to compare
+    served = _served_ids(response)
+    if served is None or model in served:
+        return
+    key = (
+        "judge.model"
+        if settings.judge.model is not None
+        else ("genrm_responses_create_params.model")
+    )
+    shown = ", ".join(repr(name[:PROBE_ID_CHARS]) for name in served[:PROBE_IDS_SHOWN])
+    if len(served) > PROBE_IDS_SHOWN:
+        shown += f", … ({len(served) - PROBE_IDS_SHOWN} more)"
+    log.warning(
+        "judge probe: %s %r is not among the models the judge serves (%s); judge calls naming "
+        "it will likely fail",
+        key,
+        model[:PROBE_ID_CHARS],
+        shown or "none",
+    )
+
+
 async def probe_judge(settings: Settings, token: str | None) -> bool:
     """The start-up probe (SPEC §17.5): one `GET {base_url}/models`; a failure only warns.
 
     Bounded by min(5 s, judge_request_timeout_s). Never POSTs and is not a judge call in any
-    metric. Returns whether the judge answered 2xx.
+    metric. Returns whether the judge answered 2xx. A 2xx listing models (`data[].id`) that
+    does not include the configured model (`judge.model`, else a `model` in
+    `genrm_responses_create_params`) logs one warning naming it and the served ids.
     """
     base_url = settings.judge.base_url
     if base_url is None:
@@ -262,6 +312,7 @@ async def probe_judge(settings: Settings, token: str | None) -> bool:
     else:
         if 200 <= response.status_code <= 299:
             log.info("judge probe GET %s: HTTP %d", url, response.status_code)
+            _check_model(settings, response)
             return True
         problem = f"HTTP {response.status_code}"
     log.warning("judge probe GET %s failed: %s; serving anyway", url, problem)

@@ -14,7 +14,18 @@ import pytest
 import trio
 import trio.testing
 
-from genrm_trio.bench import BenchConfig, _Closed, _Connection, _HttpPool, answer_text, run_bench
+from genrm_trio.bench import (
+    BenchConfig,
+    BenchError,
+    BenchReport,
+    _Closed,
+    _Connection,
+    _HttpPool,
+    answer_text,
+    no_group_hint,
+    run_bench,
+)
+from genrm_trio.cli import main
 from genrm_trio.config import settings_from_mapping
 from genrm_trio.judge.sim import SimConfig, serve_sim_judge, sim_asgi_app
 from genrm_trio.serve import serve
@@ -91,14 +102,14 @@ def test_answers_are_deterministic_and_exactly_sized() -> None:
 
 
 @asynccontextmanager
-async def _service() -> AsyncIterator[str]:
+async def _service(rollouts: int = 4) -> AsyncIterator[str]:
     judge_app = sim_asgi_app(SimConfig(record_calls=False))
     async with trio.open_nursery() as nursery:
         judge_port = await nursery.start(partial(serve_sim_judge, judge_app, port=0))
         settings = settings_from_mapping(
             {
                 "port": 0,
-                "num_rollouts_per_prompt": 4,
+                "num_rollouts_per_prompt": rollouts,
                 "cohort_collection_timeout_s": 20.0,
                 "cohort_evaluation_timeout_s": 20.0,
                 "judge_request_timeout_s": 10.0,
@@ -140,3 +151,100 @@ async def test_runs_against_the_service(
     assert report.masked_fraction == 0.0
     assert report.judge_calls_per_group == 4.0  # circular N=4, read from /metrics
     assert report.group_p50_ms is not None and report.group_p50_ms > 0
+
+
+@pytest.mark.parametrize(
+    ("rollouts", "why"),
+    [
+        (
+            2,
+            "no group can complete (each cohort waits for 4 members until the server's "
+            "cohort_collection_timeout_s)",
+        ),
+        (6, "the server rejects _ng_rollout_index 4 and above with 422"),
+    ],
+)
+async def test_rollouts_other_than_the_servers_n_stop_the_run_naming_n(
+    rollouts: int, why: str
+) -> None:
+    # The server collects for 20 s: stopping within 10 s means bench learned N, not timed out.
+    with trio.fail_after(10):
+        async with _service(rollouts=4) as url:
+            cfg = BenchConfig(url=url, groups=4, concurrency=2, rollouts=rollouts, timeout_s=20.0)
+            with pytest.raises(BenchError) as caught:
+                await run_bench(cfg)
+    assert str(caught.value) == (
+        f"the server expects 4 rollouts per group (its num_rollouts_per_prompt) but --rollouts "
+        f"is {rollouts}: {why}; run bench with --rollouts 4"
+    )
+
+
+def _report(**changes: Any) -> BenchReport:
+    fields: dict[str, Any] = {
+        "mode": "verify",
+        "groups": 2,
+        "rollouts_per_group": 8,
+        "concurrency": 2,
+        "rate": None,
+        "wall_s": 600.0,
+        "groups_per_s": 0.0,
+        "group_p50_ms": None,
+        "group_p95_ms": None,
+        "group_p99_ms": None,
+        "request_p50_ms": None,
+        "masked_fraction": 0.0,
+        "failed_groups": 2,
+        "judge_calls_per_group": None,
+        "server_cpu_s": None,
+        "server_cpu_ms_per_group": None,
+        "server_rss_idle_mb": None,
+        "server_rss_peak_mb": None,
+        "errors": {"TooSlowError": 16},
+    }
+    return BenchReport(**(fields | changes))
+
+
+def test_a_run_whose_groups_all_timed_out_asks_about_the_group_size() -> None:
+    assert no_group_hint(_report()) == (
+        "no group completed; does the server's num_rollouts_per_prompt match --rollouts 8?"
+    )
+    assert no_group_hint(_report(failed_groups=1)) is None  # one group completed
+    assert no_group_hint(_report(errors={"HTTP 502": 16})) is None
+    assert no_group_hint(_report(mode="compare")) is None
+
+
+def test_bench_command_prints_why_it_stopped_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import genrm_trio.bench as bench
+
+    async def mismatched(cfg: BenchConfig, **_: Any) -> BenchReport:
+        raise BenchError(bench.rollouts_mismatch(16, cfg.rollouts))
+
+    monkeypatch.setattr(bench, "run_bench", mismatched)
+    assert main(["bench", "--rollouts", "8"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines()[-1] == (
+        "genrm-trio: bench stopped: the server expects 16 rollouts per group (its "
+        "num_rollouts_per_prompt) but --rollouts is 8: no group can complete (each cohort waits "
+        "for 16 members until the server's cohort_collection_timeout_s); run bench with "
+        "--rollouts 16"
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        (["bench", "--help"], ["Load generator:", "(default: 16)", "(default: verify)"]),
+        (["sim-judge", "--help"], ["(default: 8000)", "(default: http_500)", "(default: 0.0)"]),
+    ],
+)
+def test_help_shows_the_description_and_defaults(
+    command: list[str], shown: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(command) == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for text in shown:
+        assert text in out
+    assert "(default: None)" not in out and "(default: False)" not in out

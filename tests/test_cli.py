@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import procs
 import pytest
 import trio
 from rich.console import Console
@@ -94,7 +95,6 @@ def _row(rollout: int, group_id: str, answer: str) -> dict[str, Any]:
             "genrm-trio: config error: <flags>: judge.base_url:",
         ),
         (["serve", "--bogus"], "genrm-trio: config error: <flags>: arguments: unrecognized"),
-        ([], "genrm-trio: config error: <flags>: command: choose one of serve"),
         (["sim-judge", "--fault", "meteor"], "genrm-trio: config error: <flags>: --fault: unknown"),
     ],
 )
@@ -105,6 +105,21 @@ def test_usage_errors_are_one_line_exit_2(
     captured = capsys.readouterr()
     assert _one_line(captured.err).startswith(expected)
     assert captured.out == ""
+
+
+def test_no_command_is_a_usage_error_with_the_usage_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main([]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert lines[0].startswith("usage: genrm-trio [-h] [--version] COMMAND")
+    assert lines[-1] == (
+        "genrm-trio: error: a command is required: serve, demo, sim-judge, bench, checkpoint or "
+        "gym-root (genrm-trio --help describes them)"
+    )
+    assert "config error" not in captured.err
 
 
 def test_sim_judge_sticky_faults_flag_reaches_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,6 +242,31 @@ def test_busy_port_is_one_line_exit_1(capsys: pytest.CaptureFixture[str]) -> Non
     # filterwarnings=error turns an unclosed socket's ResourceWarning into a failure at GC.
 
 
+def test_a_state_file_held_by_another_server_is_one_line_exit_1(tmp_path: Path) -> None:
+    """Two servers on one --state file: the second stops with the store's line, no traceback."""
+    state = tmp_path / "state.sqlite"
+    first = procs.start_server(tmp_path, {}, extra=["--state", str(state)], name="first")
+    try:
+        second = subprocess.run(
+            [*procs.command(), "serve", "--judge", "sim", "--port", "0", "--state", str(state)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert first.popen.poll() is None  # the first server is untouched
+    finally:
+        first.stop()
+        first.close()
+    assert second.returncode == 1
+    assert second.stdout == ""  # never listened
+    assert "Traceback" not in second.stderr
+    assert " ERROR " not in second.stderr
+    assert second.stderr.splitlines()[-1] == (
+        f"genrm-trio: state file {state}: in use by another genrm-trio process"
+    )
+
+
 # --- serve in-process: listening line, /health, graceful shutdown ---------------------------------
 
 
@@ -291,6 +331,60 @@ async def test_probe_warns_once_and_never_fails(caplog: pytest.LogCaptureFixture
             assert await probe_judge(ok, None) is True
             nursery.cancel_scope.cancel()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_probe_warns_when_the_judge_does_not_serve_the_configured_model(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(partial(serve_sim_judge, SimConfig()))
+            url = f"http://127.0.0.1:{port}/v1"
+            wrong = settings_from_mapping({"judge": {"base_url": url, "model": "qwen3-genrm"}})
+            assert await probe_judge(wrong, None) is True  # a warning, never a failure
+            assert warnings() == [
+                "judge probe: judge.model 'qwen3-genrm' is not among the models the judge serves "
+                "('genrm-sim'); judge calls naming it will likely fail"
+            ]
+            caplog.clear()
+            from_params = settings_from_mapping(
+                {
+                    "judge": {"base_url": url},
+                    "genrm_responses_create_params": {"input": [], "model": "other"},
+                }
+            )
+            assert await probe_judge(from_params, None) is True
+            assert len(warnings()) == 1
+            assert warnings()[0].startswith(
+                "judge probe: genrm_responses_create_params.model 'other' is not among"
+            )
+            caplog.clear()
+            for fine in ({"base_url": url, "model": "genrm-sim"}, {"base_url": url}):
+                assert await probe_judge(settings_from_mapping({"judge": fine}), None) is True
+            assert warnings() == []
+            nursery.cancel_scope.cancel()
+
+
+def test_the_model_warning_names_a_bounded_number_of_ids(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from genrm_trio.serve import PROBE_IDS_SHOWN, _check_model
+
+    settings = settings_from_mapping({"judge": {"base_url": "http://j/v1", "model": "m"}})
+    served = [f"model-{i}-" + "x" * 200 for i in range(PROBE_IDS_SHOWN + 3)]
+    body = {"object": "list", "data": [{"id": name} for name in served]}
+    _check_model(settings, httpx.Response(200, json=body))
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.count("'model-") == PROBE_IDS_SHOWN
+    assert "… (3 more)" in warning
+    assert len(warning) < 1200
+    caplog.clear()
+    for reply in (httpx.Response(200, text="not json"), httpx.Response(200, json={"data": 1})):
+        _check_model(settings, reply)  # not a model list: nothing to compare, no warning
+    assert not caplog.records
 
 
 # --- real processes: sim-judge + serve, a 4-rollout group end to end, SIGTERM → 0 ----------------

@@ -697,15 +697,61 @@ def test_startup_warnings_d12_when_judge_deadline_is_not_shorter(
 
 
 def test_unknown_key_is_named() -> None:
-    err = config_error({"num_rollout_per_prompt": 16})
-    assert err.key == "num_rollout_per_prompt"
-    assert err.message == "unknown key"
+    err = config_error({"mystery_knob": 16})
+    assert err.key == "mystery_knob"
+    assert err.message == "unknown key"  # nothing close: no suggestion
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "hint"),
+    [
+        ({"num_rollout_per_prompt": 16}, "num_rollout_per_prompt", "'num_rollouts_per_prompt'"),
+        ({"judge_request_timeout": 5}, "judge_request_timeout", "'judge_request_timeout_s'"),
+        ({"entrypont": "app.py"}, "entrypont", "'entrypoint'"),  # accepted Gym-only keys count
+        ({"num_judges": 2}, "num_judges", "'num_judges_per_comparison'"),  # a key it begins
+        ({"judges": {}}, "judges", "'judge'"),
+        ({"judge": {"modle": "m"}}, "judge.modle", "'judge.model'"),
+        (
+            {"server": {"max_active_cohort": 8}},
+            "server.max_active_cohort",
+            "'server.max_active_cohorts'",
+        ),
+        ({"max_concurency": 8}, "max_concurency", "'judge.max_concurrency'"),  # a nested key
+        ({"base_url": "http://j/v1"}, "base_url", "'judge.base_url'"),
+        ({"api_key_env": "T"}, "api_key_env", "'judge.api_key_env' or 'server.api_key_env'"),
+    ],
+)
+def test_unknown_key_close_to_a_known_one_gets_a_suggestion(
+    data: dict[str, Any], key: str, hint: str
+) -> None:
+    err = config_error(data)
+    assert err.key == key
+    assert err.message == f"unknown key (did you mean {hint}?)"
+
+
+@pytest.mark.parametrize("data", [{"judge": {"url": "http://j/v1"}}, {"cohort_ttl": 60}])
+def test_unknown_key_far_from_every_known_one_gets_no_suggestion(data: dict[str, Any]) -> None:
+    assert config_error(data).message == "unknown key"
+
+
+def test_a_top_level_key_inside_a_block_is_told_so() -> None:
+    err = config_error({"judge": {"judge_request_timeout_s": 5}})
+    assert err.key == "judge.judge_request_timeout_s"
+    assert err.message == (
+        "unknown key ('judge_request_timeout_s' is a top-level key, not one inside 'judge')"
+    )
+
+
+def test_unknown_create_params_key_gets_a_suggestion() -> None:
+    err = config_error({"genrm_responses_create_params": {"input": [], "temprature": 0.6}})
+    assert err.key == "genrm_responses_create_params"
+    assert err.message == "unknown create-params key 'temprature' (did you mean 'temperature'?)"
 
 
 def test_top_level_dotted_key_is_unknown() -> None:
     err = config_error({"judge.base_url": "http://127.0.0.1:8000/v1"})
     assert err.key == "judge.base_url"
-    assert err.message == "unknown key"
+    assert err.message == "unknown key (write it nested: 'base_url' inside a 'judge' block)"
 
 
 @pytest.mark.parametrize("block", ["judge", "server"])
@@ -927,7 +973,7 @@ def test_gym_block_unknown_key_named(tmp_path: Path) -> None:
     text = "inst:\n  resources_servers:\n    genrm_compare:\n      num_judges: 2\n"
     err = file_error(write(tmp_path, text))
     assert err.key == "num_judges"
-    assert err.message == "unknown key"
+    assert err.message == "unknown key (did you mean 'num_judges_per_comparison'?)"
 
 
 def test_gym_block_interpolation_named(tmp_path: Path) -> None:
@@ -972,7 +1018,10 @@ def test_gym_file_without_genrm_block_names_the_instances(tmp_path: Path) -> Non
 
 def test_file_top_level_dotted_key_is_unknown(tmp_path: Path) -> None:
     err = file_error(write(tmp_path, "judge.base_url: http://127.0.0.1:8000/v1\n"))
-    assert (err.key, err.message) == ("judge.base_url", "unknown key")
+    assert (err.key, err.message) == (
+        "judge.base_url",
+        "unknown key (write it nested: 'base_url' inside a 'judge' block)",
+    )
 
 
 def test_file_unknown_key(tmp_path: Path) -> None:
