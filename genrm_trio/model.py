@@ -113,6 +113,7 @@ class CohortView:
     state: Literal["collecting", "judging"]
     members_present: int
     members_expected: int
+    requests_waiting: int  # /verify requests attached and not answered yet
     comparisons_total: int
     comparisons_done: int
     comparisons_failed: int

@@ -787,6 +787,7 @@ class CohortInfo(BaseModel):
     state: Literal["collecting", "judging"]
     members_present: int
     members_expected: int
+    requests_waiting: int
     comparisons_total: int
     comparisons_done: int
     comparisons_failed: int

@@ -17,7 +17,9 @@ from quart import request
 from quart_trio import QuartTrio
 
 from genrm_trio.config import ConfigError, Settings
+from genrm_trio.engine import open_engine
 from genrm_trio.http.app import create_app, current_rollout_id
+from genrm_trio.judge.sim import FaultRule, SimConfig, SimJudge
 from genrm_trio.model import (
     CohortView,
     CompareFailed,
@@ -436,6 +438,7 @@ async def test_cohorts_route() -> None:
         state="collecting",
         members_present=3,
         members_expected=4,
+        requests_waiting=2,
         comparisons_total=4,
         comparisons_done=0,
         comparisons_failed=0,
@@ -454,6 +457,7 @@ async def test_cohorts_route() -> None:
             "state": "collecting",
             "members_present": 3,
             "members_expected": 4,
+            "requests_waiting": 2,
             "comparisons_total": 4,
             "comparisons_done": 0,
             "comparisons_failed": 0,
@@ -845,13 +849,11 @@ def e2e_settings() -> Settings:
 
 
 async def test_e2e_group_replay_conflict_and_compare() -> None:
-    engine_mod = pytest.importorskip("genrm_trio.engine")
-    sim = pytest.importorskip("genrm_trio.judge.sim")
-    judge = sim.SimJudge(sim.SimConfig())
+    judge = SimJudge(SimConfig())
     settings_ = e2e_settings()
     bodies = [member(i, f"[quality={q}] answer {i}") for i, q in enumerate((5, 1, 3, 4))]
     with trio.fail_after(20):
-        async with engine_mod.open_engine(settings_, judge) as engine:
+        async with open_engine(settings_, judge) as engine:
             app = create_app(engine, settings_)
             replies = await post_group(app, bodies)
             for i, (status, row) in enumerate(replies):
@@ -896,13 +898,11 @@ async def test_e2e_group_replay_conflict_and_compare() -> None:
 
 
 async def test_e2e_partial_masking_and_cohorts_view() -> None:
-    engine_mod = pytest.importorskip("genrm_trio.engine")
-    sim = pytest.importorskip("genrm_trio.judge.sim")
-    judge = sim.SimJudge(sim.SimConfig(rules=[sim.FaultRule("http_500", match="BAD")]))
+    judge = SimJudge(SimConfig(rules=[FaultRule("http_500", match="BAD")]))
     settings_ = e2e_settings()
     bodies = [member(i, f"answer {i}" + (" BAD" if i == 2 else ""), group="m") for i in range(4)]
     with trio.fail_after(20):
-        async with engine_mod.open_engine(settings_, judge) as engine:
+        async with open_engine(settings_, judge) as engine:
             app = create_app(engine, settings_)
             async with trio.open_nursery() as nursery:
                 for body in bodies[:2]:

@@ -74,11 +74,17 @@ class Stack:
         assert all(r is not None for r in replies)
         return [r for r in replies if r is not None]
 
-    async def wait_for_state(self, state: str, members: int | None = None) -> None:
+    async def wait_for_state(
+        self, state: str, members: int | None = None, waiting: int | None = None
+    ) -> None:
+        """Poll /cohorts until a cohort is in `state` (with that many members present and
+        requests waiting, when given)."""
         while True:
             cohorts = (await self.client.get(f"{self.base}/cohorts")).json()
             if any(
-                c["state"] == state and (members is None or c["members_present"] == members)
+                c["state"] == state
+                and (members is None or c["members_present"] == members)
+                and (waiting is None or c["requests_waiting"] == waiting)
                 for c in cohorts
             ):
                 return
@@ -186,11 +192,11 @@ async def test_disconnect_during_collection_then_exact_reattachment(
                 nursery.start_soon(
                     _send_and_forget, doomed, stack.base, row(0, group, texts[0]), scope
                 )
-                await stack.wait_for_state("collecting", members=1)
+                await stack.wait_for_state("collecting", members=1, waiting=1)
                 scope.cancel()
-            # the member and its answer stay; a different answer for the slot is refused
-            cohorts = (await stack.client.get(f"{stack.base}/cohorts")).json()
-            assert [c["members_present"] for c in cohorts] == [1]
+            # the member and its answer stay, with no request waiting; a different answer for
+            # the slot is refused
+            await stack.wait_for_state("collecting", members=1, waiting=0)
             conflict = await stack.client.post(
                 f"{stack.base}/verify", json=row(0, group, texts[0] + " regenerated")
             )
@@ -198,10 +204,7 @@ async def test_disconnect_during_collection_then_exact_reattachment(
             assert "already has a different response" in conflict.json()["detail"]
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(member, 0)  # the exact retry re-attaches while collecting
-                await trio.sleep(0.05)
-                assert (await stack.client.get(f"{stack.base}/cohorts")).json()[0][
-                    "members_present"
-                ] == 1
+                await stack.wait_for_state("collecting", members=1, waiting=1)
                 for i in range(1, 4):
                     nursery.start_soon(member, i)
             calls = stack.judge.sim.statistics().calls
@@ -237,12 +240,10 @@ async def test_disconnect_during_judging_then_exact_reattachment(
                 )
                 for i in range(1, 4):
                     nursery.start_soon(member, i)
-                await stack.wait_for_state("judging")
+                await stack.wait_for_state("judging", waiting=4)
                 scope.cancel()
-                await trio.sleep(0.05)
                 # the cohort keeps judging without that request; the exact retry re-attaches
-                cohorts = (await stack.client.get(f"{stack.base}/cohorts")).json()
-                assert [c["state"] for c in cohorts] == ["judging"]
+                await stack.wait_for_state("judging", members=4, waiting=3)
                 nursery.start_soon(member, 0)
             calls = stack.judge.sim.statistics().calls
     capsys.readouterr()

@@ -369,7 +369,9 @@ async def test_no_waiter_is_released_before_the_terminal_commit(tmp_path: Path) 
                 nursery.start_soon(send, 1)
                 await store.waiting.wait()
                 nursery.start_soon(send, 0)  # a replay while the commit is pending waits too
-                await trio.sleep(0.2)
+                # every task is parked (the commit at the gate, three requests waiting): a
+                # release before the commit would have run by now
+                await trio.testing.wait_all_tasks_blocked()
                 assert events == []
                 with rows(path_of(config), "SELECT phase FROM cohorts") as found:
                     assert found == [("open",)]

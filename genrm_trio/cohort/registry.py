@@ -97,6 +97,7 @@ class Registry:
                     state="judging" if judging else "collecting",
                     members_present=len(c.members),
                     members_expected=c.size,
+                    requests_waiting=c.waiter_count,
                     comparisons_total=c.comparisons_total,
                     comparisons_done=c.comparisons_done,
                     comparisons_failed=c.comparisons_failed,

@@ -7,6 +7,7 @@ once and encodes the reply once. Every non-200 reply is `application/json` `{"de
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import logging
 import math
@@ -554,26 +555,7 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
 
     @app.get("/cohorts")
     async def cohorts() -> Response:
-        return _reply(
-            200,
-            [
-                {
-                    "key": view.key,
-                    "group_id": view.group_id,
-                    "group_attempt": view.group_attempt,
-                    "state": view.state,
-                    "members_present": view.members_present,
-                    "members_expected": view.members_expected,
-                    "comparisons_total": view.comparisons_total,
-                    "comparisons_done": view.comparisons_done,
-                    "comparisons_failed": view.comparisons_failed,
-                    "comparisons_pending": view.comparisons_pending,
-                    "deadline": view.deadline,
-                    "deadline_s_left": view.deadline_s_left,
-                }
-                for view in engine.active_cohorts()
-            ],
-        )
+        return _reply(200, [dataclasses.asdict(view) for view in engine.active_cohorts()])
 
     # --- checkpoints (SPEC §17.12) --------------------------------------------------------
 
