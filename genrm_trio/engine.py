@@ -62,6 +62,7 @@ from genrm_trio.model import (
     FailureKind,
     GroupFailed,
     MemberOutcome,
+    Rejection,
     RequestRejected,
     Scored,
     VerifyInput,
@@ -279,9 +280,9 @@ class Engine:
         if item.group_id is not None and not item.group_attempt_given:
             _log_legacy_attempt_once()
         if self._closed:
-            raise RequestRejected(503, SHUTTING_DOWN)
+            raise RequestRejected(Rejection.UNAVAILABLE, SHUTTING_DOWN)
         if s.score_source == "rubric_mean" and not item.expected_rubric_ids:
-            raise RequestRejected(422, RUBRIC_REQUIRED)
+            raise RequestRejected(Rejection.INVALID, RUBRIC_REQUIRED)
         if not s.cohorting:
             text = MemberText(reasoning_text(item.response), answer_text(item.response))
             return Scored(default_result(s, text))
@@ -289,19 +290,23 @@ class Engine:
         size = s.num_rollouts_per_prompt
         index = item.rollout_index
         if index is None:
-            raise RequestRejected(422, "_ng_rollout_index is required for cohort comparison")
+            raise RequestRejected(
+                Rejection.INVALID, "_ng_rollout_index is required for cohort comparison"
+            )
         if not 0 <= index < size:
-            raise RequestRejected(422, f"_ng_rollout_index must be in [0, {size}); got {index}")
+            raise RequestRejected(
+                Rejection.INVALID, f"_ng_rollout_index must be in [0, {size}); got {index}"
+            )
         baseline: str | None = None
         if s.comparison_mode == "fixed_baseline":
             raw = (item.metadata or {}).get("baseline_response")
             if not isinstance(raw, str) or not raw.strip():
-                raise RequestRejected(422, BASELINE_REQUIRED)
+                raise RequestRejected(Rejection.INVALID, BASELINE_REQUIRED)
             baseline = raw
         try:
             history = normalize_history(item.input)
         except HistoryError as error:
-            raise RequestRejected(422, str(error)) from None
+            raise RequestRejected(Rejection.INVALID, str(error)) from None
 
         base_digest = prompt_digest(item.input, item.principle)
         if item.group_id is not None:
@@ -393,7 +398,7 @@ class Engine:
         s = self.settings
         reg = self._registry
         if self._closed:
-            raise RequestRejected(503, SHUTTING_DOWN)
+            raise RequestRejected(Rejection.UNAVAILABLE, SHUTTING_DOWN)
         now = trio.current_time()
         reg.prune(now)
         group_id = arrival.group_id
@@ -403,12 +408,12 @@ class Engine:
             watermark = reg.watermarks.get(group_id)
             if watermark is not None and watermark.prompt_digest != digest:
                 raise RequestRejected(
-                    409,
+                    Rejection.CONFLICT,
                     f"GenRM group {group_id!r} received inconsistent prompt or principle content",
                 )
             if watermark is not None and attempt < watermark.latest_attempt:
                 raise RequestRejected(
-                    409,
+                    Rejection.CONFLICT,
                     f"GenRM group {group_id!r} attempt {attempt} was superseded by attempt "
                     f"{watermark.latest_attempt}",
                 )
@@ -419,9 +424,9 @@ class Engine:
                 active -= sum(1 for c in reg.group_actives(group_id) if c.group_attempt < attempt)
             if active >= s.server.max_active_cohorts:
                 raise RequestRejected(
-                    503,
+                    Rejection.UNAVAILABLE,
                     f"GenRM server is at capacity ({len(reg.active)} active cohorts); retry later",
-                    {"Retry-After": "1"},
+                    retry_after_s=1.0,
                 )
         if group_id is not None:
             if advances:
@@ -472,7 +477,7 @@ class Engine:
         index = member.index
         if cohort.prompt_digest != digest:
             raise RequestRejected(
-                409,
+                Rejection.CONFLICT,
                 f"GenRM cohort {cohort.key!r} received inconsistent prompt or principle content",
             )
         state = cohort.state
@@ -483,13 +488,13 @@ class Engine:
             record = cohort.record.members.get(index)
             if record is None:
                 raise RequestRejected(
-                    409,
+                    Rejection.CONFLICT,
                     f"GenRM cohort {cohort.key!r} is already {machine.wire_phase(state)}; "
                     f"rollout_index={index} cannot be added",
                 )
             if not record.masked_alone and record.response_digest != member.response_digest:
                 raise RequestRejected(
-                    409,
+                    Rejection.CONFLICT,
                     f"GenRM cohort {cohort.key!r} already has a different response for "
                     f"rollout_index={index}",
                 )
@@ -499,7 +504,7 @@ class Engine:
         if present is not None:
             if present.response_digest != member.response_digest:
                 raise RequestRejected(
-                    409,
+                    Rejection.CONFLICT,
                     f"GenRM cohort {cohort.key!r} already has a different response for "
                     f"rollout_index={index}",
                 )
@@ -507,7 +512,7 @@ class Engine:
             return waiter
         if state != "collecting":
             raise RequestRejected(
-                409,
+                Rejection.CONFLICT,
                 f"GenRM cohort {cohort.key!r} is already {machine.wire_phase(state)}; "
                 f"rollout_index={index} cannot be added",
             )
@@ -700,7 +705,7 @@ class Engine:
         if self._closed:
             raise CompareFailed(SHUTTING_DOWN)
         if s.score_source == "rubric_mean" and not item.expected_rubric_ids:
-            raise RequestRejected(422, RUBRIC_REQUIRED)
+            raise RequestRejected(Rejection.INVALID, RUBRIC_REQUIRED)
         n = len(item.responses)
         if s.debug_logging:
             log.info("GenRM compare request: %s responses", n)
@@ -823,7 +828,7 @@ class Engine:
         reg = self._registry
         async with self._lock:
             if self._closed:
-                raise RequestRejected(503, SHUTTING_DOWN)
+                raise RequestRejected(Rejection.UNAVAILABLE, SHUTTING_DOWN)
             # Decide everything first, then commit it in one transaction (§17.12), then apply:
             # nothing is visible before it is durable, and nothing is applied when it fails.
             adds: dict[str, TerminalRecord] = {}

@@ -6,6 +6,7 @@ placeholder reward 0.0 never appears here; only the HTTP layer renders it in the
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, final
@@ -84,14 +85,28 @@ class CompareResult:
     metrics: dict[str, JSONValue] | None
 
 
-class RequestRejected(Exception):
-    """A request refused before (or instead of) attaching to a cohort: 409, 422 or 503."""
+class Rejection(enum.Enum):
+    """Why the engine refused a request. Only the HTTP layer knows the status each one gets
+    (docs/http-api.md, "Statuses")."""
 
-    def __init__(self, status: int, detail: str, headers: Mapping[str, str] | None = None) -> None:
+    INVALID = "invalid"  # the request cannot be served as sent
+    CONFLICT = "conflict"  # it contradicts what its group already holds
+    UNAVAILABLE = "unavailable"  # the engine cannot take it now (shutting down, at capacity)
+
+
+class RequestRejected(Exception):
+    """A request refused before (or instead of) attaching to a cohort.
+
+    `retry_after_s`: when the caller may try again, for an UNAVAILABLE that is expected to pass.
+    """
+
+    def __init__(
+        self, reason: Rejection, detail: str, *, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(detail)
-        self.status = status
+        self.reason = reason
         self.detail = detail
-        self.headers: Mapping[str, str] = headers or {}
+        self.retry_after_s = retry_after_s
 
 
 class CompareFailed(Exception):

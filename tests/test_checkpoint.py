@@ -34,7 +34,7 @@ from genrm_trio.checkpoint import (
 )
 from genrm_trio.cohort.records import MemberRecord, TerminalRecord, WatermarkRecord
 from genrm_trio.engine import Engine
-from genrm_trio.model import RequestRejected, Scored
+from genrm_trio.model import Rejection, RequestRejected, Scored
 from genrm_trio.wire import decode_json, encode_json
 
 N = 4
@@ -106,7 +106,10 @@ async def test_export_restore_round_trips_and_replays(autojump_clock: MockClock)
         assert encode_json(checkpoint(engine)) == encode_json(exported)
         again = await populate(engine)
         assert again[:N] == replies[:N]
-        assert all(isinstance(r, RequestRejected) and r.status == 409 for r in again[N : 2 * N])
+        assert all(
+            isinstance(r, RequestRejected) and r.reason is Rejection.CONFLICT
+            for r in again[N : 2 * N]
+        )
         assert again[2 * N : -N] == replies[2 * N : -N]
         # Only the unretained legacy group (answers c0..c3) was judged again.
         assert judge.calls
@@ -114,7 +117,7 @@ async def test_export_restore_round_trips_and_replays(autojump_clock: MockClock)
         # Late requests of §9.6 after a restore.
         assert await verify(engine, member(0, answer="regenerated")) == replies[0]
         refused = await verify(engine, member(3, answer="regenerated"))
-        assert isinstance(refused, RequestRejected) and refused.status == 409
+        assert isinstance(refused, RequestRejected) and refused.reason is Rejection.CONFLICT
         stale = await verify(engine, member(0, group="s", attempt=0))
         assert isinstance(stale, RequestRejected) and "superseded by attempt 2" in stale.detail
         # Restoring the same checkpoint again changes nothing.

@@ -20,7 +20,7 @@ from trio.testing import MockClock
 
 from genrm_trio.cohort.evaluation import NON_FINITE_MESSAGE
 from genrm_trio.judge.base import ReplyStatus
-from genrm_trio.model import CompareFailed, CompareResult, RequestRejected
+from genrm_trio.model import CompareFailed, CompareResult, Rejection, RequestRejected
 
 JUDGE_500 = (
     "GenRM judge judge.test:8000 /v1/responses pair=(0, 1) deadline=0.2s: "
@@ -179,7 +179,7 @@ async def test_rubric_mean_requires_ids(autojump_clock: MockClock) -> None:
     async with running(settings(score_source="rubric_mean"), ScriptedJudge()) as engine:
         with pytest.raises(RequestRejected) as caught:
             await engine.compare(compare_input(["a0", "a1"]))
-    assert caught.value.status == 422
+    assert caught.value.reason is Rejection.INVALID
     assert caught.value.detail == "score_source=rubric_mean requires expected_rubric_ids"
 
 

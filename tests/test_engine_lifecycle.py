@@ -26,7 +26,7 @@ from trio.testing import MockClock
 from genrm_trio import engine as engine_module
 from genrm_trio.cohort.records import OpenRecord, TerminalRecord, WatermarkRecord
 from genrm_trio.engine import open_engine
-from genrm_trio.model import GroupFailed, RequestRejected, Scored
+from genrm_trio.model import GroupFailed, Rejection, RequestRejected, Scored
 
 KEY = "group_id::g::group_attempt::0"
 
@@ -172,7 +172,7 @@ async def test_disconnect_reattaches_without_replacing_answer(
             if during_judging:
                 assert engine.active_cohorts()[0].state == "judging"
             reply = await verify(engine, member(0, answer="different"))
-            assert isinstance(reply, RequestRejected) and reply.status == 409
+            assert isinstance(reply, RequestRejected) and reply.reason is Rejection.CONFLICT
             assert "already has a different response for rollout_index=0" in reply.detail
             replies = await gather(engine, [member(0)] + ([] if during_judging else [member(1)]))
         assert isinstance(replies[0], Scored) and replies[0].result["reward"] == 1.0
@@ -217,7 +217,7 @@ async def test_shutdown_fails_waiters_and_prevents_new_work(autojump_clock: Mock
         shutting = GroupFailed("cohort", "GenRM server is shutting down")
         assert collecting == [shutting] and judging == [shutting] * 3
         reply = await verify(engine, member(1, group="c"))
-        assert isinstance(reply, RequestRejected) and reply.status == 503
+        assert isinstance(reply, RequestRejected) and reply.reason is Rejection.UNAVAILABLE
         assert reply.detail == "GenRM server is shutting down"
         assert_no_leaks(engine)
     assert any(c.cancelled for c in judge.calls)
@@ -456,16 +456,16 @@ async def test_capacity_refuses_only_new_cohorts(autojump_clock: MockClock) -> N
         nursery.start_soon(verify, engine, member(0, group="one"))
         await trio.testing.wait_all_tasks_blocked()
         reply = await verify(engine, member(0, group="two"))
-        assert isinstance(reply, RequestRejected) and reply.status == 503
+        assert isinstance(reply, RequestRejected) and reply.reason is Rejection.UNAVAILABLE
         assert reply.detail == "GenRM server is at capacity (1 active cohorts); retry later"
-        assert reply.headers == {"Retry-After": "1"}
+        assert reply.retry_after_s == 1.0
         assert engine.statistics().watermarks == 1  # nothing was recorded for "two"
         assert isinstance(await verify(engine, member(1, group="one")), Scored)
         # a newer attempt that supersedes the only active cohort is not refused
         nursery.start_soon(verify, engine, member(0, group="one", attempt=1))
         await trio.testing.wait_all_tasks_blocked()
         reply = await verify(engine, member(0, group="one", attempt=2))
-        assert not isinstance(reply, RequestRejected) or reply.status != 503
+        assert not isinstance(reply, RequestRejected) or reply.reason is not Rejection.UNAVAILABLE
         await engine.aclose()
 
 

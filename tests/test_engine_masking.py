@@ -26,7 +26,7 @@ from trio.testing import MockClock
 
 from genrm_trio.engine import open_engine
 from genrm_trio.judge.base import JudgeHTTPError, ReplyStatus
-from genrm_trio.model import GroupFailed, Masked, RequestRejected, Scored
+from genrm_trio.model import GroupFailed, Masked, Rejection, RequestRejected, Scored
 
 HTTP_500 = (
     "GenRM judge judge.test:8000 /v1/responses pair={pair} deadline=0.2s: "
@@ -247,7 +247,7 @@ async def test_10_late_requests_for_masked_and_scored_members(autojump_clock: Mo
         regenerated = await verify(engine, member(1, answer="new answer", rid="new-id"))
         assert regenerated == first[1] == Masked(masked_reason(1, 1, 4, (0, 1)))
         reply = await verify(engine, member(3, answer="new answer"))
-        assert isinstance(reply, RequestRejected) and reply.status == 409
+        assert isinstance(reply, RequestRejected) and reply.reason is Rejection.CONFLICT
         assert "already has a different response for rollout_index=3" in reply.detail
         assert await verify(engine, member(3)) == first[3]
     assert len(judge.calls) == 4
@@ -307,7 +307,7 @@ async def test_13_checkpoint_restores_masked_and_scored_without_judging(
         assert await gather(engine, [member(i) for i in range(4)]) == first
         assert await verify(engine, member(0, answer="regenerated")) == first[0]
         reply = await verify(engine, member(2, answer="regenerated"))
-        assert isinstance(reply, RequestRejected) and reply.status == 409
+        assert isinstance(reply, RequestRejected) and reply.reason is Rejection.CONFLICT
         await gather(engine, [member(i, group="g", attempt=1) for i in range(4)])
         reply = await verify(engine, member(2))
         assert isinstance(reply, RequestRejected) and "superseded by attempt 1" in reply.detail

@@ -10,7 +10,7 @@ from trio.testing import MockClock
 from genrm_trio import EngineStatistics, Scored
 from genrm_trio.cohort.cohort import Cohort
 from genrm_trio.cohort.records import MemberRecord, TerminalRecord, WatermarkRecord
-from genrm_trio.model import RequestRejected
+from genrm_trio.model import Rejection, RequestRejected
 
 
 async def complete(engine: object, group: str) -> None:
@@ -240,7 +240,7 @@ async def test_capacity_error_is_not_raised_for_replays(autojump_clock: MockCloc
             await trio.testing.wait_all_tasks_blocked()
             assert isinstance(await verify(engine, member(0, group="g")), Scored)
             reply = await verify(engine, member(0, group="other"))
-            assert isinstance(reply, RequestRejected) and reply.status == 503
+            assert isinstance(reply, RequestRejected) and reply.reason is Rejection.UNAVAILABLE
             await engine.aclose()
 
 
@@ -263,7 +263,7 @@ async def test_new_slot_on_a_completed_record_is_409_in_wire_words(
         )
         await engine.restore_records([record])
         reply = await verify(engine, member(1))
-        assert isinstance(reply, RequestRejected) and reply.status == 409
+        assert isinstance(reply, RequestRejected) and reply.reason is Rejection.CONFLICT
         assert reply.detail == (
             f"GenRM cohort {key!r} is already completed; rollout_index=1 cannot be added"
         )

@@ -28,7 +28,7 @@ from genrm_trio.cohort.records import (
     WatermarkRecord,
     queued,
 )
-from genrm_trio.model import GroupFailed, RequestRejected, Scored
+from genrm_trio.model import GroupFailed, Rejection, RequestRejected, Scored
 
 DIGEST = "d" * 64
 
@@ -232,7 +232,7 @@ async def test_other_requests_are_not_blocked_by_a_pending_commit(
             # requests that need no commit are answered at once
             assert await verify(engine, member(0, group="done")) == done[0]
             rejected = await verify(engine, member(0, group="slow", prompt="Other"))
-            assert isinstance(rejected, RequestRejected) and rejected.status == 409
+            assert isinstance(rejected, RequestRejected) and rejected.reason is Rejection.CONFLICT
             assert trio.current_time() == t0
             assert store.applied[-1][0] == "terminal"  # nothing new committed yet
         await trio.testing.wait_all_tasks_blocked()

@@ -19,7 +19,7 @@ from judges import (
 from trio.testing import MockClock
 
 from genrm_trio import engine as engine_module
-from genrm_trio.model import GroupFailed, Masked, RequestRejected, Scored
+from genrm_trio.model import GroupFailed, Masked, Rejection, RequestRejected, Scored
 
 
 def rewards(replies: list[object]) -> list[float]:
@@ -30,9 +30,9 @@ def rewards(replies: list[object]) -> list[float]:
     return out
 
 
-def rejected(reply: object, status: int, text: str) -> None:
+def rejected(reply: object, reason: Rejection, text: str) -> None:
     assert isinstance(reply, RequestRejected), reply
-    assert reply.status == status, reply.detail
+    assert reply.reason is reason, reply.detail
     assert text in reply.detail, reply.detail
 
 
@@ -115,7 +115,7 @@ async def test_rubric_mean_without_ids_is_422_before_anything(autojump_clock: Mo
     judge = ScriptedJudge()
     async with running(settings(score_source="rubric_mean"), judge) as engine:
         reply = await verify(engine, member(0))
-        rejected(reply, 422, "score_source=rubric_mean requires expected_rubric_ids")
+        rejected(reply, Rejection.INVALID, "score_source=rubric_mean requires expected_rubric_ids")
         assert engine.statistics().cohorts == 0
 
 
@@ -126,7 +126,7 @@ async def test_fixed_baseline_needs_a_baseline(autojump_clock: MockClock) -> Non
             reply = await verify(engine, member(0, baseline=baseline))
             rejected(
                 reply,
-                422,
+                Rejection.INVALID,
                 "fixed_baseline requires responses_create_params.metadata.baseline_response",
             )
         assert engine.statistics().cohorts == 0
@@ -137,7 +137,7 @@ async def test_bad_history_role_is_422_and_touches_nothing(autojump_clock: MockC
     prompt = [{"type": "message", "role": "wizard", "content": "Hi"}]
     async with running(settings(), judge) as engine:
         reply = await verify(engine, member(0, prompt=prompt))
-        assert isinstance(reply, RequestRejected) and reply.status == 422
+        assert isinstance(reply, RequestRejected) and reply.reason is Rejection.INVALID
         stats = engine.statistics()
         assert stats.cohorts == 0 and stats.watermarks == 0
 
@@ -297,7 +297,7 @@ async def test_conflicting_duplicate_is_rejected_without_growing_cohort(
             reply = await verify(engine, member(0, answer="other"))
             rejected(
                 reply,
-                409,
+                Rejection.CONFLICT,
                 "GenRM cohort 'group_id::g::group_attempt::0' already has a different response "
                 "for rollout_index=0",
             )
@@ -330,12 +330,18 @@ async def test_invalid_coordinates_are_422_and_touch_nothing(autojump_clock: Moc
     async with running(settings(), judge) as engine:
         rejected(
             await verify(engine, member(None)),
-            422,
+            Rejection.INVALID,
             "_ng_rollout_index is required for cohort comparison",
         )
-        rejected(await verify(engine, member(2)), 422, "_ng_rollout_index must be in [0, 2); got 2")
         rejected(
-            await verify(engine, member(-1)), 422, "_ng_rollout_index must be in [0, 2); got -1"
+            await verify(engine, member(2)),
+            Rejection.INVALID,
+            "_ng_rollout_index must be in [0, 2); got 2",
+        )
+        rejected(
+            await verify(engine, member(-1)),
+            Rejection.INVALID,
+            "_ng_rollout_index must be in [0, 2); got -1",
         )
         stats = engine.statistics()
         assert stats.cohorts == 0 and stats.watermarks == 0
@@ -436,7 +442,7 @@ async def test_late_older_attempt_is_rejected(autojump_clock: MockClock) -> None
         await gather(engine, [member(0, attempt=1), member(1, attempt=1)])
         rejected(
             await verify(engine, member(0, attempt=0)),
-            409,
+            Rejection.CONFLICT,
             "GenRM group 'g' attempt 0 was superseded by attempt 1",
         )
         assert [(w.group_id, w.latest_attempt) for w in engine.watermark_records()] == [("g", 1)]
@@ -449,7 +455,7 @@ async def test_exact_replay_of_older_completed_attempt_is_superseded(
     async with running(settings(), judge) as engine:
         await gather(engine, [member(0), member(1)])
         await gather(engine, [member(0, attempt=1), member(1, attempt=1)])
-        rejected(await verify(engine, member(0)), 409, "was superseded by attempt 1")
+        rejected(await verify(engine, member(0)), Rejection.CONFLICT, "was superseded by attempt 1")
 
 
 async def test_prompt_mismatch_cannot_supersede_active_attempt(autojump_clock: MockClock) -> None:
@@ -459,7 +465,7 @@ async def test_prompt_mismatch_cannot_supersede_active_attempt(autojump_clock: M
         await trio.testing.wait_all_tasks_blocked()
         rejected(
             await verify(engine, member(0, attempt=1, prompt="Other")),
-            409,
+            Rejection.CONFLICT,
             "GenRM group 'g' received inconsistent prompt or principle content",
         )
         assert [(w.latest_attempt) for w in engine.watermark_records()] == [0]
@@ -474,7 +480,7 @@ async def test_prompt_mismatch_in_same_attempt_is_rejected(autojump_clock: MockC
         nursery.start_soon(verify, engine, member(0))
         await trio.testing.wait_all_tasks_blocked()
         for changed in (member(1, prompt="Other"), member(1, principle="be terse")):
-            rejected(await verify(engine, changed), 409, "inconsistent prompt")
+            rejected(await verify(engine, changed), Rejection.CONFLICT, "inconsistent prompt")
         await verify(engine, member(1))
 
 
@@ -489,7 +495,7 @@ async def test_legacy_cohort_prompt_conflict_uses_cohort_template(
         await trio.testing.wait_all_tasks_blocked()
         rejected(
             await verify(engine, member(1, rubric_ids=(2,))),
-            409,
+            Rejection.CONFLICT,
             "GenRM group 'g' received inconsistent prompt or principle content",
         )
         await verify(engine, member(1, rubric_ids=(1,)))
@@ -532,7 +538,7 @@ async def test_masked_member_replays_its_reason_for_any_answer(autojump_clock: M
         assert await verify(engine, member(2)) == first[2]
         rejected(
             await verify(engine, member(2, answer="regenerated")),
-            409,
+            Rejection.CONFLICT,
             "already has a different response for rollout_index=2",
         )
         assert len(judge.calls) == 4

@@ -27,6 +27,7 @@ from genrm_trio.model import (
     CompareResult,
     GroupFailed,
     Masked,
+    Rejection,
     RequestRejected,
     Scored,
     VerifyInput,
@@ -166,25 +167,40 @@ async def test_verify_cohort_group_failure_is_503() -> None:
 
 
 @pytest.mark.parametrize(
-    ("status", "detail", "extra"),
+    ("reason", "retry_after_s", "status", "detail", "extra"),
     [
-        (409, "GenRM group 'g1' attempt 0 was superseded by attempt 1", {}),
-        (422, "_ng_rollout_index must be in [0, 4); got 7", {}),
-        (422, "score_source=rubric_mean requires expected_rubric_ids", {}),
-        (503, "GenRM server is shutting down", {}),
         (
+            Rejection.CONFLICT,
+            None,
+            409,
+            "GenRM group 'g1' attempt 0 was superseded by attempt 1",
+            {},
+        ),
+        (Rejection.INVALID, None, 422, "_ng_rollout_index must be in [0, 4); got 7", {}),
+        (Rejection.INVALID, None, 422, "score_source=rubric_mean requires expected_rubric_ids", {}),
+        (Rejection.UNAVAILABLE, None, 503, "GenRM server is shutting down", {}),
+        (
+            Rejection.UNAVAILABLE,
+            1.0,
             503,
             "GenRM server is at capacity (4096 active cohorts); retry later",
             {"Retry-After": "1"},
         ),
+        (Rejection.UNAVAILABLE, 2.5, 503, "retry later", {"Retry-After": "3"}),
     ],
 )
-async def test_verify_rejections(status: int, detail: str, extra: dict[str, str]) -> None:
-    engine = FakeEngine(verify_outcome=outcome(RequestRejected(status, detail, extra)))
+async def test_verify_rejections(
+    reason: Rejection, retry_after_s: float | None, status: int, detail: str, extra: dict[str, str]
+) -> None:
+    """The HTTP layer alone turns an engine rejection into a status and headers."""
+    rejection = RequestRejected(reason, detail, retry_after_s=retry_after_s)
+    engine = FakeEngine(verify_outcome=outcome(rejection))
     got, reply, headers = await call(app_for(engine), "/verify", body=verify_body())
     assert (got, reply) == (status, {"detail": detail})
     for key, value in extra.items():
         assert headers[key.lower()] == value
+    if not extra:
+        assert "retry-after" not in headers
 
 
 async def test_verify_schema_and_json_errors_are_422_and_never_reach_the_engine() -> None:
@@ -342,7 +358,13 @@ async def test_compare_small_batch_from_engine() -> None:
     [
         (CompareFailed("JudgeHTTPError: HTTP 500 deadline=1800.0s"), 503, None),
         (CompareFailed("GenRM compare deadline exceeded after 1800.0s"), 503, None),
-        (RequestRejected(422, "score_source=rubric_mean requires expected_rubric_ids"), 422, None),
+        (
+            RequestRejected(
+                Rejection.INVALID, "score_source=rubric_mean requires expected_rubric_ids"
+            ),
+            422,
+            None,
+        ),
         (RuntimeError("bug"), 500, "internal error"),
     ],
 )

@@ -39,7 +39,7 @@ from genrm_trio.cohort.records import (
 )
 from genrm_trio.config import Settings
 from genrm_trio.engine import Engine, open_engine
-from genrm_trio.model import GroupFailed, Masked, RequestRejected, Scored
+from genrm_trio.model import GroupFailed, Masked, Rejection, RequestRejected, Scored
 from genrm_trio.store import (
     INTERRUPTED_TEMPLATE,
     SCHEMA_VERSION,
@@ -188,16 +188,16 @@ async def test_restart_replays_every_outcome_without_judging(tmp_path: Path) -> 
         assert await verify(engine, member(1, answer="a1 regenerated")) == before[1]
         # ... and a scored member still refuses a different answer.
         refused = await verify(engine, member(2, answer="a2 regenerated"))
-        assert isinstance(refused, RequestRejected) and refused.status == 409
+        assert isinstance(refused, RequestRejected) and refused.reason is Rejection.CONFLICT
         assert "already has a different response for rollout_index=2" in refused.detail
         # Stale attempts stay stale; the newest attempt replays.
         stale = await verify(engine, member(0, group="s", attempt=0))
-        assert isinstance(stale, RequestRejected) and stale.status == 409
+        assert isinstance(stale, RequestRejected) and stale.reason is Rejection.CONFLICT
         assert stale.detail == "GenRM group 's' attempt 0 was superseded by attempt 1"
         assert isinstance(await verify(engine, member(3, group="s", attempt=1)), Scored)
         # A different prompt for a known group is still refused.
         other = await verify(engine, member(0, prompt="Another prompt"))
-        assert isinstance(other, RequestRejected) and other.status == 409
+        assert isinstance(other, RequestRejected) and other.reason is Rejection.CONFLICT
         assert "inconsistent prompt" in other.detail
     assert second.calls == []
     assert len(first.calls) == calls_before
@@ -269,7 +269,7 @@ async def test_restart_keeps_lone_surrogates_and_exact_floats(tmp_path: Path) ->
         regenerated = await verify(
             engine, member(0, group="g\ud800", answer="b", prompt="p \udfff")
         )
-        assert isinstance(regenerated, RequestRejected) and regenerated.status == 409
+        assert isinstance(regenerated, RequestRejected) and regenerated.reason is Rejection.CONFLICT
     assert after == before
     assert judge.calls == []
     assert isinstance(after[0], Scored) and after[0].result["answer_text"] == "a0 \udc80"

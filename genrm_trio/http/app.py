@@ -34,6 +34,7 @@ from ..model import (
     CompareResult,
     GroupFailed,
     Masked,
+    Rejection,
     RequestRejected,
     Scored,
     VerifyInput,
@@ -76,6 +77,21 @@ class EngineLike(RecordsEngine, Protocol):
     async def compare(self, item: CompareInput) -> CompareResult: ...
 
     def active_cohorts(self) -> list[CohortView]: ...
+
+
+REJECTION_STATUS: dict[Rejection, int] = {
+    Rejection.INVALID: 422,
+    Rejection.CONFLICT: 409,
+    Rejection.UNAVAILABLE: 503,
+}
+
+
+def rejection_status(exc: RequestRejected) -> tuple[int, dict[str, str] | None]:
+    """The HTTP status and headers of an engine rejection (docs/http-api.md, "Statuses")."""
+    headers = None
+    if exc.retry_after_s is not None:
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+    return REJECTION_STATUS[exc.reason], headers
 
 
 def _reply(status: int, payload: object, headers: Mapping[str, str] | None = None) -> Response:
@@ -230,7 +246,8 @@ class _App(QuartTrio):
         except WireError as exc:
             status, body, extra = 422, encode_json({"detail": exc.errors}), None
         except RequestRejected as exc:
-            status, body, extra = exc.status, encode_json({"detail": exc.detail}), exc.headers
+            status, extra = rejection_status(exc)
+            body = encode_json({"detail": exc.detail})
         except CompareFailed as exc:
             status, body, extra = 503, encode_json({"detail": exc.detail}), None
         except Exception as exc:
@@ -422,7 +439,8 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
 
     @app.errorhandler(RequestRejected)
     async def _rejected(exc: RequestRejected) -> Response:
-        return _detail(exc.status, exc.detail, exc.headers)
+        status, headers = rejection_status(exc)
+        return _detail(status, exc.detail, headers)
 
     @app.errorhandler(CompareFailed)
     async def _compare_failed(exc: CompareFailed) -> Response:
@@ -569,7 +587,7 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
         try:
             report = await restore(engine, data, num_rollouts=settings.num_rollouts_per_prompt)
         except CheckpointError as exc:
-            raise RequestRejected(422, exc.message) from None
+            raise RequestRejected(Rejection.INVALID, exc.message) from None
         return _reply(200, report_body(report))
 
     openapi: list[bytes] = []
