@@ -7,16 +7,24 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
 import trio
 import trio.testing
+from judges import compare, compare_input, gather, member
 from test_attempts import CALL, EMPTY, MALFORMED, PAIR, Rig, Script, http, raw, valid
 
+from genrm_trio.config import Settings
+from genrm_trio.engine import open_engine
 from genrm_trio.judge.base import JudgeCall, Usage
-from genrm_trio.judge.http import chat_body, chat_params, responses_body
+from genrm_trio.judge.http import chat_body, chat_params, make_http_judge, responses_body
+from genrm_trio.judge.sim import SimConfig, SimJudge, SimJudgeApp, sim_asgi_app, sim_verdict_text
+from genrm_trio.model import CompareFailed, Scored
+from genrm_trio.scoring import ESCALATION_RATE, ComparisonStats, group_metrics
 from genrm_trio.verdict import Verdict
 
 BOUND = 1000
@@ -282,3 +290,215 @@ async def test_a_call_with_its_own_budget_starts_there(
         result = await r.comparator.compare(call, pair=PAIR, judge_pass=0)
     assert budgets(r, "responses") == [3000, 6000]
     assert result.escalations == 1
+
+
+# --- through the engine: the sim judge over HTTP, both APIs -------------------------------------
+
+HARD = "[need=2000] a0"  # every attempt of a pair with it needs 2,000 output tokens
+
+
+def engine_settings(api: str, escalation: dict[str, Any] | None, **overrides: Any) -> Settings:
+    judge: dict[str, Any] = {"base_url": "http://sim.test/v1", "api": api}
+    if escalation is not None:
+        judge["budget_escalation"] = escalation
+    data: dict[str, Any] = {
+        "num_rollouts_per_prompt": 4,
+        "comparison_strategy": "circular",
+        "cohort_collection_timeout_s": 10.0,
+        "cohort_evaluation_timeout_s": 60.0,
+        "judge_request_timeout_s": 5.0,
+        "genrm_parse_retries": 1,  # two attempts, as in the validation run
+        "genrm_parse_retry_sleep_s": 0.5,
+        "genrm_responses_create_params": {"input": [], "max_output_tokens": 1341},
+        "judge": judge,
+        **overrides,
+    }
+    return Settings.model_validate(data)
+
+
+@asynccontextmanager
+async def sim_engine(config: Settings, sim: SimConfig | None = None) -> AsyncIterator[Any]:
+    """An engine whose HttpJudge reaches a simulated judge app through httpx's ASGI transport;
+    yields (engine, app)."""
+    app = sim_asgi_app(sim if sim is not None else SimConfig())
+    judge = make_http_judge(config, transport=httpx.ASGITransport(app=app))
+    with trio.fail_after(BOUND):
+        async with open_engine(config, judge) as engine:
+            yield engine, app
+
+
+def calls_by_pair(app: SimJudgeApp) -> dict[tuple[str, str], list[int | None]]:
+    """The budgets the judge received, per shown pair, in arrival order."""
+    out: dict[tuple[str, str], list[int | None]] = {}
+    for c in app.sim.calls:
+        out.setdefault((c.response_1, c.response_2), []).append(c.max_output_tokens)
+    return out
+
+
+def verdict_tokens(r1: str, r2: str) -> int:
+    """What the sim reports for a verdict without a length need: its text's length // 4."""
+    return len(sim_verdict_text(r1, r2)) // 4
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_off_masks_the_comparisons_whose_verdict_needs_more(
+    autojump_clock: trio.testing.MockClock, api: str
+) -> None:
+    answers = [HARD, "a1", "a2", "a3"]
+    async with sim_engine(engine_settings(api, None)) as (engine, app):
+        replies = await gather(engine, [member(i, answer=a) for i, a in enumerate(answers)])
+    assert [type(r).__name__ for r in replies] == ["Masked", "Masked", "Scored", "Masked"]
+    row = replies[2].result
+    assert ESCALATION_RATE not in row  # off: today's row
+    assert (
+        row["genrm_failed_comparison_rate_per_group"],
+        row["genrm_masked_rollout_rate_per_group"],
+    ) == (0.5, 0.75)
+    assert calls_by_pair(app) == {
+        (HARD, "a1"): [1341, 1341],
+        ("a1", "a2"): [1341],
+        ("a2", "a3"): [1341],
+        ("a3", HARD): [1341, 1341],
+    }
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_on_scores_the_comparisons_the_escalated_budget_fits(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture, api: str
+) -> None:
+    answers = [HARD, "a1", "a2", "a3"]
+    config = engine_settings(api, {"factor": 2.0, "max_output_tokens": 32768})
+    with caplog.at_level(logging.INFO, "genrm_trio.judge"):
+        async with sim_engine(config) as (engine, app):
+            replies = await gather(engine, [member(i, answer=a) for i, a in enumerate(answers)])
+            escalations = engine.metrics.registry.get_sample_value(
+                "genrm_trio_judge_budget_escalations_total"
+            )
+            stats = engine.statistics().judge
+    assert all(isinstance(r, Scored) for r in replies), replies
+    assert calls_by_pair(app) == {
+        (HARD, "a1"): [1341, 2682],
+        ("a1", "a2"): [1341],
+        ("a2", "a3"): [1341],
+        ("a3", HARD): [1341, 2682],
+    }
+    row = replies[0].result
+    assert row[ESCALATION_RATE] == 0.5  # 2 of 4 comparisons escalated
+    assert row["genrm_failed_comparison_rate_per_group"] == 0.0
+    # the escalated attempts are in the token metrics: 1,341 cut off + 2,000 answered, twice
+    easy = verdict_tokens("a1", "a2") + verdict_tokens("a2", "a3")
+    assert row["genrm_output_tokens_total_per_group"] == 2 * (1341 + 2000) + easy
+    assert row["genrm_max_output_tokens_hit_rate_per_group"] == 0.5
+    assert (escalations, stats.escalations, stats.calls) == (2.0, 2, 6)
+    assert sorted(escalation_lines(caplog)) == [
+        "GenRM output budget escalated for pair (0, 1) (judge 0): attempt 2/2 asks for "
+        "max_output_tokens 1341 -> 2682",
+        "GenRM output budget escalated for pair (3, 0) (judge 0): attempt 2/2 asks for "
+        "max_output_tokens 1341 -> 2682",
+    ]
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_need_beyond_the_escalated_budget_still_masks(
+    autojump_clock: trio.testing.MockClock, api: str
+) -> None:
+    answers = ["[need=3000] a0", "a1", "a2", "a3"]
+    async with sim_engine(engine_settings(api, {"factor": 2.0})) as (engine, app):
+        replies = await gather(engine, [member(i, answer=a) for i, a in enumerate(answers)])
+    assert [type(r).__name__ for r in replies] == ["Masked", "Masked", "Scored", "Masked"]
+    assert replies[2].result[ESCALATION_RATE] == 0.5  # failed comparisons count as escalated
+    assert "max_output_tokens from 1341 up to 2682" in replies[0].reason
+    assert app.sim.statistics().calls == 6
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_fixed_baseline_with_passes_and_position_balance(
+    autojump_clock: trio.testing.MockClock, api: str
+) -> None:
+    config = engine_settings(
+        api,
+        {"factor": 2.0},
+        num_rollouts_per_prompt=2,
+        comparison_mode="fixed_baseline",
+        num_judges_per_comparison=2,
+        position_balance="alternate",
+    )
+    baseline = "[need=2000] the baseline"
+    async with sim_engine(config) as (engine, app):
+        replies = await gather(engine, [member(i, baseline=baseline) for i in range(2)])
+    assert all(isinstance(r, Scored) for r in replies), replies
+    assert replies[0].result[ESCALATION_RATE] == 1.0
+    budgets_seen = sorted(c.max_output_tokens or 0 for c in app.sim.calls)
+    assert budgets_seen == [1341] * 4 + [2682] * 4  # 2 members x 2 passes, each escalated once
+    shown_first = {c.response_1 == baseline for c in app.sim.calls}
+    assert shown_first == {True, False}  # both orientations were judged
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_compare_escalates_instead_of_failing(
+    autojump_clock: trio.testing.MockClock, api: str
+) -> None:
+    answers = [HARD, "a1", "a2"]
+    item = compare_input(answers)
+    off = engine_settings(api, None, comparison_strategy="all_pairs", num_judges_per_comparison=2)
+    async with sim_engine(off) as (engine, _):
+        failed = await compare(engine, item)
+    assert isinstance(failed, CompareFailed)
+    assert "exhausted max_output_tokens=1341" in str(failed)
+    on = engine_settings(
+        api, {"factor": 2.0}, comparison_strategy="all_pairs", num_judges_per_comparison=2
+    )
+    async with sim_engine(on) as (engine, app):
+        result = await compare(engine, item)
+    assert not isinstance(result, CompareFailed)
+    assert result.metrics is not None
+    assert result.metrics[ESCALATION_RATE] == 4 / 6  # (0,1), (0,2) at both passes
+    assert len(app.sim.calls) == 6 + 4
+
+
+async def test_singleton_row_carries_the_rate_only_when_on(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    for escalation, expected in ((None, False), ({}, True)):
+        config = engine_settings("responses", escalation, num_rollouts_per_prompt=1)
+        async with sim_engine(config) as (engine, _):
+            reply = await engine.verify(member(0))
+        assert isinstance(reply, Scored)
+        assert (ESCALATION_RATE in reply.result) is expected
+        if expected:
+            assert reply.result[ESCALATION_RATE] == 0.0
+
+
+async def test_in_process_sim_judge_escalates_too(autojump_clock: trio.testing.MockClock) -> None:
+    config = engine_settings("responses", {"factor": 2.0})
+    judge = SimJudge(SimConfig())
+    with trio.fail_after(BOUND):
+        async with open_engine(config, judge) as engine:
+            answers = [HARD, "a1", "a2", "a3"]
+            replies = await gather(engine, [member(i, answer=a) for i, a in enumerate(answers)])
+    assert all(isinstance(r, Scored) for r in replies)
+    assert [c.max_output_tokens for c in judge.calls if HARD in (c.response_1, c.response_2)] == [
+        1341,
+        1341,
+        2682,
+        2682,
+    ]
+
+
+def test_group_metrics_escalation_rate() -> None:
+    stats = [
+        ComparisonStats(False, False, False, 100, 3341, True, escalated=True),
+        ComparisonStats(True, False, False, 100, 4023, True, escalated=True),  # failed anyway
+        ComparisonStats(False, False, False, 100, 900, False),
+        ComparisonStats(False, False, False, None, None, False),
+    ]
+    on = group_metrics(stats, rubric_mode=False, masked=2, members=4, escalation=True)
+    off = group_metrics(stats, rubric_mode=False, masked=2, members=4)
+    assert on[ESCALATION_RATE] == 0.5
+    assert ESCALATION_RATE not in off
+    assert {k: v for k, v in on.items() if k != ESCALATION_RATE} == off
+    assert list(on)[-1] == ESCALATION_RATE
+    assert (
+        group_metrics([], rubric_mode=False, masked=0, members=1, escalation=True)[ESCALATION_RATE]
+        == 0.0
+    )
