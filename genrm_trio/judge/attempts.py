@@ -10,8 +10,8 @@ caller's cancel scope, so a group or `/compare` deadline ends them.
 Every attempt carries its output budget (`JudgeCall.max_output_tokens`, the configured one when
 it is an integer). With `judge.budget_escalation` set, an attempt that ran out of it makes the
 comparison's next attempt ask for `min(ceil(budget x factor), cap)`: retrying a reasoning judge
-with the same budget fails again about as often as the first time (docs/scoring.md, "Output-budget
-escalation"). Other failures leave the budget where it is; the attempt budget is unchanged.
+with the same budget fails again about as often as the first time (docs/scoring.md, section 6).
+Other failures leave the budget where it is; the number of attempts is unchanged.
 """
 
 from __future__ import annotations
