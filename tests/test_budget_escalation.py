@@ -5,10 +5,13 @@ budget every request carried, log lines, counters; and "off" is today's request,
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -502,3 +505,30 @@ def test_group_metrics_escalation_rate() -> None:
         group_metrics([], rubric_mode=False, masked=0, members=1, escalation=True)[ESCALATION_RATE]
         == 0.0
     )
+
+
+# --- the benchmark script still runs and counts what it says ------------------------------------
+
+
+def load_benchmark() -> Any:
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "budget_escalation.py"
+    spec = importlib.util.spec_from_file_location("budget_escalation_bench", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while building
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_budget_escalation_benchmark_counts(autojump_clock: trio.testing.MockClock) -> None:
+    bench = load_benchmark()
+    scenario = bench.Scenario("validation-A3", "validation", 1341, 2)
+    off = await bench.run(scenario, False, 6, 0)
+    on = await bench.run(scenario, True, 6, 0)
+    # the third attempt asks for 5,364 tokens, above every need of the preset: nothing fails
+    assert (on.failed_comparisons, on.masked_rollouts_mean) == (0, 0.0)
+    assert off.failed_comparisons > 0 and off.masked_rollouts_mean > 0
+    assert off.escalated_comparison_share == 0.0
+    assert 0.0 < on.escalated_comparison_share < 1.0
+    assert on.attempts_per_comparison < off.attempts_per_comparison
+    assert [v["scenario"] for v in bench.verdicts([off, on])] == ["validation-A3"]
