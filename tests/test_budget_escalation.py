@@ -19,7 +19,19 @@ import pytest
 import trio
 import trio.testing
 from judges import compare, compare_input, gather, member
-from test_attempts import CALL, EMPTY, MALFORMED, PAIR, Rig, Script, http, raw, valid
+from test_attempts import (
+    CALL,
+    EMPTY,
+    MALFORMED,
+    PAIR,
+    RUBRIC,
+    Rig,
+    Script,
+    http,
+    raw,
+    reply,
+    valid,
+)
 
 from genrm_trio.config import Settings
 from genrm_trio.engine import open_engine
@@ -263,6 +275,32 @@ async def test_each_comparison_starts_from_the_configured_budget(
     assert budgets(r, api) == [1341, 2682, 1341, 2682]
     assert (first.escalations, second.escalations) == (1, 1)
     assert r.comparator.statistics().escalations == 2
+
+
+async def test_escalated_comparison_that_falls_back_keeps_its_escalation(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    r = rig("responses", exhausted("responses"), MALFORMED, escalation={})
+    with trio.fail_after(BOUND):
+        result = await r.compare()
+    assert result.selected == Verdict(3.0, 3.0, 3.5)  # the default-score fallback
+    assert (result.overall_parse_failed, result.attempts, result.escalations) == (True, 2, 1)
+    assert budgets(r, "responses") == [1341, 2682]
+
+
+async def test_rubric_mode_escalates_too(autojump_clock: trio.testing.MockClock) -> None:
+    r = Rig(
+        Script(exhausted("responses"), reply(RUBRIC)),
+        judge={"budget_escalation": {}},
+        genrm_parse_retries=1,
+        score_source="rubric_mean",
+        genrm_responses_create_params={"input": [], "max_output_tokens": 1341},
+    )
+    with trio.fail_after(BOUND):
+        result = await r.compare(expected_rubric_ids=[1, 2])
+    assert result.selected == Verdict(4.0, 2.0, 2.5)
+    assert (result.attempts, result.escalations) == (2, 1)
+    assert budgets(r, "responses") == [1341, 2682]
 
 
 async def test_fractional_factor_rounds_up(autojump_clock: trio.testing.MockClock) -> None:
