@@ -313,6 +313,7 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
             faults=args.fault,
             api_key=api_key,
             sticky_faults=args.sticky_faults,
+            length_model=args.length_model,
         )
     except ValueError as exc:
         return _config_error(UsageError("--fault", str(exc)))
@@ -335,7 +336,7 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
 
 
 def _add_sim_judge(sub: Any) -> None:
-    from genrm_trio.judge.sim import FAULT_KINDS
+    from genrm_trio.judge.sim import FAULT_KINDS, LENGTH_PRESETS
 
     parser = sub.add_parser(
         "sim-judge",
@@ -373,6 +374,16 @@ def _add_sim_judge(sub: Any) -> None:
         help=(
             "scripted fault for comparisons whose answers contain TEXT (every comparison without "
             f"match); repeatable. Kinds: {', '.join(FAULT_KINDS)}"
+        ),
+    )
+    parser.add_argument(
+        "--length-model",
+        choices=sorted(LENGTH_PRESETS),
+        default=None,
+        help=(
+            "output tokens each verdict needs, drawn per pair and attempt from this preset; a "
+            "request whose max_output_tokens / max_tokens is lower gets an exhausted budget "
+            "(default: no length model; a [need=N] marker in an answer still applies)"
         ),
     )
     parser.add_argument(

@@ -95,6 +95,34 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, strict=True)
 
 
+class _KeyedError(ValueError):
+    """A cross-field check of `Settings` that belongs to one dotted key, not to `settings`."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+@final
+class BudgetEscalation(_Strict):
+    """`judge.budget_escalation`: after an attempt runs out of its output budget, the
+    comparison's next attempt asks for `min(ceil(budget x factor), max_output_tokens)`."""
+
+    factor: float = 2.0
+    max_output_tokens: int = Field(default=32768, ge=1)
+
+    @field_validator("factor")
+    @classmethod
+    def _factor(cls, value: float) -> float:
+        if not (math.isfinite(value) and value > 1):
+            raise ValueError("must be > 1 and finite")
+        return value
+
+    def next_budget(self, budget: int) -> int:
+        """The budget after one escalation step from `budget` (never below `budget`)."""
+        return max(budget, min(math.ceil(budget * self.factor), self.max_output_tokens))
+
+
 @final
 class JudgeSettings(_Strict):
     """How to reach the judge (SPEC §16.1)."""
@@ -106,6 +134,7 @@ class JudgeSettings(_Strict):
     max_concurrency: int = Field(default=256, ge=1)
     # Gym's model servers have no /models route and start beside this server: not probed.
     probe: bool = True
+    budget_escalation: BudgetEscalation | None = None
 
     @field_validator("base_url")
     @classmethod
@@ -274,6 +303,24 @@ class Settings(_Strict):
             raise ValueError(ONE_WORKER_MESSAGE)
         return self
 
+    @model_validator(mode="after")
+    def _escalation_budget(self) -> Settings:
+        escalation = self.judge.budget_escalation
+        if escalation is None:
+            return self
+        budget = self.output_budget
+        if budget is None:
+            raise _KeyedError(
+                "genrm_responses_create_params.max_output_tokens",
+                "judge.budget_escalation needs a configured output budget (an integer >= 1)",
+            )
+        if escalation.max_output_tokens < budget:
+            raise _KeyedError(
+                "judge.budget_escalation.max_output_tokens",
+                f"the cap must be >= genrm_responses_create_params.max_output_tokens ({budget})",
+            )
+        return self
+
     # --- derived values ---------------------------------------------------------------------
 
     @property
@@ -285,6 +332,15 @@ class Settings(_Strict):
     def cohorting(self) -> bool:
         """Whether `/verify` groups requests into cohorts (SPEC §8)."""
         return self.num_rollouts_per_prompt > 1 or self.comparison_mode == "fixed_baseline"
+
+    @property
+    def output_budget(self) -> int | None:
+        """The configured `max_output_tokens` of every judge request, when it is an integer >= 1
+        (the judge's own default applies otherwise, and nothing can escalate from it)."""
+        value = self.genrm_responses_create_params.get("max_output_tokens")
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        return None
 
     @property
     def judge_create_params(self) -> dict[str, Any]:
@@ -533,6 +589,9 @@ def settings_from_mapping(
         error = exc.errors()[0]
         key = ".".join(str(part) for part in error["loc"]) or "settings"
         message = str(error["msg"]).removeprefix("Value error, ")
+        cause = error.get("ctx", {}).get("error")
+        if isinstance(cause, _KeyedError):
+            key, message = cause.key, str(cause)
         if error["type"] == "extra_forbidden":
             message = "unknown key" + _unknown_key_hint(tuple(str(part) for part in error["loc"]))
         if message == ONE_WORKER_MESSAGE:

@@ -670,7 +670,9 @@ class Engine:
                 expected_rubric_ids=cohort.rubric_ids,
             )
         except JudgeError as error:
-            self._comparison_failed(cohort, evaluation, c, error.message, error.usage)
+            self._comparison_failed(
+                cohort, evaluation, c, error.message, error.usage, error.escalations
+            )
             return
         evaluation.results[c] = result
         cohort.comparisons_done += 1
@@ -682,10 +684,12 @@ class Engine:
         c: int,
         message: str,
         usage: Usage | None,
+        escalations: int = 0,
     ) -> None:
         planned = evaluation.plan[c]
         evaluation.errors[c] = message
         evaluation.error_usage[c] = usage
+        evaluation.error_escalations[c] = escalations
         cohort.comparisons_done += 1
         cohort.comparisons_failed += 1
         self.metrics.failed_comparisons.inc()

@@ -36,6 +36,11 @@ class Metrics:
             ["cause"],
             registry=r,
         )
+        self.judge_budget_escalations = Counter(
+            "genrm_trio_judge_budget_escalations",
+            "Judge attempts started with an escalated output budget (judge.budget_escalation)",
+            registry=r,
+        )
         self.judge_inflight = Gauge(
             "genrm_trio_judge_inflight", "Judge attempts in flight", registry=r
         )

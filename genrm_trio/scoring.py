@@ -21,6 +21,7 @@ from typing import Any, Final, Literal, TypeVar, cast, final
 import regex
 
 __all__ = [
+    "ESCALATION_RATE",
     "RANKING_MIDPOINT",
     "Aggregation",
     "ComparisonStats",
@@ -474,7 +475,11 @@ class ComparisonStats:
     input_tokens: int | None  # summed over attempts that reported usage; None when none did
     output_tokens: int | None
     budget_hit: bool  # any attempt exhausted max_output_tokens
+    escalated: bool = False  # an attempt asked for an escalated output budget
 
+
+ESCALATION_RATE: Final = "genrm_budget_escalation_rate_per_group"
+"""Share of a group's comparisons that escalated their output budget (only with escalation on)."""
 
 _TOKEN_KEYS: Final = (
     "genrm_input_tokens_per_comparison_mean",
@@ -489,14 +494,21 @@ _TOKEN_KEYS: Final = (
 
 
 def group_metrics(
-    stats: Sequence[ComparisonStats], *, rubric_mode: bool, masked: int, members: int
+    stats: Sequence[ComparisonStats],
+    *,
+    rubric_mode: bool,
+    masked: int,
+    members: int,
+    escalation: bool = False,
 ) -> dict[str, float | None]:
     """The §7 ``genrm_*`` keys plus the §9.7 rates for one group.
 
     Parse-failure rates: over successful comparisons, denominator ``max(1, successful)`` (D32).
     Token metrics and the budget hit rate: over every comparison that reported usage (both
     counts present), failed ones included; ``None`` when none did. Failed-comparison rate:
-    ``failed / max(1, len(stats))``; masked-rollout rate: ``masked / max(1, members)``.
+    ``failed / max(1, len(stats))``; masked-rollout rate: ``masked / max(1, members)``. With
+    ``escalation`` (``judge.budget_escalation`` is set), also the share of comparisons with an
+    escalated attempt, failed ones included: ``escalated / max(1, len(stats))``.
     """
     ok = [s for s in stats if not s.failed]
     denom = max(1, len(ok))
@@ -529,6 +541,8 @@ def group_metrics(
         1, len(stats)
     )
     out["genrm_masked_rollout_rate_per_group"] = masked / max(1, members)
+    if escalation:
+        out[ESCALATION_RATE] = sum(s.escalated for s in stats) / max(1, len(stats))
     return out
 
 

@@ -668,6 +668,9 @@ class VerifyRow(BaseModel):
     genrm_position_disagreement_rate_per_group: float | None = Field(
         default=None, description="Only under position_balance: alternate"
     )
+    genrm_budget_escalation_rate_per_group: float | None = Field(
+        default=None, description="Only with judge.budget_escalation set"
+    )
     ng_group_id: str | None = Field(alias="_ng_group_id")
     ng_group_attempt: int = Field(alias="_ng_group_attempt")
     ng_rollout_index: int | None = Field(alias="_ng_rollout_index")

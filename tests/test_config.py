@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from genrm_trio.config import (
     DEFAULT_PRINCIPLE,
     IGNORED_GYM_KEYS,
+    BudgetEscalation,
     ConfigError,
     JudgeSettings,
     ServerSettings,
@@ -151,6 +152,7 @@ def test_judge_defaults() -> None:
         "api_key_env": None,
         "max_concurrency": 256,
         "probe": True,
+        "budget_escalation": None,
     }
     assert judge.endpoint == "unconfigured"
 
@@ -1155,3 +1157,90 @@ def test_an_int_is_accepted_where_a_float_is_expected() -> None:
     assert (
         settings_from_mapping({"cohort_collection_timeout_s": 5}).cohort_collection_timeout_s == 5.0
     )
+
+
+# --- judge.budget_escalation ----------------------------------------------------------------------
+
+
+def escalation(block: object, **params: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {"judge": {"budget_escalation": block}}
+    if params:
+        data["genrm_responses_create_params"] = {"input": [], **params}
+    return data
+
+
+@pytest.mark.parametrize(
+    "data", [{}, {"judge": {}}, escalation(None)], ids=["absent", "no", "null"]
+)
+def test_budget_escalation_is_off_when_absent_or_null(data: dict[str, Any]) -> None:
+    s = load(data)
+    assert s.judge.budget_escalation is None
+    assert s.output_budget == 16384  # the shipped create params
+
+
+def test_budget_escalation_empty_block_takes_the_defaults() -> None:
+    block = load(escalation({})).judge.budget_escalation
+    assert block == BudgetEscalation(factor=2.0, max_output_tokens=32768)
+
+
+def test_budget_escalation_values_and_steps() -> None:
+    s = load(escalation({"factor": 1.5, "max_output_tokens": 4000}, max_output_tokens=1341))
+    block = s.judge.budget_escalation
+    assert block is not None and s.output_budget == 1341
+    assert [block.next_budget(b) for b in (1341, 2012, 3018, 4000)] == [2012, 3018, 4000, 4000]
+    assert load(escalation({"factor": 3})).judge.budget_escalation == BudgetEscalation(factor=3.0)
+
+
+@pytest.mark.parametrize("factor", [1, 1.0, 0.5, 0, -2, math.inf, math.nan])
+def test_budget_escalation_factor_must_exceed_one(factor: float) -> None:
+    err = config_error(escalation({"factor": factor}))
+    assert (err.key, err.message) == ("judge.budget_escalation.factor", "must be > 1 and finite")
+
+
+def test_budget_escalation_cap_below_the_budget_is_an_error() -> None:
+    err = config_error(escalation({"max_output_tokens": 1340}, max_output_tokens=1341))
+    assert err.key == "judge.budget_escalation.max_output_tokens"
+    assert err.message == (
+        "the cap must be >= genrm_responses_create_params.max_output_tokens (1341)"
+    )
+    equal = load(escalation({"max_output_tokens": 1341}, max_output_tokens=1341))
+    assert equal.judge.budget_escalation == BudgetEscalation(max_output_tokens=1341)
+
+
+@pytest.mark.parametrize("budget", [None, True, 0, -5, 1341.0, "1341"])
+def test_budget_escalation_needs_an_integer_budget(budget: object) -> None:
+    params = {} if budget is None else {"max_output_tokens": budget}
+    data = escalation({}) | {"genrm_responses_create_params": {"input": [], **params}}
+    err = config_error(data)
+    assert err.key == "genrm_responses_create_params.max_output_tokens"
+    assert err.message == (
+        "judge.budget_escalation needs a configured output budget (an integer >= 1)"
+    )
+    off = load({"genrm_responses_create_params": {"input": [], **params}})
+    assert off.output_budget is None  # without escalation such a budget is passed through as is
+
+
+@pytest.mark.parametrize(
+    ("block", "key"),
+    [
+        ({"max_output_tokens": 0}, "judge.budget_escalation.max_output_tokens"),
+        ({"max_output_tokens": "32768"}, "judge.budget_escalation.max_output_tokens"),
+        ({"factor": "2"}, "judge.budget_escalation.factor"),
+        ({"cap": 4096}, "judge.budget_escalation.cap"),
+        (2.0, "judge.budget_escalation"),
+    ],
+)
+def test_budget_escalation_bad_values(block: object, key: str) -> None:
+    assert config_error(escalation(block)).key == key
+
+
+def test_budget_escalation_from_a_file(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "genrm_responses_create_params:\n  input: []\n  max_output_tokens: 1341\n"
+        "judge:\n  budget_escalation:\n    factor: 2.0\n    max_output_tokens: 32768\n",
+    )
+    s = load_settings(path)
+    assert s.judge.budget_escalation == BudgetEscalation(factor=2.0, max_output_tokens=32768)
+    bad = write(tmp_path, "judge:\n  budget_escalation:\n    max_output_tokens: 100\n", "b.yaml")
+    assert file_error(bad).key == "judge.budget_escalation.max_output_tokens"

@@ -8,6 +8,7 @@ JudgeSettings / ServerSettings) without a row here fails this test.
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +22,27 @@ HEADER = ["Key", "Type", "Default", "Validation", "Meaning", "Source"]
 KEY_CELL = re.compile(r"^`([a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)*)`$")
 
 
+def _optional_model(annotation: Any) -> type[BaseModel] | None:
+    """`M` of an `M | None` annotation whose M is a model (an optional block), else None."""
+    args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+        return args[0]
+    return None
+
+
 def model_keys(model: type[BaseModel], prefix: str = "") -> dict[str, Any]:
-    """Every dotted key of `model` with its default; nested models are walked, not listed."""
+    """Every dotted key of `model` with its default; nested models are walked, not listed. An
+    optional block (`M | None`) is listed itself (default null) and walked for its own keys."""
     keys: dict[str, Any] = {}
     for name, field in model.model_fields.items():
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             keys |= model_keys(annotation, f"{prefix}{name}.")
-        else:
-            keys[f"{prefix}{name}"] = field.get_default(call_default_factory=True)
+            continue
+        keys[f"{prefix}{name}"] = field.get_default(call_default_factory=True)
+        block = _optional_model(annotation)
+        if block is not None:
+            keys |= model_keys(block, f"{prefix}{name}.")
     return keys
 
 
@@ -81,6 +94,8 @@ def test_settings_keys_include_nested_blocks() -> None:
     assert "judge.base_url" in SETTINGS_KEYS
     assert "server.shutdown_grace_s" in SETTINGS_KEYS
     assert "judge" not in SETTINGS_KEYS
+    assert SETTINGS_KEYS["judge.budget_escalation"] is None  # an optional block, listed
+    assert SETTINGS_KEYS["judge.budget_escalation.factor"] == 2.0  # and walked
     assert "server" not in SETTINGS_KEYS
 
 

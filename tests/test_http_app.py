@@ -448,6 +448,7 @@ async def test_metrics_route() -> None:
         "genrm_trio_masked_rollouts_total 2.0",
         "genrm_trio_active_cohorts",
         "genrm_trio_deadline_failures_total",
+        "genrm_trio_judge_budget_escalations_total 0.0",
     ):
         assert name in text
 

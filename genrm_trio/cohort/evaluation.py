@@ -87,6 +87,7 @@ class Evaluation:
         self.results: list[ComparisonResult | None] = [None] * len(self.plan)
         self.errors: list[str | None] = [None] * len(self.plan)
         self.error_usage: list[Usage | None] = [None] * len(self.plan)
+        self.error_escalations: list[int] = [0] * len(self.plan)
 
     @property
     def total(self) -> int:
@@ -134,6 +135,7 @@ class Evaluation:
                         input_tokens=usage.input_tokens if usage else None,
                         output_tokens=usage.output_tokens if usage else None,
                         budget_hit=usage.budget_hit if usage else False,
+                        escalated=result.escalations > 0,
                     )
                 )
             else:
@@ -146,6 +148,7 @@ class Evaluation:
                         input_tokens=usage.input_tokens if usage else None,
                         output_tokens=usage.output_tokens if usage else None,
                         budget_hit=usage.budget_hit if usage else False,
+                        escalated=self.error_escalations[c] > 0,
                     )
                 )
         return out
@@ -218,6 +221,7 @@ def _metrics(
             rubric_mode=settings.score_source == "rubric_mean",
             masked=masked,
             members=members,
+            escalation=settings.judge.budget_escalation is not None,
         )
     )
     if settings.position_balance == "alternate":
@@ -243,7 +247,11 @@ def default_result(settings: Settings, text: MemberText) -> dict[str, JSONValue]
         "reward_length_adjustment": 0.0,
     }
     metrics = group_metrics(
-        [], rubric_mode=settings.score_source == "rubric_mean", masked=0, members=1
+        [],
+        rubric_mode=settings.score_source == "rubric_mean",
+        masked=0,
+        members=1,
+        escalation=settings.judge.budget_escalation is not None,
     )
     result.update(metrics)
     if settings.position_balance == "alternate":

@@ -6,10 +6,17 @@ own `trio.fail_after(judge_request_timeout_s)`, and gives the slot back before a
 All A = `genrm_parse_retries + 1` attempts share one budget across transport errors, retryable
 HTTP statuses, unusable replies and parse failures. Sleeps are plain `trio.sleep` calls under the
 caller's cancel scope, so a group or `/compare` deadline ends them.
+
+Every attempt carries its output budget (`JudgeCall.max_output_tokens`, the configured one when
+it is an integer). With `judge.budget_escalation` set, an attempt that ran out of it makes the
+comparison's next attempt ask for `min(ceil(budget x factor), cap)`: retrying a reasoning judge
+with the same budget fails again about as often as the first time (docs/scoring.md, section 6).
+Other failures leave the budget where it is; the number of attempts is unchanged.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from collections.abc import Sequence
@@ -55,6 +62,7 @@ class ComparisonResult:
     overall_parse_failed: bool
     rubric_parse_failed: bool
     attempts: int  # judge calls made
+    escalations: int = 0  # attempts that asked for a larger output budget than the one before
 
 
 @final
@@ -71,6 +79,7 @@ class ComparatorStatistics:
     comparisons: int  # comparisons finished (success or fallback)
     fallbacks: int  # comparisons that ended in the default-score fallback
     failures: int  # comparisons that ended in a JudgeError
+    escalations: int  # attempts started with an escalated output budget
 
 
 def _outcome(error: JudgeAttemptError) -> tuple[str, str]:
@@ -107,6 +116,8 @@ class Comparator:
         self._attempts = settings.attempts
         params = settings.judge_create_params
         self._budget_tokens = params.get("max_output_tokens", params.get("max_tokens"))
+        self._budget = settings.output_budget  # every comparison's first attempt asks for this
+        self._escalation = settings.judge.budget_escalation
         self._rubric = settings.score_source == "rubric_mean"
         self._defaults = Verdict(
             settings.default_score, settings.default_score, settings.default_ranking
@@ -119,6 +130,7 @@ class Comparator:
         self._done = 0
         self._fallbacks = 0
         self._failures = 0
+        self._escalations = 0
 
     @property
     def limiter(self) -> trio.CapacityLimiter:
@@ -136,6 +148,7 @@ class Comparator:
             comparisons=self._done,
             fallbacks=self._fallbacks,
             failures=self._failures,
+            escalations=self._escalations,
         )
 
     # --- one attempt ----------------------------------------------------------------------
@@ -229,6 +242,11 @@ class Comparator:
         completed_seen = False
         retry_after: float | None = None
         last_overall: Verdict | None = None  # parsed overall of the final attempt, if any
+        # this attempt's output budget: the caller's, else the configured one
+        budget = call.max_output_tokens if call.max_output_tokens is not None else self._budget
+        start = budget
+        raised: int | None = None  # the next attempt's escalated budget, once decided
+        escalations = 0
 
         def usage() -> Usage | None:
             if not usage_seen:
@@ -240,8 +258,27 @@ class Comparator:
                 await trio.sleep(self._pause(n - 1, retry_after))
             retry_after = None
             last_overall = None
+            if raised is not None:
+                # counted and logged when the escalated attempt really starts, not when decided
+                log.info(
+                    "GenRM output budget escalated for pair %s (judge %d): attempt %d/%d asks "
+                    "for max_output_tokens %d -> %d",
+                    pair,
+                    judge_pass,
+                    n,
+                    total,
+                    budget,
+                    raised,
+                )
+                budget, raised = raised, None
+                escalations += 1
+                self._escalations += 1
+                self._metrics.judge_budget_escalations.inc()
+            attempt_call = call
+            if budget is not None and budget != call.max_output_tokens:
+                attempt_call = dataclasses.replace(call, max_output_tokens=budget)
             try:
-                reply = await self._attempt(call)
+                reply = await self._attempt(attempt_call)
             except JudgeAttemptError as error:
                 if error.retryable and n < total:
                     cause = _outcome(error)[1]
@@ -253,7 +290,9 @@ class Comparator:
                     f"GenRM judge {self._judge.endpoint} {self._judge.path} pair={pair} "
                     f"deadline={self._timeout}s: {error.describe()}"
                 )
-                raise JudgeError(message, usage=usage(), attempts=n) from error
+                raise JudgeError(
+                    message, usage=usage(), attempts=n, escalations=escalations
+                ) from error
 
             if reply.input_tokens is not None and reply.output_tokens is not None:
                 usage_seen = True
@@ -269,9 +308,12 @@ class Comparator:
                     pair,
                     n,
                     total,
-                    self._budget_tokens,
+                    budget if budget is not None else self._budget_tokens,
                 )
                 cause = "budget"
+                if self._escalation is not None and budget is not None and n < total:
+                    after = self._escalation.next_budget(budget)
+                    raised = after if after > budget else None  # at the cap: retry as it is
             elif reply.status is ReplyStatus.UNUSABLE:
                 cause = "unusable"
             else:
@@ -287,7 +329,9 @@ class Comparator:
                     overall = None
                 if not self._rubric:
                     if overall is not None:
-                        return ComparisonResult(overall, overall, usage(), False, False, n)
+                        return ComparisonResult(
+                            overall, overall, usage(), False, False, n, escalations
+                        )
                 else:
                     assert rubric_ids is not None
                     last_overall = overall
@@ -307,6 +351,7 @@ class Comparator:
                             overall is None,
                             False,
                             n,
+                            escalations,
                         )
                 cause = "parse"
 
@@ -329,14 +374,19 @@ class Comparator:
                 overall_parse_failed=last_overall is None,
                 rubric_parse_failed=self._rubric,
                 attempts=total,
+                escalations=escalations,
             )
         message = f"Judge returned no completed answer after {total} attempts"
         if budget_hits:
+            # the reference's text; with escalation it names the range of budgets tried
+            tried = f"={self._budget_tokens}"
+            if escalations:
+                tried = f" from {start} up to {budget}"
             message += (
-                f" ({budget_hits} of them exhausted max_output_tokens={self._budget_tokens} "
+                f" ({budget_hits} of them exhausted max_output_tokens{tried} "
                 "without emitting a verdict; raise the budget or constrain the judge's reasoning)"
             )
-        raise JudgeError(message, usage=usage(), attempts=total)
+        raise JudgeError(message, usage=usage(), attempts=total, escalations=escalations)
 
     def _retry(self, cause: str, pair: tuple[int, int], judge_pass: int, n: int, why: str) -> None:
         self._retries += 1

@@ -22,6 +22,9 @@ class JudgeCall:
     response_1: str  # answer text (or the "None" placeholder) shown first
     response_2: str  # answer text shown second
     principle: str | None  # None unless use_principle is on (then request principle or default)
+    # This attempt's output budget (`max_output_tokens`, chat `max_tokens`); None leaves the
+    # configured create params alone. It travels with the attempt so a retry can ask for more.
+    max_output_tokens: int | None = None
 
 
 class ReplyStatus(enum.Enum):
@@ -144,8 +147,16 @@ class JudgeError(Exception):
     metrics (SPEC D32).
     """
 
-    def __init__(self, message: str, *, usage: Usage | None = None, attempts: int = 0) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        usage: Usage | None = None,
+        attempts: int = 0,
+        escalations: int = 0,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.usage = usage
         self.attempts = attempts
+        self.escalations = escalations  # output-budget escalations before it failed

@@ -157,7 +157,8 @@ def interpret_chat(reply: object) -> JudgeReply:
 
 
 def responses_body(params: Mapping[str, Any], call: JudgeCall) -> dict[str, Any]:
-    """The Gym `genrm_model` request (SPEC §4.2): create params with `input` and `metadata` set.
+    """The Gym `genrm_model` request (SPEC §4.2): create params with `input` and `metadata` set,
+    and `max_output_tokens` replaced by the attempt's own budget when the call carries one.
 
     `params` is never mutated and is serialised at once, so a shallow copy is as good as the
     reference's deep copy.
@@ -171,6 +172,8 @@ def responses_body(params: Mapping[str, Any], call: JudgeCall) -> dict[str, Any]
         for entry in call.history
     ]
     body["metadata"] = metadata
+    if call.max_output_tokens is not None:
+        body["max_output_tokens"] = call.max_output_tokens
     return body
 
 
@@ -211,7 +214,8 @@ def chat_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], str | None, 
 def chat_body(
     params: Mapping[str, Any], instructions: str | None, call: JudgeCall
 ) -> dict[str, Any]:
-    """A chat-completions request: history, then principle, response_1, response_2 (§16.1)."""
+    """A chat-completions request: history, then principle, response_1, response_2 (§16.1);
+    the attempt's own budget, when the call carries one, is sent as `max_tokens`."""
     messages: list[dict[str, str]] = []
     if instructions is not None:
         messages.append({"role": "system", "content": instructions})
@@ -222,6 +226,8 @@ def chat_body(
     messages.append({"role": "response_2", "content": call.response_2})
     body = dict(params)
     body["messages"] = messages
+    if call.max_output_tokens is not None:
+        body["max_tokens"] = call.max_output_tokens
     return body
 
 

@@ -11,6 +11,11 @@ A test and demo tool, never a production default. One simulator core serves thre
 Verdicts are a pure function of the two answer texts: each answer gets a quality 1..5 from its
 sha256 (or from a `[quality=N]` marker in the text), the scores are the qualities and the ranking
 follows their difference, so both orientations of a pair always agree.
+
+With a `LengthModel` (or a `[need=N]` marker in an answer) each attempt's verdict needs a number
+of output tokens; an attempt whose budget (`max_output_tokens`, chat `max_tokens`) is below it
+answers as an exhausted budget, as a reasoning judge cut off before its verdict does. See
+`LengthModel` for the distribution and its presets.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import hashlib
 import json
 import math
 import re
+import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -40,9 +46,12 @@ from genrm_trio.judge.base import (
 
 __all__ = [
     "FAULT_KINDS",
+    "LENGTH_PRESETS",
+    "NEED_MARKER",
     "QUALITY_MARKER",
     "FaultKind",
     "FaultRule",
+    "LengthModel",
     "Position",
     "SimCall",
     "SimConfig",
@@ -50,6 +59,7 @@ __all__ = [
     "SimJudgeApp",
     "SimStatistics",
     "answer_quality",
+    "forced_need",
     "parse_fault_rule",
     "serve_sim_judge",
     "sim_asgi_app",
@@ -82,6 +92,10 @@ Api = Literal["in_process", "responses", "chat_completions"]
 
 #: `[quality=N]` (N in 1..5) anywhere in an answer forces that answer's quality; the first wins.
 QUALITY_MARKER: Final = re.compile(r"\[quality=([1-5])\]")
+
+#: `[need=N]` (or `[need=N1/N2/...]`, one value per attempt, the last repeating) in an answer
+#: forces the output tokens its pair's verdict needs, with or without a length model.
+NEED_MARKER: Final = re.compile(r"\[need=([0-9]+(?:/[0-9]+)*)\]")
 
 _MODEL_ID: Final = "genrm-sim"
 _DEFAULT_BUDGET_TOKENS: Final = 16384
@@ -151,6 +165,62 @@ class FaultRule:
 
 @final
 @dataclass(frozen=True, slots=True)
+class LengthModel:
+    """Output tokens an attempt's verdict needs: a log-normal per pair times log-normal noise per
+    attempt, clipped to ``[low, high]``.
+
+    ``need = clip(round(median * exp(pair_sigma * z_pair + attempt_sigma * z_attempt)))`` with
+    standard normals drawn from sha256 of (seed, pair) and (seed, pair, attempt). The pair is the
+    unordered pair of answer texts plus the history and principle, so showing it the other way
+    round (``position_balance``) does not change how hard it is; the attempt is how many times the
+    simulator has judged that pair before (in either order, across judge passes), so a retry of
+    a pair is a fresh sample of the same difficulty, as sampling at temperature 0.6 is. The
+    need does not depend on the budget: the budget only cuts a long answer off.
+
+    ``pair_sigma`` spreads difficulty between pairs, ``attempt_sigma`` between samples of one
+    pair; the marginal of one attempt is log-normal with sigma ``sqrt(pair_sigma^2 +
+    attempt_sigma^2)`` (before clipping). Presets are in `LENGTH_PRESETS`.
+    """
+
+    median: float
+    pair_sigma: float
+    attempt_sigma: float
+    low: int = 1
+    high: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.median) and self.median > 0):
+            raise ValueError("median must be a finite number > 0")
+        for name in ("pair_sigma", "attempt_sigma"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0")
+        if not 1 <= self.low <= self.high:
+            raise ValueError("need 1 <= low <= high")
+
+    def need(self, z_pair: float, z_attempt: float) -> int:
+        raw = self.median * math.exp(self.pair_sigma * z_pair + self.attempt_sigma * z_attempt)
+        return min(self.high, max(self.low, round(raw)))
+
+
+#: `validation`: the partial-masking validation run's judge (answers of 531-2,981 tokens, 1,341
+#: at the 55th percentile). Log-normal sigma 0.345 overall (the range spans about 5 sigma, as
+#: ~100 draws do), median 1,284 so that P(need <= 1,341) = 0.55; split as 0.32 between samples of
+#: one pair (a coefficient of variation near 0.3 at temperature 0.6) and 0.13 between pairs. Most
+#: of the spread is within a pair because the run's 9 of 64 failures with two attempts are below
+#: even independent attempts' 0.45^2 = 20%; a larger pair share would fail more pairs twice.
+#: `long_tail`: a judge that reasons for 15,000 tokens at the median with a wide spread (sigma
+#: 0.61; 0.50 between samples of one pair), so a 16,384 budget is exhausted by 44% of attempts
+#: and 10% need more than 32,768 (NeMo Gym PR #3303 saw 3 of 5 runs exhaust 16,384 and 2 of 4
+#: exhaust 24,576 with a hosted GenRM at temperature 0.6).
+LENGTH_PRESETS: Final[Mapping[str, LengthModel]] = {
+    "validation": LengthModel(1284.0, 0.13, 0.32, low=531, high=2981),
+    "long_tail": LengthModel(15000.0, 0.35, 0.50, low=1500, high=131072),
+}
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class SimConfig:
     """Latency, jitter and faults of a simulated judge.
 
@@ -171,9 +241,12 @@ class SimConfig:
     api_key: str | None = None
     record_calls: bool = True
     sticky_faults: bool = False  # random faults depend on content only: a drawn pair always fails
+    length_model: LengthModel | None = None  # output tokens a verdict needs (None: never cut)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple(self.rules))
+        if self.length_model is not None and not isinstance(self.length_model, LengthModel):
+            raise TypeError(f"length_model must be a LengthModel, got {self.length_model!r}")
         for name in ("latency_s", "jitter_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -199,6 +272,8 @@ class SimCall:
     api: Api
     fault: FaultKind | None  # the injected fault, None for a normal verdict
     started_at: float  # trio.current_time() on arrival
+    max_output_tokens: int | None = None  # the budget the call asked for (None: not given)
+    need: int | None = None  # output tokens its verdict needed (length model or [need=N])
 
 
 @final
@@ -212,6 +287,7 @@ class SimStatistics:
     in_flight: int
     max_in_flight: int
     bad_requests: int  # HTTP requests refused with 4xx before reaching the judge logic
+    exhausted: int = 0  # calls whose budget was below their verdict's need (not faults)
 
 
 # --- deterministic verdicts -------------------------------------------------------------------
@@ -227,6 +303,24 @@ def answer_quality(text: str) -> int:
     if marker is not None:
         return int(marker.group(1))
     return int.from_bytes(_digest(text)[:8], "big") % 5 + 1
+
+
+def forced_need(response_1: str, response_2: str, attempt: int) -> int | None:
+    """The `[need=...]` marker's value for attempt number `attempt` (0-based) of a pair: the
+    larger of the two answers' values (so the order shown does not matter), None without one."""
+    values: list[int] = []
+    for text in (response_1, response_2):
+        marker = NEED_MARKER.search(text)
+        if marker is not None:
+            steps = marker.group(1).split("/")
+            values.append(int(steps[min(attempt, len(steps) - 1)]))
+    return max(values) if values else None
+
+
+def _normal(digest: bytes) -> float:
+    """A standard normal from 8 bytes of a digest (inverse CDF of a uniform in (0, 1))."""
+    uniform = (int.from_bytes(digest[:8], "big") + 0.5) / 2**64
+    return statistics.NormalDist().inv_cdf(uniform)
 
 
 def sim_verdict(response_1: str, response_2: str) -> tuple[int, int, float]:
@@ -371,6 +465,7 @@ class _Decision:
     delay_s: float
     fault: FaultKind | None
     rule: FaultRule
+    need: int | None = None  # output tokens the verdict needs; None: any budget suffices
 
 
 class _Core:
@@ -381,12 +476,39 @@ class _Core:
         self.calls: list[SimCall] = []
         self._rule_uses = [0] * len(config.rules)
         self._occurrences: dict[bytes, int] = {}
+        self._pair_attempts: dict[bytes, int] = {}
         self._random_rule = FaultRule(fault=config.fault_kind)
         self.n_calls = 0
         self.faults_by_kind: dict[str, int] = {}
         self.in_flight = 0
         self.max_in_flight = 0
         self.bad_requests = 0
+        self.exhausted = 0
+
+    def _need(self, call: JudgeCall) -> int | None:
+        """Output tokens this call's verdict needs, or None (no length model, no marker)."""
+        model = self.config.length_model
+        if model is None and "[need=" not in call.response_1 and "[need=" not in call.response_2:
+            return None  # skip the hashing and the attempt table
+        # the unordered pair with its context: position_balance does not change the difficulty
+        answers = sorted((_digest(call.response_1), _digest(call.response_2)))
+        content = hashlib.sha256(b"".join(answers))
+        content.update(_digest(call.principle or ""))
+        for message in call.history:
+            content.update(_digest(message.get("role", "")))
+            content.update(_digest(message.get("content", "")))
+        pair = content.digest()
+        if len(self._pair_attempts) >= _OCCURRENCE_CAP and pair not in self._pair_attempts:
+            self._pair_attempts.clear()
+        attempt = self._pair_attempts.get(pair, 0)
+        self._pair_attempts[pair] = attempt + 1
+        forced = forced_need(call.response_1, call.response_2, attempt)
+        if forced is not None or model is None:
+            return forced
+        seed = f"{self.config.seed}\0length\0".encode()
+        z_pair = _normal(hashlib.sha256(seed + pair).digest())
+        z_attempt = _normal(hashlib.sha256(seed + pair + b"%d" % attempt).digest())
+        return model.need(z_pair, z_attempt)
 
     def _draws(self, call: JudgeCall) -> tuple[float, float]:
         """Two seeded uniforms in [0, 1) for this call: (fault, jitter)."""
@@ -427,6 +549,10 @@ class _Core:
         if rule is None and config.fault_rate > 0 and fault_draw < config.fault_rate:
             rule = self._random_rule
         fault = rule.fault if rule is not None else None
+        # drawn for every call, so a faulted attempt still counts as a sample of its pair
+        need = self._need(call)
+        if fault not in (None, "slow"):
+            need = None  # a fault decides the reply; only verdicts have a length
         delay = config.latency_s + jitter_draw * config.jitter_s
         if fault == "slow" and rule is not None:
             delay += rule.delay_s
@@ -443,11 +569,20 @@ class _Core:
                     api=api,
                     fault=fault,
                     started_at=trio.current_time(),
+                    max_output_tokens=call.max_output_tokens,
+                    need=need,
                 )
             )
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        return _Decision(delay, fault, rule if rule is not None else self._random_rule)
+        return _Decision(delay, fault, rule if rule is not None else self._random_rule, need)
+
+    def cut_off(self, decision: _Decision, budget: int) -> bool:
+        """Whether a verdict reply runs out of `budget` before its verdict (and count it)."""
+        if decision.need is None or decision.need <= budget:
+            return False
+        self.exhausted += 1
+        return True
 
     def end(self) -> None:
         self.in_flight -= 1
@@ -460,6 +595,7 @@ class _Core:
             in_flight=self.in_flight,
             max_in_flight=self.max_in_flight,
             bad_requests=self.bad_requests,
+            exhausted=self.exhausted,
         )
 
 
@@ -521,13 +657,13 @@ class SimJudge:
             http = _http_fault(fault, rule)
             if http is not None:
                 raise JudgeHTTPError(http.status, http.body, http.retry_after_s)
-        if fault == "budget_exhausted":
-            return JudgeReply(
-                ReplyStatus.BUDGET_EXHAUSTED, "", input_tokens, _DEFAULT_BUDGET_TOKENS
-            )
+        budget = call.max_output_tokens or _DEFAULT_BUDGET_TOKENS
+        if fault == "budget_exhausted" or self._core.cut_off(decision, budget):
+            return JudgeReply(ReplyStatus.BUDGET_EXHAUSTED, "", input_tokens, budget)
         text = _fault_text(fault, rule, call.response_1, call.response_2)
         status = ReplyStatus.COMPLETED if text.strip() else ReplyStatus.UNUSABLE
-        return JudgeReply(status, text, input_tokens, _tokens(len(text)))
+        tokens = decision.need if decision.need is not None else _tokens(len(text))
+        return JudgeReply(status, text, input_tokens, tokens)
 
     async def aclose(self) -> None:
         return None
@@ -773,6 +909,9 @@ class SimJudgeApp:
             if not isinstance(request, dict):
                 raise _BadRequest(400, "body must be a JSON object")
             call = _responses_call(request) if api == "responses" else _chat_call(request)
+            asked = request.get("max_output_tokens" if api == "responses" else "max_tokens")
+            if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
+                call = dataclasses.replace(call, max_output_tokens=asked)
         except _BadRequest as error:
             self._core.bad_requests += 1
             await _respond(send, error.status, _json_bytes({"error": str(error)}))
@@ -814,9 +953,15 @@ class SimJudgeApp:
             if fault == "not_json":
                 await _respond(send, 200, _NOT_JSON_BODY.encode(), content_type=b"text/plain")
                 return
-            budget = fault == "budget_exhausted"
+            limit = _budget_tokens(request, api)
+            budget = fault == "budget_exhausted" or self._core.cut_off(decision, limit)
             text = "" if budget else _fault_text(fault, rule, call.response_1, call.response_2)
-            out_tokens = _budget_tokens(request, api) if budget else _tokens(len(text))
+            if budget:
+                out_tokens = limit
+            elif decision.need is not None:
+                out_tokens = decision.need
+            else:
+                out_tokens = _tokens(len(text))
             usage = (_tokens(_prompt_length(call)), out_tokens)
             make = _responses_body if api == "responses" else _chat_body
             body = _json_bytes(make(request, n, text, budget, usage))
@@ -989,6 +1134,7 @@ def sim_config_from_args(
     api_key: str | None = None,
     record_calls: bool = False,
     sticky_faults: bool = False,
+    length_model: str | None = None,
 ) -> SimConfig:
     """Build a SimConfig from `sim-judge` flags (milliseconds, `--fault` specs). ValueError if bad.
 
@@ -997,6 +1143,10 @@ def sim_config_from_args(
     if fault_kind not in FAULT_KINDS:
         raise ValueError(
             f"unknown fault kind {fault_kind!r}; expected one of {', '.join(FAULT_KINDS)}"
+        )
+    if length_model is not None and length_model not in LENGTH_PRESETS:
+        raise ValueError(
+            f"unknown length model {length_model!r}; expected one of {', '.join(LENGTH_PRESETS)}"
         )
     return SimConfig(
         latency_s=latency_ms / 1000.0,
@@ -1008,4 +1158,5 @@ def sim_config_from_args(
         api_key=api_key,
         record_calls=record_calls,
         sticky_faults=sticky_faults,
+        length_model=None if length_model is None else LENGTH_PRESETS[length_model],
     )
