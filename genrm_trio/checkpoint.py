@@ -16,17 +16,16 @@ import itertools
 import math
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol, final
 
 from genrm_trio.cohort.records import MemberRecord, TerminalRecord, WatermarkRecord, result_dict
-
-if TYPE_CHECKING:
-    from genrm_trio.engine import RestoreReport
 
 __all__ = [
     "CHECKPOINT_VERSION",
     "CheckpointError",
     "RecordsEngine",
+    "RestoreReport",
     "checkpoint",
     "export_checkpoint",
     "parse_checkpoint",
@@ -35,6 +34,19 @@ __all__ = [
 ]
 
 CHECKPOINT_VERSION: Final = 1
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RestoreReport:
+    """What a restore merged (SPEC §17.12 merge semantics): `Engine.restore_records`'s result."""
+
+    added: int = 0
+    unchanged: int = 0
+    watermarks_updated: int = 0
+    conflicts: list[dict[str, str]] = field(default_factory=list)
+
+
 ECHO_KEYS: Final = frozenset(
     {
         "responses_create_params",

@@ -20,13 +20,14 @@ import sys
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import IO, Any, Final, NoReturn, TypeVar, final
+from typing import Any, Final, NoReturn, TypeVar, final
 
 import trio
 
 from genrm_trio import __version__
 from genrm_trio.checkpoint_cli import add_checkpoint_arguments
 from genrm_trio.config import ConfigError, Settings, load_settings
+from genrm_trio.logs import configure_logging
 
 PROG: Final = "genrm-trio"
 COMMANDS: Final = "serve, demo, sim-judge, bench, checkpoint or gym-root"
@@ -105,39 +106,6 @@ def _rate(value: str) -> float:
     if number > 1:
         raise argparse.ArgumentTypeError(f"must be within [0, 1], got {value}")
     return number
-
-
-# --- logging ------------------------------------------------------------------------------------
-
-
-@final
-class _StdHandler(logging.StreamHandler[IO[str]]):
-    """Writes to whatever `sys.stderr` (or `sys.stdout`) is at emit time, so redirection and
-    test capture work."""
-
-    def __init__(self, to_stdout: bool) -> None:
-        self.to_stdout = to_stdout
-        super().__init__(sys.stdout if to_stdout else sys.stderr)
-
-    @property
-    def stream(self) -> IO[str]:
-        return sys.stdout if self.to_stdout else sys.stderr
-
-    @stream.setter
-    def stream(self, value: IO[str]) -> None:
-        pass
-
-
-def configure_logging(level: int = logging.INFO, *, stdout: bool = False) -> None:
-    """Send `genrm_trio.*` records to stderr (or stdout), once per process."""
-    logger = logging.getLogger("genrm_trio")
-    logger.setLevel(level)
-    if not any(isinstance(handler, _StdHandler) for handler in logger.handlers):
-        handler = _StdHandler(stdout)
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
-        )
-        logger.addHandler(handler)
 
 
 def _say(line: str) -> None:
@@ -419,6 +387,15 @@ def _run_gym_root(args: argparse.Namespace) -> int:
 
     print(gym_root())
     return 0
+
+
+def gym_main() -> int:
+    """What NeMo Gym's app.py runs: serve the launched instance until Gym's SIGINT."""
+    from genrm_trio.gym import settings_from_gym_env
+
+    # Gym shows (and may tee to its log directory) what its servers print on stdout.
+    configure_logging(logging.INFO, stdout=True)
+    return run_service(partial(settings_from_gym_env, os.environ))
 
 
 def _add_gym_root(sub: Any) -> None:

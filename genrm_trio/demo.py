@@ -386,7 +386,7 @@ def run_demo(*, verbose: bool = False, console: Console | None = None) -> int:
     logger.setLevel(logging.INFO if verbose else logging.WARNING)
     logger.propagate = verbose
     if verbose:
-        from genrm_trio.cli import configure_logging
+        from genrm_trio.logs import configure_logging
 
         configure_logging(logging.INFO)
     console.print(

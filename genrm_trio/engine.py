@@ -25,11 +25,12 @@ import contextvars
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, final
 
 import trio
 
+from genrm_trio.checkpoint import RestoreReport, checkpoint, restore
 from genrm_trio.cohort import machine
 from genrm_trio.cohort.cohort import Cohort, Member, Waiter
 from genrm_trio.cohort.evaluation import (
@@ -79,7 +80,7 @@ from genrm_trio.text import (
     response_digest,
 )
 
-__all__ = ["Engine", "EngineStatistics", "RestoreReport", "open_engine"]
+__all__ = ["Engine", "EngineStatistics", "open_engine"]
 
 log = logging.getLogger("genrm_trio.engine")
 
@@ -125,17 +126,6 @@ class EngineStatistics:
     running_tasks: int  # cohort run tasks in the engine nursery
     compares_in_flight: int
     judge: ComparatorStatistics  # the comparator's own snapshot (in flight, queued, calls...)
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class RestoreReport:
-    """What :meth:`Engine.restore_records` did (SPEC §17.12 merge semantics)."""
-
-    added: int = 0
-    unchanged: int = 0
-    watermarks_updated: int = 0
-    conflicts: list[dict[str, str]] = field(default_factory=list)
 
 
 @final
@@ -803,14 +793,10 @@ class Engine:
 
     def checkpoint(self) -> dict[str, Any]:
         """The checkpoint v1 export of every terminal record and watermark (SPEC §17.12)."""
-        from genrm_trio.checkpoint import checkpoint
-
         return checkpoint(self)
 
     async def restore(self, data: object) -> RestoreReport:
         """Merge a checkpoint v1 body; raises CheckpointError (422) before applying anything."""
-        from genrm_trio.checkpoint import restore
-
         return await restore(self, data, num_rollouts=self.settings.num_rollouts_per_prompt)
 
     async def restore_records(

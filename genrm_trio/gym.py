@@ -5,17 +5,14 @@
 `--search-dir` (then the working directory, then its own install root), with the whole resolved
 config in `NEMO_GYM_CONFIG_DICT` (every server's host and port filled in) and the instance's name
 in `NEMO_GYM_CONFIG_PATH`. `genrm-trio gym-root` prints the directory holding genrm-trio's
-`resources_servers/genrm_trio/`; its `app.py` calls `main()` here, which serves the instance's
-`genrm_trio` block on the host and port Gym resolved for it (docs/operations.md, "NeMo Gym
-launches genrm-trio").
+`resources_servers/genrm_trio/`. Its `app.py` calls `genrm_trio.cli.gym_main()`, which serves
+the instance's `genrm_trio` block (`settings_from_gym_env` here) on the host and port Gym
+resolved for it (docs/operations.md, "NeMo Gym launches genrm-trio").
 """
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Mapping
-from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -23,7 +20,7 @@ import yaml
 
 from genrm_trio.config import ConfigError, Settings, settings_from_gym
 
-__all__ = ["BLOCK_NAME", "CONFIG_ENV", "INSTANCE_ENV", "gym_root", "main", "settings_from_gym_env"]
+__all__ = ["BLOCK_NAME", "CONFIG_ENV", "INSTANCE_ENV", "gym_root", "settings_from_gym_env"]
 
 CONFIG_ENV: Final = "NEMO_GYM_CONFIG_DICT"
 INSTANCE_ENV: Final = "NEMO_GYM_CONFIG_PATH"
@@ -69,12 +66,3 @@ def settings_from_gym_env(environ: Mapping[str, str]) -> Settings:
             f"{', '.join(repr(str(name)) for name in data) or 'none'})",
         )
     return settings_from_gym(data, block, file=file)
-
-
-def main() -> int:
-    """What app.py runs: serve the launched instance until Gym's SIGINT; the exit code."""
-    from genrm_trio.cli import configure_logging, run_service
-
-    # Gym shows (and may tee to its log directory) what its servers print on stdout.
-    configure_logging(logging.INFO, stdout=True)
-    return run_service(partial(settings_from_gym_env, os.environ))

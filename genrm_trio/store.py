@@ -46,7 +46,8 @@ from genrm_trio.cohort.records import (
 from genrm_trio.config import Settings
 
 if TYPE_CHECKING:
-    from genrm_trio.engine import Engine, RestoreReport
+    from genrm_trio.checkpoint import RestoreReport
+    from genrm_trio.engine import Engine
     from genrm_trio.judge.base import Judge
     from genrm_trio.metrics import Metrics
 

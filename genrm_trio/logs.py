@@ -1,0 +1,40 @@
+"""Where genrm-trio's log records go: one handler on the `genrm_trio` logger, one line per record
+(`HH:MM:SS LEVEL logger: message`, docs/operations.md "Logs")."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import IO, final
+
+__all__ = ["configure_logging"]
+
+
+@final
+class _StdHandler(logging.StreamHandler[IO[str]]):
+    """Writes to whatever `sys.stderr` (or `sys.stdout`) is at emit time, so redirection and
+    test capture work."""
+
+    def __init__(self, to_stdout: bool) -> None:
+        self.to_stdout = to_stdout
+        super().__init__(sys.stdout if to_stdout else sys.stderr)
+
+    @property
+    def stream(self) -> IO[str]:
+        return sys.stdout if self.to_stdout else sys.stderr
+
+    @stream.setter
+    def stream(self, value: IO[str]) -> None:
+        pass
+
+
+def configure_logging(level: int = logging.INFO, *, stdout: bool = False) -> None:
+    """Send `genrm_trio.*` records to stderr (or stdout), once per process."""
+    logger = logging.getLogger("genrm_trio")
+    logger.setLevel(level)
+    if not any(isinstance(handler, _StdHandler) for handler in logger.handlers):
+        handler = _StdHandler(stdout)
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+        )
+        logger.addHandler(handler)
