@@ -44,6 +44,7 @@ from genrm_trio.cohort.records import (
     members_json,
 )
 from genrm_trio.config import Settings
+from genrm_trio.retention import Retention
 
 if TYPE_CHECKING:
     from genrm_trio.checkpoint import RestoreReport
@@ -352,6 +353,7 @@ class SqliteStore(CommitsBySubmit):
     ) -> None:
         self.path = path
         self._settings = settings
+        self._retention = Retention.of(settings)
         self._db = connection
         self._lock_fd = lock_fd
         self._clock = clock
@@ -724,10 +726,8 @@ class SqliteStore(CommitsBySubmit):
         """The TTL, then the count cap (oldest first), each unless switched off. Index range
         scans only: it touches only what it drops. Watermarks of groups with an ``open`` cohort
         are never dropped. Returns (expired, evicted)."""
-        horizon = None
-        if ttl and self._settings.cohort_result_ttl_s is not None:
-            horizon = now - self._settings.cohort_result_ttl_s
-        limit = self._settings.max_terminal_cohorts if cap else None
+        rule = self._retention
+        horizon = rule.horizon(now) if ttl else None
         expired = evicted = 0
         if horizon is not None:
             keys = cur.execute(
@@ -744,13 +744,13 @@ class SqliteStore(CommitsBySubmit):
             ).fetchall()
             self._mark_ids.difference_update(bytes(gid) for (gid,) in gone)
             expired = len(keys) + len(gone)
-        if limit is not None and len(self._terminal_keys) > limit:
+        if cap and rule.excess(len(self._terminal_keys)):
             # The oldest records in one row (one statement, see _write_staged), then deleted.
             oldest = (
                 "SELECT key FROM cohorts WHERE terminal_at IS NOT NULL "
                 "ORDER BY terminal_at, key LIMIT ?"
             )
-            over = (len(self._terminal_keys) - limit,)
+            over = (rule.excess(len(self._terminal_keys)),)
             (listed,) = cur.execute(
                 f"SELECT group_concat(hex(key)) FROM ({oldest})", over
             ).fetchone()
@@ -758,13 +758,13 @@ class SqliteStore(CommitsBySubmit):
             keys = [bytes.fromhex(h) for h in str(listed).split(",")] if listed else []
             self._terminal_keys.difference_update(keys)
             evicted += len(keys)
-        if limit is not None and len(self._mark_ids) > limit:
+        if cap and rule.excess(len(self._mark_ids)):
             gone = cur.execute(
                 "DELETE FROM watermarks WHERE group_id IN (SELECT group_id FROM watermarks "
                 "WHERE group_id NOT IN (SELECT group_id FROM cohorts WHERE phase = 'open' "
                 "AND group_id IS NOT NULL) ORDER BY updated_at, group_id LIMIT ?) "
                 "RETURNING group_id",
-                (len(self._mark_ids) - limit,),
+                (rule.excess(len(self._mark_ids)),),
             ).fetchall()
             self._mark_ids.difference_update(bytes(gid) for (gid,) in gone)
             evicted += len(gone)

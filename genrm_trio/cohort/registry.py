@@ -24,6 +24,7 @@ from genrm_trio.cohort.machine import ACTIVE_STATES
 from genrm_trio.config import Settings
 from genrm_trio.metrics import Metrics
 from genrm_trio.model import CohortView
+from genrm_trio.retention import Retention
 
 __all__ = ["Registry", "RegistryStatistics", "Watermark"]
 
@@ -65,6 +66,7 @@ class Registry:
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self._settings = settings
+        self._retention = Retention.of(settings)
         self._metrics = metrics
         self.cohorts: dict[str, Cohort] = {}
         self.active: dict[Cohort, None] = {}  # insertion order = creation order (oldest first)
@@ -197,15 +199,15 @@ class Registry:
     # --- retention (SPEC §8.10) ---------------------------------------------------------------
 
     def prune(self, now: float) -> None:
-        ttl = self._settings.cohort_result_ttl_s
-        cap = self._settings.max_terminal_cohorts
+        """Drop terminal records and watermarks that the retention rule no longer keeps."""
+        rule = self._retention
         heap = self._terminal_heap
         while heap:
             terminal_at, _, cohort = heap[0]
             if self.cohorts.get(cohort.key) is not cohort:
                 heapq.heappop(heap)
                 continue
-            if (ttl is not None and now - terminal_at >= ttl) or self._terminal_count > cap:
+            if rule.expired(terminal_at, now) or rule.excess(self._terminal_count):
                 heapq.heappop(heap)
                 del self.cohorts[cohort.key]
                 self._terminal_count -= 1
@@ -218,8 +220,7 @@ class Registry:
             if watermark is None or watermark.heap_seq != seq:
                 heapq.heappop(wheap)
                 continue
-            expired = ttl is not None and now - updated_at >= ttl
-            if expired or len(self.watermarks) > cap:
+            if rule.expired(updated_at, now) or rule.excess(len(self.watermarks)):
                 heapq.heappop(wheap)
                 del self.watermarks[group_id]
                 continue
