@@ -175,14 +175,25 @@ async def serve_app(
 
 
 async def probe_judge(settings: Settings, token: str | None) -> bool:
-    """The start-up probe (SPEC §17.5): one `GET {base_url}/models`; a failure only warns.
+    """The start-up probe (SPEC §17.5): one `GET {base_url}/models` per replica; a failure only
+    warns.
 
-    Bounded by min(5 s, judge_request_timeout_s). Never POSTs and is not a judge call in any
-    metric. Returns whether the judge answered 2xx.
+    Bounded by min(5 s, judge_request_timeout_s); a fleet's replicas are probed concurrently.
+    Never POSTs and is not a judge call in any metric. Returns whether every replica answered 2xx.
     """
-    base_url = settings.judge.base_url
-    if base_url is None:
+    urls = settings.judge.base_urls
+    if not urls:
         return False
+    answered: list[bool] = []
+    async with trio.open_nursery() as nursery:
+        for base_url in urls:
+            nursery.start_soon(_probe_one, settings, token, base_url, answered)
+    return len(answered) == len(urls) and all(answered)
+
+
+async def _probe_one(
+    settings: Settings, token: str | None, base_url: str, answered: list[bool]
+) -> None:
     url = base_url.rstrip("/") + "/models"
     limit = min(PROBE_LIMIT_S, settings.judge_request_timeout_s)
     headers = {"accept": "application/json"}
@@ -202,10 +213,11 @@ async def probe_judge(settings: Settings, token: str | None) -> bool:
     else:
         if 200 <= response.status_code <= 299:
             log.info("judge probe GET %s: HTTP %d", url, response.status_code)
-            return True
+            answered.append(True)
+            return
         problem = f"HTTP {response.status_code}"
     log.warning("judge probe GET %s failed: %s; serving anyway", url, problem)
-    return False
+    answered.append(False)
 
 
 FD_RESERVE: Final = 64
@@ -358,7 +370,7 @@ async def _serve_on(
 ) -> None:
     # Imported here so that `bind_socket` and `serve_app` (used by sim-judge) stay light.
     from genrm_trio.http.app import create_app
-    from genrm_trio.judge.http import make_http_judge
+    from genrm_trio.judge.fleet import make_judge
     from genrm_trio.store import durable_engine
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -385,7 +397,7 @@ async def _serve_on(
                 if not sim:
                     await probe_judge(settings, token)
                 if the_judge is None:
-                    the_judge = _sim_judge() if sim else make_http_judge(settings)
+                    the_judge = _sim_judge() if sim else make_judge(settings)
                 # the durable store (state_path) loads before the socket listens (SPEC §17.7)
                 async with durable_engine(settings, the_judge) as engine:
                     app = create_app(engine, settings)

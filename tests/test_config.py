@@ -150,6 +150,9 @@ def test_judge_defaults() -> None:
         "model": None,
         "api_key_env": None,
         "max_concurrency": 256,
+        "max_concurrency_per_replica": None,
+        "eject_after_failures": 3,
+        "eject_backoff_s": 5.0,
     }
     assert judge.endpoint == "unconfigured"
 

@@ -25,6 +25,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTo
 from .. import __version__
 from ..checkpoint import CheckpointError, RecordsEngine, checkpoint, report_body, restore
 from ..config import Settings, read_secret
+from ..judge.fleet import ReplicaStats
 from ..metrics import Metrics
 from ..model import (
     CohortView,
@@ -75,6 +76,8 @@ class EngineLike(RecordsEngine, Protocol):
     async def compare(self, item: CompareInput) -> CompareResult: ...
 
     def active_cohorts(self) -> list[CohortView]: ...
+
+    def judge_replicas(self) -> list[ReplicaStats]: ...
 
 
 def _reply(status: int, payload: object, headers: Mapping[str, str] | None = None) -> Response:
@@ -572,6 +575,30 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
                     "deadline_s_left": view.deadline_s_left,
                 }
                 for view in engine.active_cohorts()
+            ],
+        )
+
+    @app.get("/judge/replicas")
+    async def judge_replicas() -> Response:
+        return _reply(
+            200,
+            [
+                {
+                    "replica": stats.replica,
+                    "url": stats.url,
+                    "calls": stats.calls,
+                    "failures": stats.failures,
+                    "in_flight": stats.in_flight,
+                    "ejected": stats.ejected,
+                    "ejections": stats.ejections,
+                    "consecutive_failures": stats.consecutive_failures,
+                    "back_in_s": stats.back_in_s,
+                    "latency_mean_s": (
+                        stats.latency_sum_s / stats.latency_count if stats.latency_count else None
+                    ),
+                    "last_error": stats.last_error,
+                }
+                for stats in engine.judge_replicas()
             ],
         )
 

@@ -10,6 +10,7 @@ caller's cancel scope, so a group or `/compare` deadline ends them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from collections.abc import Sequence
@@ -102,7 +103,7 @@ class Comparator:
         self._settings = settings
         self._metrics = metrics
         self._rng = rng if rng is not None else random.Random()
-        self._limiter = trio.CapacityLimiter(settings.judge.max_concurrency)
+        self._limiter = trio.CapacityLimiter(settings.judge.total_concurrency)
         self._timeout = settings.judge_request_timeout_s
         self._attempts = settings.attempts
         params = settings.judge_create_params
@@ -228,6 +229,7 @@ class Comparator:
         budget_hits = 0
         completed_seen = False
         retry_after: float | None = None
+        avoid: str | None = None  # the replica whose failure caused this retry (failover)
         last_overall: Verdict | None = None  # parsed overall of the final attempt, if any
 
         def usage() -> Usage | None:
@@ -241,20 +243,25 @@ class Comparator:
             retry_after = None
             last_overall = None
             try:
-                reply = await self._attempt(call)
+                reply = await self._attempt(
+                    call if avoid is None else dataclasses.replace(call, avoid_replica=avoid)
+                )
             except JudgeAttemptError as error:
                 if error.retryable and n < total:
                     cause = _outcome(error)[1]
                     self._retry(cause, pair, judge_pass, n, error.describe())
                     if isinstance(error, JudgeHTTPError):
                         retry_after = error.retry_after
+                    avoid = error.replica
                     continue
+                server = error.replica or self._judge.endpoint
                 message = (
-                    f"GenRM judge {self._judge.endpoint} {self._judge.path} pair={pair} "
+                    f"GenRM judge {server} {self._judge.path} pair={pair} "
                     f"deadline={self._timeout}s: {error.describe()}"
                 )
                 raise JudgeError(message, usage=usage(), attempts=n) from error
 
+            avoid = None
             if reply.input_tokens is not None and reply.output_tokens is not None:
                 usage_seen = True
                 tokens_in += reply.input_tokens

@@ -22,6 +22,9 @@ class JudgeCall:
     response_1: str  # answer text (or the "None" placeholder) shown first
     response_2: str  # answer text shown second
     principle: str | None  # None unless use_principle is on (then request principle or default)
+    # A fleet's replica (its label) that failed this comparison's previous attempt: the fleet
+    # sends this attempt elsewhere when it can. Single judges ignore it.
+    avoid_replica: str | None = None
 
 
 class ReplyStatus(enum.Enum):
@@ -73,6 +76,7 @@ class JudgeAttemptError(Exception):
 
     type_name: str = "JudgeAttemptError"
     retryable: bool = False
+    replica: str | None = None  # the fleet replica (its label) the attempt went to, if any
 
     def describe(self) -> str:
         """`{ErrorType}: {message}` exactly as SPEC §17.5 fixes it (message cut at 1000 chars)."""

@@ -31,7 +31,7 @@ from typing import Any, Final, final
 import httpx
 import trio
 
-from genrm_trio.config import ConfigError, Settings, read_secret
+from genrm_trio.config import ConfigError, Settings, endpoint_of, read_secret
 from genrm_trio.judge.base import (
     JudgeBadJSON,
     JudgeCall,
@@ -734,19 +734,29 @@ class HttpJudge:
 
 
 def make_http_judge(
-    settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None
+    settings: Settings,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    base_url: str | None = None,
 ) -> HttpJudge:
-    """The judge `settings.judge` describes; `transport` replaces the network (tests)."""
+    """The judge `settings.judge` describes (at `base_url`, one replica of a fleet, when given);
+    `transport` replaces the network (tests)."""
     judge = settings.judge
-    if judge.base_url is None:
+    if base_url is None:
+        if judge.base_url is not None and not isinstance(judge.base_url, str):
+            raise ConfigError(
+                "settings", "judge.base_url", "a list of URLs is a fleet: use make_judge"
+            )
+        base_url = judge.base_url
+    if base_url is None:
         raise ConfigError("settings", "judge.base_url", "required for an HTTP judge")
     suffix = "/responses" if judge.api == "responses" else "/chat/completions"
     token = None
     if judge.api_key_env:
         token = read_secret(judge.api_key_env, key="judge.api_key_env")
     return HttpJudge(
-        url=judge.base_url.rstrip("/") + suffix,
-        endpoint=judge.endpoint,
+        url=base_url.rstrip("/") + suffix,
+        endpoint=endpoint_of(base_url),
         api=judge.api,
         create_params=settings.judge_create_params,
         token=token,
