@@ -128,6 +128,7 @@ class JudgeSettings(_Strict):
     max_concurrency_per_replica: int | None = Field(default=None, ge=1)
     eject_after_failures: int = Field(default=EJECT_MAX_FAILURES, ge=1, le=EJECT_MAX_FAILURES)
     eject_backoff_s: float = 5.0
+    keepalive_expiry_s: float = 4.0
 
     @field_validator("base_url", mode="before")
     @classmethod
@@ -151,7 +152,7 @@ class JudgeSettings(_Strict):
             urls.append(url)
         return urls
 
-    @field_validator("eject_backoff_s")
+    @field_validator("eject_backoff_s", "keepalive_expiry_s")
     @classmethod
     def _positive_seconds(cls, value: float) -> float:
         return _finite("value", value, positive=True)

@@ -153,6 +153,7 @@ def test_judge_defaults() -> None:
         "max_concurrency_per_replica": None,
         "eject_after_failures": 3,
         "eject_backoff_s": 5.0,
+        "keepalive_expiry_s": 4.0,
     }
     assert judge.endpoint == "unconfigured"
 

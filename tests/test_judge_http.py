@@ -886,12 +886,7 @@ async def test_closed_port_is_one_connect_error() -> None:
     await judge.aclose()
 
 
-async def test_pool_closes_connections_idle_past_keepalive(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import genrm_trio.judge.http as http_module
-
-    monkeypatch.setattr(http_module, "KEEPALIVE_EXPIRY_S", 0.05)
+async def test_pool_closes_connections_idle_past_keepalive() -> None:
     body = json.dumps(responses_reply()).encode()
 
     async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
@@ -901,7 +896,7 @@ async def test_pool_closes_connections_idle_past_keepalive(
     server = TinyServer(script)
     async with trio.open_nursery() as nursery:
         await server.start(nursery)
-        judge = real_judge(server.port)
+        judge = real_judge(server.port, keepalive_expiry_s=0.05)
         with trio.fail_after(5):
             async with trio.open_nursery() as calls:  # two connections
                 for _ in range(2):

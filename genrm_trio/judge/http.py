@@ -48,6 +48,7 @@ __all__ = [
     "KEEPALIVE_EXPIRY_S",
     "HttpJudge",
     "KeepAlivePool",
+    "StaleConnectionError",
     "chat_body",
     "chat_params",
     "interpret_chat",
@@ -57,8 +58,9 @@ __all__ = [
     "responses_body",
 ]
 
-KEEPALIVE_EXPIRY_S: Final = 5.0
-"""An idle judge connection is closed after this long (httpx's default)."""
+KEEPALIVE_EXPIRY_S: Final = 4.0
+"""An idle judge connection is closed after this long (`judge.keepalive_expiry_s`): below the
+5 s after which uvicorn (so vLLM) and hypercorn close an idle keep-alive connection."""
 
 # Transport errors that are transient (SPEC D14): connect/read/write/close failures and a
 # connection closed before a complete response. Anything else (a local protocol error, an
@@ -256,6 +258,16 @@ def _raw_header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
     return None
 
 
+def _cause(exc: BaseException) -> str:
+    """The message of a trio stream error, with the OS or TLS error under it when there is one
+    (trio's own text, `BrokenResourceError`, says nothing about why)."""
+    text = str(exc) or type(exc).__name__
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and str(cause) and str(cause) not in text:
+        text = f"{text}: {type(cause).__name__}: {cause}"
+    return text
+
+
 def _transport_error(exc: httpx.RequestError) -> JudgeTransportError:
     name = type(exc).__name__
     error = JudgeTransportError(name, str(exc) or name)
@@ -321,11 +333,12 @@ class _Connection:
     connection closed before a complete response or for a response that is not HTTP/1.x.
     """
 
-    __slots__ = ("buffer", "stream")
+    __slots__ = ("buffer", "received", "stream")
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
         self.buffer = bytearray()
+        self.received = False  # whether any byte of the current response arrived
 
     async def _fill(self) -> None:
         try:
@@ -334,19 +347,35 @@ class _Connection:
             raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
         if not data:
             raise _EndOfStream
+        self.received = True
         self.buffer += data
 
     async def exchange(
         self, request: bytes | list[bytes], *, head: bool = False
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes, bool]:
         """Send `request` and read its response: (status, headers, body, reusable). A request
-        in a one-item list is taken out of it, so no frame keeps it while the reply is awaited."""
+        in a one-item list is taken out of it, so no frame keeps it while the reply is awaited.
+
+        A server may answer before it has read the whole request (a 413 for a body too large)
+        and close the connection, which breaks the write: the answer is read and returned all
+        the same (as httpcore does), and only when there is none is it a WriteError."""
         data = request.pop() if isinstance(request, list) else request
+        self.received = False
         try:
             await self.stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise httpx.WriteError(str(exc) or type(exc).__name__) from exc
+            del data
+            try:
+                status, headers, body, _ = await self._read_response(head)
+            except httpx.TransportError:
+                raise httpx.WriteError(_cause(exc)) from exc
+            return status, headers, body, False
         del data
+        return await self._read_response(head)
+
+    async def _read_response(
+        self, head: bool
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes, bool]:
         while True:
             status, headers, keep = await self._read_head()
             if not 100 <= status <= 199:
@@ -461,6 +490,16 @@ class _Connection:
             raise httpx.RemoteProtocolError(f"{_INCOMPLETE}: incomplete chunked read") from None
 
 
+class StaleConnectionError(httpx.RemoteProtocolError):
+    """A reused connection closed before any byte of the response: send the request again on a
+    new connection (`KeepAlivePool.exchange(..., fresh=True)`); nothing was answered."""
+
+
+# What a reused connection the server closed meanwhile fails with: the write breaks (reset), or
+# the read finds the end of the stream or a reset before any response byte.
+_STALE: Final = (httpx.WriteError, httpx.ReadError, httpx.RemoteProtocolError)
+
+
 @final
 class KeepAlivePool(httpx.AsyncBaseTransport):
     """An httpx transport keeping HTTP/1.1 connections to one origin, O(1) work per request.
@@ -495,6 +534,7 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
         self._idle: deque[tuple[float, _Connection]] = deque()
         self._active: set[_Connection] = set()
         self._closed = False
+        self.stale_retries = 0  # requests sent again after a reused connection turned out closed
 
     @property
     def connections(self) -> int:
@@ -526,14 +566,16 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
             raise
         return _Connection(tls)
 
-    async def _checkout(self) -> _Connection:
-        now = time.monotonic()
-        while self._idle:
-            since, connection = self._idle.pop()
-            if since + self._keepalive_expiry >= now and not _readable(connection.stream):
-                return connection
-            await self._discard(connection)
-        return await self._connect()
+    async def _checkout(self, fresh: bool) -> tuple[_Connection, bool]:
+        """(a connection, whether it is a reused one)."""
+        if not fresh:
+            now = time.monotonic()
+            while self._idle:
+                since, connection = self._idle.pop()
+                if since + self._keepalive_expiry >= now and not _readable(connection.stream):
+                    return connection, True
+                await self._discard(connection)
+        return await self._connect(), False
 
     async def _discard(self, connection: _Connection) -> None:
         with trio.CancelScope(shield=True):
@@ -553,21 +595,33 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
             self._idle.append((now, connection))
 
     async def exchange(
-        self, request: bytes | list[bytes], *, head: bool = False
+        self, request: bytes | list[bytes], *, head: bool = False, fresh: bool = False
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """Send one serialized HTTP/1.1 request and read the whole reply: (status, headers with
         lower-case names, body). Raises httpx.ConnectError, WriteError, ReadError or
-        RemoteProtocolError. A request in a one-item list is dropped once it is sent."""
+        RemoteProtocolError. A request in a one-item list is dropped once it is sent.
+
+        A request on a reused connection that fails before any byte of a response arrived
+        (the server closed the idle connection as the request went out: its keep-alive expiry
+        crossing ours) was not answered: a request given as bytes is sent once more on a new
+        connection; one given in a list is gone, and `StaleConnectionError` asks the caller to
+        send it again with `fresh=True`. Either way this is not a failed attempt."""
         if self._closed:
             raise RuntimeError("the judge connection pool is closed")
-        connection = await self._checkout()
+        connection, reused = await self._checkout(fresh)
         self._active.add(connection)
         try:
             status, headers, body, reusable = await connection.exchange(request, head=head)
-        except BaseException:
+        except BaseException as exc:
             # Error or cancellation mid-exchange: the connection's state is unknown, close it.
             self._active.discard(connection)
             await self._discard(connection)
+            if reused and not connection.received and isinstance(exc, _STALE):
+                self.stale_retries += 1
+                log.debug("judge connection closed by the server as it was reused (%s)", exc)
+                if isinstance(request, bytes):
+                    return await self.exchange(request, head=head, fresh=True)
+                raise StaleConnectionError(str(exc)) from exc
             raise
         self._active.discard(connection)
         if reusable:
@@ -610,6 +664,7 @@ class HttpJudge:
         create_params: Mapping[str, Any],
         token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        keepalive_expiry: float = KEEPALIVE_EXPIRY_S,
     ) -> None:
         self._url = httpx.URL(url)
         self._endpoint = endpoint
@@ -643,7 +698,7 @@ class HttpJudge:
             self._pool = KeepAlivePool(
                 self._url,
                 ssl_context=httpx.create_ssl_context() if https else None,
-                keepalive_expiry=KEEPALIVE_EXPIRY_S,
+                keepalive_expiry=keepalive_expiry,
             )
             transport = self._pool
         self._transport: Final = transport
@@ -692,9 +747,15 @@ class HttpJudge:
             if self._pool is not None:
                 # Handed over in a list the pool empties: with a 200 ms judge and 1,024 calls in
                 # flight, the prompt's bytes held twice for the wait were ~6 MB.
-                request = [self._request_head + b"%d\r\n\r\n" % len(content) + content]
+                head = self._request_head + b"%d\r\n\r\n" % len(content)
+                request = [head + content]
                 del content
-                status, raw_headers, body = await self._pool.exchange(request)
+                try:
+                    status, raw_headers, body = await self._pool.exchange(request)
+                except StaleConnectionError:
+                    # Not answered, not an attempt: once more, on a new connection.
+                    request = [head + json.dumps(self._build(call)).encode("ascii")]
+                    status, raw_headers, body = await self._pool.exchange(request, fresh=True)
                 retry_after = _raw_header(raw_headers, b"retry-after")
             else:
                 status, body, retry_after = await self._send_httpx(content)
@@ -761,4 +822,5 @@ def make_http_judge(
         create_params=settings.judge_create_params,
         token=token,
         transport=transport,
+        keepalive_expiry=judge.keepalive_expiry_s,
     )
