@@ -129,6 +129,7 @@ class JudgeSettings(_Strict):
     eject_after_failures: int = Field(default=EJECT_MAX_FAILURES, ge=1, le=EJECT_MAX_FAILURES)
     eject_backoff_s: float = 5.0
     keepalive_expiry_s: float = 4.0
+    max_response_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
 
     @field_validator("base_url", mode="before")
     @classmethod

@@ -52,7 +52,7 @@ from genrm_trio.cohort.records import (
 from genrm_trio.cohort.registry import KEY_LOG_LIMIT, Registry
 from genrm_trio.config import Settings
 from genrm_trio.judge.attempts import Comparator, ComparatorStatistics
-from genrm_trio.judge.base import Judge, JudgeError, Usage
+from genrm_trio.judge.base import Judge, JudgeError, Usage, one_line
 from genrm_trio.judge.fleet import JudgeFleet, ReplicaStats
 from genrm_trio.metrics import Metrics
 from genrm_trio.model import (
@@ -697,7 +697,7 @@ class Engine:
             planned.pair,
             planned.k,
             evaluation.total,
-            message,
+            one_line(message, 2000),
         )
 
     # --- /compare -----------------------------------------------------------------------------

@@ -154,6 +154,7 @@ def test_judge_defaults() -> None:
         "eject_after_failures": 3,
         "eject_backoff_s": 5.0,
         "keepalive_expiry_s": 4.0,
+        "max_response_bytes": 33554432,
     }
     assert judge.endpoint == "unconfigured"
 

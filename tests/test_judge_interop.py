@@ -5,13 +5,18 @@ Scripted servers on 127.0.0.1 speak exact bytes; every exchange is bounded by `f
 
 from __future__ import annotations
 
+import gzip
 import json
+import logging
 import socket
 import struct
+import zlib
+from typing import Any
 
 import httpx
 import pytest
 import trio
+import trio.testing
 from test_judge_http import (
     CALL,
     TinyServer,
@@ -20,8 +25,15 @@ from test_judge_http import (
     responses_reply,
 )
 
-from genrm_trio.judge.base import JudgeCall, JudgeHTTPError, JudgeTransportError, ReplyStatus
+from genrm_trio.judge.base import (
+    JudgeCall,
+    JudgeHTTPError,
+    JudgeTransportError,
+    ReplyStatus,
+    one_line,
+)
 from genrm_trio.judge.http import KeepAlivePool, StaleConnectionError
+from genrm_trio.model import Scored
 
 BODY = json.dumps(responses_reply()).encode()
 
@@ -149,3 +161,151 @@ async def test_413_sent_while_the_body_is_still_going_out_is_read_and_reported()
         assert len(heads) == 1
         await judge.aclose()
         nursery.cancel_scope.cancel()
+
+
+# --- compression nobody asked for ---------------------------------------------------------------
+
+
+def _gzip(data: bytes) -> bytes:
+    return gzip.compress(data)
+
+
+def _zlib(data: bytes) -> bytes:
+    return zlib.compress(data)
+
+
+def _raw_deflate(data: bytes) -> bytes:
+    compressor = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    return compressor.compress(data) + compressor.flush()
+
+
+@pytest.mark.parametrize(
+    ("coding", "encode"),
+    [("gzip", _gzip), ("x-gzip", _gzip), ("deflate", _zlib), ("deflate", _raw_deflate)],
+)
+async def test_compressed_bodies_are_decoded(coding: str, encode: Any) -> None:
+    payload = encode(BODY)
+    error_page = encode(b"<html>\r\nbad gateway\r\n</html>")
+
+    async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
+        if n == 0:
+            await stream.send_all(response_bytes(200, payload, f"content-encoding: {coding}"))
+        else:
+            await stream.send_all(response_bytes(502, error_page, f"content-encoding: {coding}"))
+        return True
+
+    server = TinyServer(script)
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        judge = real_judge(server.port)
+        with trio.fail_after(5):
+            assert (await judge.attempt(CALL)).status is ReplyStatus.COMPLETED
+            with pytest.raises(JudgeHTTPError) as info:
+                await judge.attempt(CALL)
+        assert info.value.body == b"<html>\r\nbad gateway\r\n</html>"
+        assert b"\r\naccept-encoding: identity\r\n" in server.requests[0]
+        assert server.connections == 1  # the decoded reply left the connection reusable
+        await judge.aclose()
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("headers", "payload", "message"),
+    [
+        (["content-encoding: br"], BODY, "unsupported Content-Encoding 'br'"),
+        (["content-encoding: gzip"], b"not gzip at all", "gzip body does not decode"),
+    ],
+)
+async def test_undecodable_bodies_are_one_clear_non_retryable_error(
+    headers: list[str], payload: bytes, message: str
+) -> None:
+    async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
+        await stream.send_all(response_bytes(200, payload, *headers))
+        return True
+
+    server = TinyServer(script)
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        judge = real_judge(server.port)
+        with trio.fail_after(5), pytest.raises(JudgeTransportError) as info:
+            await judge.attempt(CALL)
+        assert info.value.type_name == "DecodingError"
+        assert message in str(info.value)
+        assert not info.value.retryable
+        await judge.aclose()
+        nursery.cancel_scope.cancel()
+
+
+# --- the response size cap ----------------------------------------------------------------------
+
+_CAP = 4096
+
+
+def _framed(kind: str, body: bytes) -> tuple[bytes, bool]:
+    if kind == "length":
+        return response_bytes(200, body), True
+    if kind == "chunked":
+        parts = [body[i : i + 1000] for i in range(0, len(body), 1000)]
+        chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts)
+        head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+        return head + chunks + b"0\r\n\r\n", True
+    if kind == "close":
+        return b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n" + body, False
+    return response_bytes(200, gzip.compress(body), "content-encoding: gzip"), True
+
+
+@pytest.mark.parametrize("kind", ["length", "chunked", "close", "gzip"])
+async def test_a_reply_over_max_response_bytes_ends_the_attempt(kind: str) -> None:
+    big = json.dumps(responses_reply("x" * (2 * _CAP))).encode()
+    raw, keep = _framed(kind, big)
+
+    async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
+        await stream.send_all(raw)
+        return keep
+
+    server = TinyServer(script)
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        judge = real_judge(server.port, max_response_bytes=_CAP)
+        with trio.fail_after(5), pytest.raises(JudgeTransportError) as info:
+            await judge.attempt(CALL)
+        assert info.value.type_name == "ResponseTooLarge"
+        assert not info.value.retryable
+        assert "judge response exceeds judge.max_response_bytes (4096 bytes)" in str(info.value)
+        # A connection left mid-body is closed; a compressed body was read whole first.
+        assert judge.open_connections == (1 if kind == "gzip" else 0)
+        # Just under the cap is fine.
+        small = json.dumps(responses_reply("x" * (_CAP // 2))).encode()
+        raw, keep = _framed(kind, small)
+        with trio.fail_after(5):
+            assert (await judge.attempt(CALL)).status is ReplyStatus.COMPLETED
+        await judge.aclose()
+        nursery.cancel_scope.cancel()
+
+
+# --- error bodies in log lines ------------------------------------------------------------------
+
+
+def test_one_line_collapses_whitespace_and_bounds_the_text() -> None:
+    page = "<html>\r\n  <head><title>502</title></head>\r\n\t<body>bad</body>\r\n</html>\r\n"
+    assert one_line(page) == "<html> <head><title>502</title></head> <body>bad</body> </html>"
+    assert one_line("x" * 50, 10) == "x" * 9 + "…"
+    assert len(one_line("a b " * 1000, 100)) == 100
+
+
+async def test_html_error_bodies_log_as_one_bounded_line(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    from judges import ScriptedJudge, gather, http_error, member, running, settings
+
+    page = b"<html>\r\n<body>\r\n" + b"upstream sick\r\n" * 200 + b"</body>\r\n</html>"
+    judge = ScriptedJudge(script=lambda r1, r2, n: http_error(502, page))
+    caplog.set_level(logging.DEBUG, logger="genrm_trio")
+    async with running(settings(genrm_parse_retries=1), judge) as engine:
+        replies = await gather(engine, [member(0), member(1)])
+    assert not [r for r in replies if isinstance(r, Scored)]
+    lines = [r.getMessage() for r in caplog.records if "upstream sick" in r.getMessage()]
+    assert len(lines) >= 2  # the retry (debug) and the dropped comparison (warning)
+    for line in lines:
+        assert "\r" not in line and "\n" not in line
+        assert len(line) <= 2100

@@ -32,6 +32,7 @@ from genrm_trio.judge.base import (
     JudgeTransportError,
     ReplyStatus,
     Usage,
+    one_line,
 )
 from genrm_trio.metrics import Metrics
 from genrm_trio.verdict import Verdict, VerdictParseError, parse_overall, parse_rubric
@@ -354,5 +355,5 @@ class Comparator:
             self._attempts,
             pair,
             judge_pass,
-            why,
+            one_line(why),
         )

@@ -68,6 +68,13 @@ class Judge(Protocol):
     async def aclose(self) -> None: ...
 
 
+def one_line(text: str, limit: int = 1000) -> str:
+    """`text` for a log line: every run of whitespace (CR, LF, tabs of an HTML error page) one
+    space, cut at `limit` characters (marked with an ellipsis)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
 # --- per-attempt errors (mapped at the boundary from httpx; never escape a comparison) ---------
 
 

@@ -30,7 +30,7 @@ from typing import Final, final
 import trio
 
 from genrm_trio.config import ConfigError, Settings, endpoint_of
-from genrm_trio.judge.base import Judge, JudgeAttemptError, JudgeCall, JudgeReply
+from genrm_trio.judge.base import Judge, JudgeAttemptError, JudgeCall, JudgeReply, one_line
 from genrm_trio.judge.http import make_http_judge
 
 log = logging.getLogger("genrm_trio.judge")
@@ -269,7 +269,7 @@ class JudgeFleet:
                 "a trial attempt in %gs; %d of %d replicas in service",
                 replica.label,
                 replica.consecutive,
-                " ".join(replica.last_error.split())[:200],
+                one_line(replica.last_error, 200),
                 self._backoff,
                 others,
                 len(self._replicas),

@@ -24,6 +24,7 @@ import re
 import select
 import ssl
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Final, final
@@ -46,11 +47,14 @@ log = logging.getLogger("genrm_trio.judge")
 
 __all__ = [
     "KEEPALIVE_EXPIRY_S",
+    "MAX_RESPONSE_BYTES",
     "HttpJudge",
     "KeepAlivePool",
+    "ResponseTooLarge",
     "StaleConnectionError",
     "chat_body",
     "chat_params",
+    "decode_body",
     "interpret_chat",
     "interpret_responses",
     "make_http_judge",
@@ -304,6 +308,53 @@ _NO_RESPONSE: Final = "Server disconnected without sending a response."
 _INCOMPLETE: Final = "peer closed connection without sending complete message body"
 
 
+MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
+"""The default `judge.max_response_bytes`: a judge reply longer than this ends the attempt."""
+
+
+class ResponseTooLarge(httpx.DecodingError):
+    """A response body over `judge.max_response_bytes` (as sent or decompressed). Not retried:
+    the same request would get the same answer."""
+
+
+def _too_large(limit: int, what: str) -> str:
+    return f"judge response exceeds judge.max_response_bytes ({limit} bytes): {what}"
+
+
+def decode_body(headers: list[tuple[bytes, bytes]], body: bytes, limit: int) -> bytes:
+    """`body` with its `Content-Encoding` (gzip, x-gzip, deflate; identity) undone, at most
+    `limit` bytes. A server may compress although the request said `Accept-Encoding: identity`.
+    Raises httpx.DecodingError for an unknown coding or a body that does not decode, and
+    ResponseTooLarge past the limit."""
+    codings: list[bytes] = []
+    for name, value in headers:
+        if name == b"content-encoding":
+            codings.extend(c.strip().lower() for c in value.split(b",") if c.strip())
+    for coding in reversed(codings):  # the last coding applied is undone first
+        if coding == b"identity":
+            continue
+        if coding in (b"gzip", b"x-gzip"):
+            decoders = [zlib.decompressobj(zlib.MAX_WBITS | 16)]
+        elif coding == b"deflate":  # zlib-wrapped as RFC 9110 says, or raw as some servers send
+            decoders = [zlib.decompressobj(), zlib.decompressobj(-zlib.MAX_WBITS)]
+        else:
+            raise httpx.DecodingError(f"unsupported Content-Encoding {coding.decode('latin-1')!r}")
+        for number, decoder in enumerate(decoders):
+            try:
+                out = decoder.decompress(body, limit + 1)
+            except zlib.error as exc:
+                if number + 1 < len(decoders):
+                    continue
+                raise httpx.DecodingError(
+                    f"{coding.decode('latin-1')} body does not decode: {exc}"
+                ) from None
+            if len(out) > limit:
+                raise ResponseTooLarge(_too_large(limit, f"{coding.decode()} body decompressed"))
+            body = out
+            break
+    return body
+
+
 class _EndOfStream(Exception):
     """The server closed the connection (an empty read)."""
 
@@ -333,12 +384,13 @@ class _Connection:
     connection closed before a complete response or for a response that is not HTTP/1.x.
     """
 
-    __slots__ = ("buffer", "received", "stream")
+    __slots__ = ("buffer", "max_body", "received", "stream")
 
-    def __init__(self, stream: trio.abc.Stream) -> None:
+    def __init__(self, stream: trio.abc.Stream, max_body: int = MAX_RESPONSE_BYTES) -> None:
         self.stream = stream
         self.buffer = bytearray()
         self.received = False  # whether any byte of the current response arrived
+        self.max_body = max_body  # a longer response body ends the exchange (ResponseTooLarge)
 
     async def _fill(self) -> None:
         try:
@@ -400,13 +452,19 @@ class _Connection:
         elif chunked:
             body = await self._read_chunked()
         elif length is not None:
+            if length > self.max_body:
+                raise ResponseTooLarge(_too_large(self.max_body, f"Content-Length {length}"))
             body = await self._read_length(length)
         else:  # the body runs until the server closes the connection
             try:
                 while True:
                     await self._fill()
+                    if len(self.buffer) > self.max_body:
+                        raise ResponseTooLarge(_too_large(self.max_body, "the body"))
             except _EndOfStream:
                 pass
+            if len(self.buffer) > self.max_body:  # it all came with the head
+                raise ResponseTooLarge(_too_large(self.max_body, "the body"))
             body = bytes(self.buffer)
             self.buffer.clear()
             keep = False
@@ -460,6 +518,7 @@ class _Connection:
     async def _read_chunked(self) -> bytes:
         buffer = self.buffer
         parts: list[bytes] = []
+        total = 0
         try:
             while True:
                 while (end := buffer.find(b"\r\n")) < 0:
@@ -474,12 +533,17 @@ class _Connection:
                 del buffer[: end + 2]
                 if size == 0:
                     break
+                if total + size > self.max_body:
+                    raise ResponseTooLarge(_too_large(self.max_body, "the chunked body"))
                 while len(buffer) < size + 2:
                     await self._fill()
                 if buffer[size : size + 2] != b"\r\n":
                     raise httpx.RemoteProtocolError("chunk data not followed by CRLF")
                 parts.append(bytes(buffer[:size]))
                 del buffer[: size + 2]
+                total += size
+                if total > self.max_body:
+                    raise ResponseTooLarge(_too_large(self.max_body, "the chunked body"))
             while True:  # trailer lines, then the empty line
                 while (end := buffer.find(b"\r\n")) < 0:
                     await self._fill()
@@ -498,6 +562,7 @@ class StaleConnectionError(httpx.RemoteProtocolError):
 # What a reused connection the server closed meanwhile fails with: the write breaks (reset), or
 # the read finds the end of the stream or a reset before any response byte.
 _STALE: Final = (httpx.WriteError, httpx.ReadError, httpx.RemoteProtocolError)
+_ENCODING_HEADERS: Final = frozenset({b"content-encoding", b"content-length"})
 
 
 @final
@@ -523,8 +588,10 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
         *,
         ssl_context: ssl.SSLContext | None = None,
         keepalive_expiry: float = KEEPALIVE_EXPIRY_S,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
     ) -> None:
         self._host = origin.raw_host.decode("ascii")
+        self._max_body = max_response_bytes
         self._server_name = origin.host
         self._port = origin.port or (443 if origin.scheme == "https" else 80)
         self._ssl_context = ssl_context
@@ -552,7 +619,7 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
         except OSError as exc:
             raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
         if self._ssl_context is None:
-            return _Connection(stream)
+            return _Connection(stream, self._max_body)
         tls = trio.SSLStream(
             stream, self._ssl_context, server_hostname=self._server_name, https_compatible=True
         )
@@ -564,7 +631,7 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
             if isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError)):
                 raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
             raise
-        return _Connection(tls)
+        return _Connection(tls, self._max_body)
 
     async def _checkout(self, fresh: bool) -> tuple[_Connection, bool]:
         """(a connection, whether it is a reused one)."""
@@ -628,6 +695,10 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
             await self._checkin(connection)
         else:
             await self._discard(connection)
+        if any(name == b"content-encoding" for name, _ in headers):
+            body = decode_body(headers, body, self._max_body)
+            headers = [(n, v) for n, v in headers if n not in _ENCODING_HEADERS]
+            headers.append((b"content-length", b"%d" % len(body)))
         return status, headers, body
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -665,12 +736,19 @@ class HttpJudge:
         token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         keepalive_expiry: float = KEEPALIVE_EXPIRY_S,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
     ) -> None:
         self._url = httpx.URL(url)
         self._endpoint = endpoint
         self._path = self._url.path
         self._api = api
-        headers = {"content-type": "application/json", "accept": "application/json"}
+        headers = {
+            "content-type": "application/json",
+            "accept": "application/json",
+            # Judge replies are JSON on a fast network: compression buys nothing. A server that
+            # compresses anyway is decoded (decode_body).
+            "accept-encoding": "identity",
+        }
         self._secret = token.encode() if token else None
         if token is not None:
             headers["authorization"] = f"Bearer {token}"
@@ -699,6 +777,7 @@ class HttpJudge:
                 self._url,
                 ssl_context=httpx.create_ssl_context() if https else None,
                 keepalive_expiry=keepalive_expiry,
+                max_response_bytes=max_response_bytes,
             )
             transport = self._pool
         self._transport: Final = transport
@@ -823,4 +902,5 @@ def make_http_judge(
         token=token,
         transport=transport,
         keepalive_expiry=judge.keepalive_expiry_s,
+        max_response_bytes=judge.max_response_bytes,
     )
