@@ -130,6 +130,7 @@ class JudgeSettings(_Strict):
     eject_backoff_s: float = 5.0
     keepalive_expiry_s: float = 4.0
     max_response_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    ca_file: str | None = None
 
     @field_validator("base_url", mode="before")
     @classmethod
@@ -157,6 +158,13 @@ class JudgeSettings(_Strict):
     @classmethod
     def _positive_seconds(cls, value: float) -> float:
         return _finite("value", value, positive=True)
+
+    @field_validator("ca_file")
+    @classmethod
+    def _check_ca_file(cls, value: str | None) -> str | None:
+        if value is not None and not os.path.isfile(value):
+            raise ValueError(f"{value} is not a file")
+        return value
 
     @property
     def base_urls(self) -> tuple[str, ...]:

@@ -29,7 +29,7 @@ import trio
 from hypercorn.config import Config, Sockets
 
 from genrm_trio.config import Settings, read_secret
-from genrm_trio.judge.base import Judge
+from genrm_trio.judge.base import Judge, one_line
 
 log = logging.getLogger("genrm_trio.serve")
 
@@ -194,30 +194,59 @@ async def probe_judge(settings: Settings, token: str | None) -> bool:
 async def _probe_one(
     settings: Settings, token: str | None, base_url: str, answered: list[bool]
 ) -> None:
+    # The probe goes through the judge calls' own connection pool, TLS context
+    # (judge.ca_file, SSL_CERT_FILE/SSL_CERT_DIR) and error mapping, so that it fails where and
+    # as they would.
+    from genrm_trio.judge.http import KeepAlivePool, judge_ssl_context
+
     url = base_url.rstrip("/") + "/models"
+    target = httpx.URL(url)
     limit = min(PROBE_LIMIT_S, settings.judge_request_timeout_s)
-    headers = {"accept": "application/json"}
+    lines = [b"GET " + target.raw_path + b" HTTP/1.1", b"host: " + target.netloc]
+    lines += [b"accept: application/json", b"accept-encoding: identity", b"connection: close"]
     if token is not None:
-        headers["authorization"] = f"Bearer {token}"
+        lines.append(b"authorization: Bearer " + token.encode("latin-1"))
+    https = target.scheme == "https"
+    pool = KeepAlivePool(
+        target,
+        ssl_context=judge_ssl_context(settings.judge.ca_file) if https else None,
+        max_response_bytes=settings.judge.max_response_bytes,
+    )
     problem: str
     try:
         with trio.fail_after(limit):
-            async with httpx.AsyncClient(
-                timeout=None, follow_redirects=False, trust_env=False
-            ) as client:
-                response = await client.get(url, headers=headers)
+            status, _, _ = await pool.exchange(b"\r\n".join(lines) + b"\r\n\r\n")
     except trio.TooSlowError:
         problem = f"TimeoutError: no reply within {limit:g}s"
     except httpx.HTTPError as exc:
         problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     else:
-        if 200 <= response.status_code <= 299:
-            log.info("judge probe GET %s: HTTP %d", url, response.status_code)
+        if 200 <= status <= 299:
+            log.info("judge probe GET %s: HTTP %d", url, status)
             answered.append(True)
             return
-        problem = f"HTTP {response.status_code}"
-    log.warning("judge probe GET %s failed: %s; serving anyway", url, problem)
+        problem = f"HTTP {status}"
+    finally:
+        with trio.CancelScope(shield=True):
+            await pool.aclose()
+    log.warning("judge probe GET %s failed: %s; serving anyway", url, one_line(problem, 500))
     answered.append(False)
+
+
+def log_proxy_use() -> None:
+    """One start-up line on proxies: genrm-trio connects to the judge directly and does not use
+    HTTP_PROXY / HTTPS_PROXY / ALL_PROXY (a WARNING when one is set, so nobody relies on it)."""
+    from genrm_trio.judge.http import proxy_variables_set
+
+    names = proxy_variables_set()
+    if names:
+        log.warning(
+            "judge: connecting directly; the proxy variables %s are set but not used "
+            "(genrm-trio does not go through HTTP proxies)",
+            ", ".join(names),
+        )
+    else:
+        log.info("judge: connecting directly (proxy variables are not used)")
 
 
 FD_RESERVE: Final = 64
@@ -395,6 +424,7 @@ async def _serve_on(
             the_judge = judge
             try:
                 if not sim:
+                    log_proxy_use()
                     await probe_judge(settings, token)
                 if the_judge is None:
                     the_judge = _sim_judge() if sim else make_judge(settings)

@@ -155,6 +155,7 @@ def test_judge_defaults() -> None:
         "eject_backoff_s": 5.0,
         "keepalive_expiry_s": 4.0,
         "max_response_bytes": 33554432,
+        "ca_file": None,
     }
     assert judge.endpoint == "unconfigured"
 

@@ -8,9 +8,14 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import shutil
 import socket
+import ssl
 import struct
+import subprocess
 import zlib
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,15 +30,18 @@ from test_judge_http import (
     responses_reply,
 )
 
+from genrm_trio.config import Settings, settings_from_mapping
 from genrm_trio.judge.base import (
     JudgeCall,
     JudgeHTTPError,
+    JudgeReply,
     JudgeTransportError,
     ReplyStatus,
     one_line,
 )
-from genrm_trio.judge.http import KeepAlivePool, StaleConnectionError
+from genrm_trio.judge.http import KeepAlivePool, StaleConnectionError, make_http_judge
 from genrm_trio.model import Scored
+from genrm_trio.serve import log_proxy_use, probe_judge
 
 BODY = json.dumps(responses_reply()).encode()
 
@@ -309,3 +317,154 @@ async def test_html_error_bodies_log_as_one_bounded_line(
     for line in lines:
         assert "\r" not in line and "\n" not in line
         assert len(line) <= 2100
+
+
+# --- TLS with a private CA: judge calls and the probe alike -------------------------------------
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def private_ca(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A CA and a certificate for 127.0.0.1 that it signed (the CA is in no default store)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+    d = tmp_path_factory.mktemp("ca")
+    ca_key, ca, key, csr, cert = (d / n for n in ("ca.key", "ca.pem", "k.pem", "r.csr", "c.pem"))
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+             "/CN=genrm-trio test CA", "-keyout", str(ca_key), "-out", str(ca))  # fmt: skip
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+             "-keyout", str(key), "-out", str(csr))  # fmt: skip
+    ext = d / "ext.cnf"
+    ext.write_text("subjectAltName=IP:127.0.0.1\n")
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+             "-CAcreateserial", "-days", "1", "-extfile", str(ext), "-out", str(cert))  # fmt: skip
+    hashed = d / "certs"
+    hashed.mkdir()
+    digest = subprocess.run(
+        ["openssl", "x509", "-hash", "-noout", "-in", str(ca)],
+        check=True, capture_output=True, text=True, timeout=60,
+    ).stdout.strip()  # fmt: skip
+    (hashed / f"{digest}.0").symlink_to(ca)
+    return {"ca": ca, "cert": cert, "key": key, "dir": hashed}
+
+
+async def _tls_judge(stream: trio.SocketStream, context: ssl.SSLContext) -> None:
+    tls = trio.SSLStream(stream, context, server_side=True)
+    buffer = b""
+    try:
+        while True:
+            while b"\r\n\r\n" not in buffer:
+                data = await tls.receive_some()
+                if not data:
+                    return
+                buffer += data
+            head, _, rest = buffer.partition(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            while len(rest) < length:
+                rest += await tls.receive_some()
+            buffer = rest[length:]
+            reply = b'{"data": []}' if head.startswith(b"GET ") else BODY
+            await tls.send_all(response_bytes(200, reply))
+    except trio.BrokenResourceError:
+        return
+    finally:
+        await trio.aclose_forcefully(tls)
+
+
+def _https(port: int, **judge: Any) -> Settings:
+    return settings_from_mapping({"judge": {"base_url": f"https://127.0.0.1:{port}/v1", **judge}})
+
+
+@pytest.mark.parametrize("trust", ["ca_file", "SSL_CERT_FILE", "SSL_CERT_DIR", "nothing"])
+async def test_private_ca_is_trusted_by_calls_and_probe_alike(
+    trust: str,
+    private_ca: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    judge_keys: dict[str, Any] = {}
+    if trust == "ca_file":
+        judge_keys["ca_file"] = str(private_ca["ca"])
+    elif trust == "SSL_CERT_FILE":
+        monkeypatch.setenv("SSL_CERT_FILE", str(private_ca["ca"]))
+    elif trust == "SSL_CERT_DIR":
+        monkeypatch.setenv("SSL_CERT_DIR", str(private_ca["dir"]))
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(private_ca["cert"], private_ca["key"])
+    caplog.set_level(logging.INFO, logger="genrm_trio.serve")
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            trio.serve_tcp, partial(_tls_judge, context=server_context), 0
+        )
+        config = _https(listeners[0].socket.getsockname()[1], **judge_keys)
+        judge = make_http_judge(config)
+        with trio.fail_after(10):
+            probed = await probe_judge(config, None)
+            try:
+                outcome: object = await judge.attempt(CALL)
+            except JudgeTransportError as exc:
+                outcome = exc
+        await judge.aclose()
+        nursery.cancel_scope.cancel()
+    probe_lines = [r.getMessage() for r in caplog.records if "judge probe" in r.getMessage()]
+    assert len(probe_lines) == 1
+    if trust == "nothing":
+        assert probed is False
+        assert isinstance(outcome, JudgeTransportError)
+        assert outcome.type_name == "ConnectError" and outcome.retryable
+        for text in (str(outcome), probe_lines[0]):
+            assert "TLS handshake failed" in text
+            assert "CERTIFICATE_VERIFY_FAILED" in text
+            assert "unable to get local issuer certificate" in text
+    else:
+        assert probed is True, probe_lines
+        assert isinstance(outcome, JudgeReply) and outcome.status is ReplyStatus.COMPLETED
+
+
+async def test_a_handshake_with_a_plain_http_server_names_the_tls_error() -> None:
+    async def plain(stream: trio.SocketStream) -> None:
+        await stream.receive_some()
+        await stream.send_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, plain, 0)
+        judge = make_http_judge(_https(listeners[0].socket.getsockname()[1]))
+        with trio.fail_after(10), pytest.raises(JudgeTransportError) as info:
+            await judge.attempt(CALL)
+        await judge.aclose()
+        nursery.cancel_scope.cancel()
+    assert info.value.type_name == "ConnectError"
+    assert "TLS handshake failed" in str(info.value)
+    assert "SSLError" in str(info.value)  # e.g. [SSL: WRONG_VERSION_NUMBER] or record layer
+
+
+# --- proxies: not used, and the start-up log says so --------------------------------------------
+
+
+@pytest.mark.parametrize("variable", [None, "HTTPS_PROXY", "http_proxy"])
+def test_start_up_log_says_proxy_variables_are_not_used(
+    variable: str | None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    if variable is not None:
+        monkeypatch.setenv(variable, "http://proxy.invalid:3128")
+    caplog.set_level(logging.INFO, logger="genrm_trio.serve")
+    log_proxy_use()
+    (record,) = [r for r in caplog.records if "proxy" in r.getMessage()]
+    if variable is None:
+        assert record.levelno == logging.INFO
+        assert record.getMessage() == "judge: connecting directly (proxy variables are not used)"
+    else:
+        assert record.levelno == logging.WARNING
+        assert f"the proxy variables {variable} are set but not used" in record.getMessage()

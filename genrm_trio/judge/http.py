@@ -20,6 +20,7 @@ import email.utils
 import json
 import logging
 import math
+import os
 import re
 import select
 import ssl
@@ -57,8 +58,10 @@ __all__ = [
     "decode_body",
     "interpret_chat",
     "interpret_responses",
+    "judge_ssl_context",
     "make_http_judge",
     "parse_retry_after",
+    "proxy_variables_set",
     "responses_body",
 ]
 
@@ -287,6 +290,31 @@ def _decode_json(content: bytes) -> object:
         raise JudgeBadJSON(str(exc)) from exc
     except (UnicodeDecodeError, RecursionError) as exc:
         raise JudgeBadJSON(f"{type(exc).__name__}: {exc}") from exc
+
+
+def judge_ssl_context(ca_file: str | None = None) -> ssl.SSLContext:
+    """The TLS context of every judge connection and of the start-up probe: `judge.ca_file`
+    (a private CA bundle) when set; else `SSL_CERT_FILE` and/or `SSL_CERT_DIR` when set; else
+    certifi's bundle (as httpx)."""
+    if ca_file is not None:
+        return ssl.create_default_context(cafile=ca_file)
+    cafile = os.environ.get("SSL_CERT_FILE") or None
+    capath = os.environ.get("SSL_CERT_DIR") or None
+    if cafile is not None or capath is not None:
+        return ssl.create_default_context(cafile=cafile, capath=capath)
+    import certifi
+
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+PROXY_VARIABLES: Final = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+
+def proxy_variables_set() -> list[str]:
+    """The proxy environment variables set (any case): genrm-trio does not use them."""
+    return sorted(
+        name for name in os.environ if name.upper() in PROXY_VARIABLES and os.environ[name]
+    )
 
 
 # --- the connection pool ------------------------------------------------------------------------
@@ -629,7 +657,9 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(tls)
             if isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError)):
-                raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+                # trio's error says only "BrokenResourceError"; the ssl error under it says
+                # why (CERTIFICATE_VERIFY_FAILED ... unable to get local issuer certificate).
+                raise httpx.ConnectError(f"TLS handshake failed: {_cause(exc)}") from exc
             raise
         return _Connection(tls, self._max_body)
 
@@ -737,6 +767,7 @@ class HttpJudge:
         transport: httpx.AsyncBaseTransport | None = None,
         keepalive_expiry: float = KEEPALIVE_EXPIRY_S,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._url = httpx.URL(url)
         self._endpoint = endpoint
@@ -775,7 +806,7 @@ class HttpJudge:
             https = self._url.scheme == "https"
             self._pool = KeepAlivePool(
                 self._url,
-                ssl_context=httpx.create_ssl_context() if https else None,
+                ssl_context=(ssl_context or judge_ssl_context()) if https else None,
                 keepalive_expiry=keepalive_expiry,
                 max_response_bytes=max_response_bytes,
             )
@@ -903,4 +934,5 @@ def make_http_judge(
         transport=transport,
         keepalive_expiry=judge.keepalive_expiry_s,
         max_response_bytes=judge.max_response_bytes,
+        ssl_context=judge_ssl_context(judge.ca_file) if base_url.startswith("https:") else None,
     )
