@@ -202,10 +202,14 @@ async def _probe_one(
     url = base_url.rstrip("/") + "/models"
     target = httpx.URL(url)
     limit = min(PROBE_LIMIT_S, settings.judge_request_timeout_s)
-    lines = [b"GET " + target.raw_path + b" HTTP/1.1", b"host: " + target.netloc]
-    lines += [b"accept: application/json", b"accept-encoding: identity", b"connection: close"]
+    headers = [
+        (b"host", target.netloc),
+        (b"accept", b"application/json"),
+        (b"accept-encoding", b"identity"),
+        (b"connection", b"close"),
+    ]
     if token is not None:
-        lines.append(b"authorization: Bearer " + token.encode("latin-1"))
+        headers.append((b"authorization", b"Bearer " + token.encode("latin-1")))
     https = target.scheme == "https"
     pool = KeepAlivePool(
         target,
@@ -215,7 +219,7 @@ async def _probe_one(
     problem: str
     try:
         with trio.fail_after(limit):
-            status, _, _ = await pool.exchange(b"\r\n".join(lines) + b"\r\n\r\n")
+            status, _, _ = await pool.exchange((b"GET", target.raw_path, headers, b""))
     except trio.TooSlowError:
         problem = f"TimeoutError: no reply within {limit:g}s"
     except httpx.HTTPError as exc:

@@ -1069,7 +1069,8 @@ async def test_pool_over_tls_reuses_its_connection(tmp_path: Path) -> None:
             httpx.URL(f"https://127.0.0.1:{port}"),
             ssl_context=ssl.create_default_context(cafile=str(cert)),
         )
-        request = b"POST /v1/responses HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 2\r\n\r\n{}"
+        headers = [(b"host", b"127.0.0.1"), (b"content-length", b"2")]
+        request = (b"POST", b"/v1/responses", headers, b"{}")
         with trio.fail_after(10):
             for _ in range(3):
                 status, _, reply = await pool.exchange(request)

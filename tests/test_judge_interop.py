@@ -87,7 +87,7 @@ async def test_pool_resends_a_bytes_request_itself_and_a_list_request_asks_the_c
         return True
 
     server = TinyServer(script)
-    request = b"POST /v1/responses HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}"
+    request = (b"POST", b"/v1/responses", [(b"host", b"x"), (b"content-length", b"2")], b"{}")
     async with trio.open_nursery() as nursery:
         await server.start(nursery)
         pool = KeepAlivePool(httpx.URL(f"http://127.0.0.1:{server.port}"))
@@ -95,7 +95,7 @@ async def test_pool_resends_a_bytes_request_itself_and_a_list_request_asks_the_c
             assert (await pool.exchange(request))[0] == 200
             assert (await pool.exchange(request))[0] == 200  # n=1 closed, n=2 answered
             with pytest.raises(StaleConnectionError):
-                await pool.exchange([request])  # n=3 closed: the bytes are gone
+                await pool.exchange([request])  # n=3 closed: the request is gone
             assert (await pool.exchange([request], fresh=True))[0] == 200
         assert (len(server.requests), server.connections, pool.stale_retries) == (5, 3, 2)
         await pool.aclose()
@@ -468,3 +468,54 @@ def test_start_up_log_says_proxy_variables_are_not_used(
     else:
         assert record.levelno == logging.WARNING
         assert f"the proxy variables {variable} are set but not used" in record.getMessage()
+
+
+# --- framing in virtual time --------------------------------------------------------------------
+
+
+async def test_a_reply_dribbled_over_20_virtual_seconds_is_read_whole(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    raw = response_bytes(200, BODY)
+    pieces = [raw[:10], raw[10 : len(raw) // 2], raw[len(raw) // 2 :]]
+
+    async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
+        for number, piece in enumerate(pieces):
+            if number:
+                await trio.sleep(10)
+            await stream.send_all(piece)
+        return True
+
+    server = TinyServer(script)
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        judge = real_judge(server.port)
+        start = trio.current_time()
+        with trio.fail_after(60):
+            reply = await judge.attempt(CALL)
+        assert reply.status is ReplyStatus.COMPLETED
+        assert trio.current_time() - start == pytest.approx(20.0, abs=0.01)
+        await judge.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_idle_expiry_in_virtual_time(autojump_clock: trio.testing.MockClock) -> None:
+    async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
+        await stream.send_all(response_bytes(200, BODY))
+        return True
+
+    server = TinyServer(script)
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        judge = real_judge(server.port)  # judge.keepalive_expiry_s: 4.0 (default)
+        with trio.fail_after(60):
+            await judge.attempt(CALL)
+            await trio.sleep(3.9)
+            await judge.attempt(CALL)  # idle 3.9 s: reused
+            assert server.connections == 1
+            await trio.sleep(4.1)
+            await judge.attempt(CALL)  # idle 4.1 s: expired, a new connection
+            assert server.connections == 2
+            assert judge.open_connections == 1
+        await judge.aclose()
+        nursery.cancel_scope.cancel()
