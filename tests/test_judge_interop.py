@@ -519,3 +519,29 @@ async def test_idle_expiry_in_virtual_time(autojump_clock: trio.testing.MockCloc
             assert judge.open_connections == 1
         await judge.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_413_from_a_server_that_stops_reading_but_keeps_the_connection() -> None:
+    """The server answers after the head and then neither reads nor closes: the client stops
+    writing the rest of its body and reports the answer (instead of hanging to its deadline)."""
+    done = trio.Event()
+
+    async def handle(stream: trio.SocketStream) -> None:
+        buffer = b""
+        while b"\r\n\r\n" not in buffer:
+            buffer += await stream.receive_some()
+        await stream.send_all(response_bytes(413, b"request entity too large"))
+        await done.wait()  # holds the connection open, reading nothing more
+        await trio.aclose_forcefully(stream)
+
+    big = JudgeCall(CALL.history, "x" * (32 * 1024 * 1024), "y", None)
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, handle, 0)
+        judge = real_judge(listeners[0].socket.getsockname()[1])
+        with trio.fail_after(10), pytest.raises(JudgeHTTPError) as info:
+            await judge.attempt(big)
+        assert (info.value.status, info.value.body) == (413, b"request entity too large")
+        assert judge.open_connections == 0  # half a body went out: never reused
+        done.set()
+        await judge.aclose()
+        nursery.cancel_scope.cancel()

@@ -34,6 +34,9 @@ MAX_HEAD_BYTES: Final = 64 * 1024  # status line and headers of one response (h1
 NO_RESPONSE: Final = "Server disconnected without sending a response."
 INCOMPLETE: Final = "peer closed connection without sending complete message body"
 
+WATCHED_SEND_BYTES: Final = 256 * 1024
+"""Requests larger than this are written while the socket is watched for an early answer."""
+
 OutgoingRequest = tuple[bytes, bytes, list[tuple[bytes, bytes]], bytes]
 """(method, target, headers, body) of one request; headers include Host and Content-Length."""
 
@@ -104,7 +107,7 @@ class H11Connection:
         del body, request
         self.received = False
         try:
-            await self.stream.send_all(data)
+            answered_early = await self._send(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             del data
             try:
@@ -113,7 +116,33 @@ class H11Connection:
                 raise httpx.WriteError(cause(exc)) from exc
             return status, response_headers, reply, False
         del data
-        return await self._read_response()
+        status, response_headers, reply, reusable = await self._read_response()
+        return status, response_headers, reply, reusable and not answered_early
+
+    async def _send(self, data: bytes) -> bool:
+        """Write `data`; True when the server answered (or closed) before it was all written.
+
+        A large body is written while the socket is watched: a server that answers early (413)
+        and then stops reading without closing would otherwise leave the write blocked until
+        the attempt's deadline. The rest of the body is then not sent, and the connection is
+        not reused."""
+        stream = self.stream
+        if len(data) <= WATCHED_SEND_BYTES or not isinstance(stream, trio.SocketStream):
+            await stream.send_all(data)
+            return False
+        answered = False
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                nonlocal answered
+                await trio.lowlevel.wait_readable(stream.socket)
+                answered = True
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            await stream.send_all(data)
+            nursery.cancel_scope.cancel()
+        return answered
 
     async def _read_response(self) -> tuple[int, list[tuple[bytes, bytes]], bytes, bool]:
         conn = self._h11
