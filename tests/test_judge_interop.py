@@ -545,3 +545,29 @@ async def test_413_from_a_server_that_stops_reading_but_keeps_the_connection() -
         done.set()
         await judge.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_the_probe_asks_every_replica_of_a_fleet(caplog: pytest.LogCaptureFixture) -> None:
+    async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
+        await stream.send_all(response_bytes(200, b'{"data": []}'))
+        return True
+
+    server = TinyServer(script)
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    dead_port = dead.getsockname()[1]
+    dead.close()
+    caplog.set_level(logging.INFO, logger="genrm_trio.serve")
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        urls = [f"http://127.0.0.1:{server.port}/v1", f"http://127.0.0.1:{dead_port}/v1"]
+        config = settings_from_mapping({"judge": {"base_url": urls}})
+        with trio.fail_after(10):
+            assert await probe_judge(config, None) is False  # one of two did not answer
+            assert await probe_judge(settings_from_mapping({"judge": {"base_url": urls[:1]}}), None)
+        nursery.cancel_scope.cancel()
+    assert server.requests[0].startswith(b"GET /v1/models HTTP/1.1\r\n")
+    lines = sorted(r.getMessage() for r in caplog.records if "judge probe" in r.getMessage())
+    assert lines[0] == f"judge probe GET {urls[0]}/models: HTTP 200"
+    assert lines[-1].startswith(f"judge probe GET {urls[1]}/models failed: ConnectError: ")
+    assert len(lines) == 3
