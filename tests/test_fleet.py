@@ -420,3 +420,47 @@ async def test_comparator_fails_over_and_names_the_replica_of_the_last_attempt(
     result = await comparator.compare(CALL, pair=(0, 1), judge_pass=0)
     assert result.attempts == 2
     assert (len(a.log), len(b.log), c.outcomes()) == (2, 2, Counter({"500": 1, "ok": 1}))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("eject_after_failures", 4, "less than or equal to 3"),
+        ("eject_after_failures", 0, "greater than or equal to 1"),
+        ("eject_backoff_s", 0.0, "must be > 0"),
+        ("keepalive_expiry_s", -1.0, "must be > 0"),
+        ("keepalive_expiry_s", math.inf, "must be finite"),
+        ("max_concurrency_per_replica", 0, "greater than or equal to 1"),
+        ("max_response_bytes", 100, "greater than or equal to 1024"),
+        ("ca_file", "/nonexistent/ca.pem", "/nonexistent/ca.pem is not a file"),
+    ],
+)
+def test_new_judge_keys_are_validated(key: str, value: object, message: str) -> None:
+    from genrm_trio.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        settings_from_mapping({"judge": {"base_url": "http://h:1/v1", key: value}})
+    assert info.value.key == f"judge.{key}"
+    assert message in info.value.message
+
+
+def test_replica_settings_reach_the_fleet_and_its_judges() -> None:
+    config = settings_from_mapping(
+        {
+            "judge": {
+                "base_url": ["http://h:1/v1", "https://h:2/v1"],
+                "max_concurrency_per_replica": 7,
+                "eject_after_failures": 2,
+                "eject_backoff_s": 1.5,
+                "keepalive_expiry_s": 2.5,
+                "max_response_bytes": 4096,
+            }
+        }
+    )
+    judge = make_judge(config)
+    assert isinstance(judge, JudgeFleet)
+    assert (judge._cap, judge._threshold, judge._backoff) == (7, 2, 1.5)
+    pools = [replica.judge._pool for replica in judge._replicas]  # type: ignore[attr-defined]
+    assert [pool._keepalive_expiry for pool in pools] == [2.5, 2.5]
+    assert [pool._max_body for pool in pools] == [4096, 4096]
+    assert [pool._ssl_context is not None for pool in pools] == [False, True]
