@@ -9,6 +9,11 @@ server = the delay server); "CPU wait" is the share of time the client was runna
 CPU (other processes), so a rate below ideal can be told apart from a busy machine.
 
     python benchmarks/judge_client.py [--latency 0.2] [--seconds 5] [--levels 16,64,256,512]
+        [--replicas 1,2,4]
+
+`--replicas K,...` repeats the table for a judge fleet of K delay servers (each its own
+process; `judge.base_url` a list of K URLs; K = 1 is a plain string, one `HttpJudge`); "server
+CPU" is then summed over the K servers.
 """
 
 from __future__ import annotations
@@ -45,10 +50,10 @@ VERDICT = {
 # --- the delay server (runs in a child process) -------------------------------------------------
 
 
-def serve(port_file: str, latency: float) -> None:
-    body = json.dumps(VERDICT).encode()
+def serve(port_file: str, latency: float, status: int = 200) -> None:
+    body = json.dumps(VERDICT).encode() if status == 200 else b"judge unavailable"
     reply = (
-        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+        b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: " % status
         + str(len(body)).encode()
         + b"\r\n\r\n"
         + body
@@ -93,13 +98,16 @@ def serve(port_file: str, latency: float) -> None:
     asyncio.run(main())
 
 
-def start_server(latency: float) -> tuple[subprocess.Popen[bytes], int]:
-    port_file = f"/tmp/genrm-bench-{os.getpid()}.port"
+def start_server(latency: float, status: int = 200) -> tuple[subprocess.Popen[bytes], int]:
+    """A delay server process answering every POST after `latency` s with `status` (200: a
+    verdict); (process, port)."""
+    port_file = f"/tmp/genrm-bench-{os.getpid()}-{time.monotonic_ns()}.port"
     if os.path.exists(port_file):
         os.unlink(port_file)
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve", port_file, "--latency", str(latency)]
-    )
+        [sys.executable, __file__, "--serve", port_file, "--latency", str(latency),
+         "--status", str(status)]
+    )  # fmt: skip
     deadline = time.monotonic() + 10
     while not os.path.exists(port_file):
         if time.monotonic() > deadline or proc.poll() is not None:
@@ -150,14 +158,36 @@ class Level:
     connections: int
 
 
-async def run_level(url: str, in_flight: int, seconds: float, server_pid: int) -> Level:
+def servers_cpu(pids: list[int]) -> float:
+    return sum(process_cpu(pid) for pid in pids)
+
+
+def open_connections(judge: object) -> int:
+    from genrm_trio.judge.fleet import JudgeFleet
+    from genrm_trio.judge.http import HttpJudge
+
+    if isinstance(judge, HttpJudge):
+        return judge.open_connections
+    assert isinstance(judge, JudgeFleet)
+    return sum(
+        replica.judge.open_connections
+        for replica in judge._replicas
+        if isinstance(replica.judge, HttpJudge)
+    )
+
+
+async def run_level(
+    url: str | list[str], in_flight: int, seconds: float, server_pids: list[int]
+) -> Level:
     """Drive `in_flight` concurrent callers for `seconds` after a 1 s warm-up."""
     from genrm_trio.config import settings_from_mapping
     from genrm_trio.judge.base import JudgeCall, ReplyStatus
-    from genrm_trio.judge.http import make_http_judge
+    from genrm_trio.judge.fleet import make_judge
 
-    settings = settings_from_mapping({"judge": {"base_url": url}})
-    judge = make_http_judge(settings)
+    settings = settings_from_mapping(
+        {"judge": {"base_url": url, "max_concurrency": max(in_flight, 1)}}
+    )
+    judge = make_judge(settings)
     call = JudgeCall(
         history=[{"role": "user", "content": "What is 2 + 2? " * 20}],
         response_1="four " * 100,
@@ -181,13 +211,13 @@ async def run_level(url: str, in_flight: int, seconds: float, server_pid: int) -
                 nursery.start_soon(worker)
             await trio.sleep(1.0)  # warm-up: connections opened
             measuring = True
-            cpu0, wall0, srv0 = time.process_time(), time.perf_counter(), process_cpu(server_pid)
+            cpu0, wall0, srv0 = time.process_time(), time.perf_counter(), servers_cpu(server_pids)
             rq0 = runqueue_wait()
             await trio.sleep(seconds)
             measuring = False
-            cpu1, wall1, srv1 = time.process_time(), time.perf_counter(), process_cpu(server_pid)
+            cpu1, wall1, srv1 = time.process_time(), time.perf_counter(), servers_cpu(server_pids)
             rq1 = runqueue_wait()
-            connections = judge.open_connections
+            connections = open_connections(judge)
             nursery.cancel_scope.cancel()
     finally:
         await judge.aclose()
@@ -205,17 +235,18 @@ async def run_level(url: str, in_flight: int, seconds: float, server_pid: int) -
 
 
 async def bench(
-    url: str, levels: list[int], latency: float, seconds: float, server_pid: int
+    url: str | list[str], levels: list[int], latency: float, seconds: float, server_pids: list[int]
 ) -> None:
+    replicas = 1 if isinstance(url, str) else len(url)
     print(
         f"judge client benchmark: {os.cpu_count()} CPUs, server latency {latency * 1000:.0f} ms, "
-        f"load average {os.getloadavg()[0]:.2f}"
+        f"{replicas} replica(s), load average {os.getloadavg()[0]:.2f}"
     )
     header = ("in flight", "ideal/s", "calls/s", "% ideal", "CPU ms/call", "client CPU",
               "server CPU", "CPU wait", "conns")  # fmt: skip
     print("  ".join(f"{h:>11}" for h in header))
     for in_flight in levels:
-        r = await run_level(url, in_flight, seconds, server_pid)
+        r = await run_level(url, in_flight, seconds, server_pids)
         ideal = in_flight / latency
         row = (
             f"{in_flight}",
@@ -236,19 +267,28 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--levels", default="16,64,256,512")
+    parser.add_argument("--replicas", default="1", help="comma-separated fleet sizes")
     parser.add_argument("--serve", metavar="PORT_FILE", help=argparse.SUPPRESS)
+    parser.add_argument("--status", type=int, default=200, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.latency)
+        serve(args.serve, args.latency, args.status)
         return
-    proc, port = start_server(args.latency)
-    try:
-        levels = [int(x) for x in args.levels.split(",")]
-        url = f"http://127.0.0.1:{port}/v1"
-        trio.run(bench, url, levels, args.latency, args.seconds, proc.pid)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    levels = [int(x) for x in args.levels.split(",")]
+    for count in [int(x) for x in args.replicas.split(",")]:
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            urls = []
+            for _ in range(count):
+                proc, port = start_server(args.latency)
+                procs.append(proc)
+                urls.append(f"http://127.0.0.1:{port}/v1")
+            url: str | list[str] = urls[0] if count == 1 else urls
+            trio.run(bench, url, levels, args.latency, args.seconds, [p.pid for p in procs])
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.wait(timeout=10)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 The library surface: open an engine on a judge and feed it `/verify` and `/compare` inputs::
 
     settings = load_settings("genrm.yaml")             # or Settings.model_validate({...})
-    judge = make_http_judge(settings)                  # or SimJudge(SimConfig(...)) in tests
+    judge = make_judge(settings)                       # or SimJudge(SimConfig(...)) in tests
     async with open_engine(settings, judge) as engine:
         outcome = await engine.verify(VerifyInput(...))   # Scored | Masked | GroupFailed
     await judge.aclose()                               # the engine never closes the judge
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from genrm_trio.config import ConfigError, Settings, load_settings
     from genrm_trio.engine import Engine, EngineStatistics, open_engine
     from genrm_trio.judge.base import Judge, JudgeCall, JudgeReply, ReplyStatus
+    from genrm_trio.judge.fleet import JudgeFleet, make_judge
     from genrm_trio.judge.http import make_http_judge
     from genrm_trio.judge.sim import FaultRule, SimConfig, SimJudge
     from genrm_trio.model import (
@@ -48,6 +49,8 @@ _EXPORTS = {
     "JudgeReply": "genrm_trio.judge.base",
     "ReplyStatus": "genrm_trio.judge.base",
     "make_http_judge": "genrm_trio.judge.http",
+    "JudgeFleet": "genrm_trio.judge.fleet",
+    "make_judge": "genrm_trio.judge.fleet",
     "FaultRule": "genrm_trio.judge.sim",
     "SimConfig": "genrm_trio.judge.sim",
     "SimJudge": "genrm_trio.judge.sim",
@@ -79,6 +82,7 @@ __all__ = [
     "GroupFailed",
     "Judge",
     "JudgeCall",
+    "JudgeFleet",
     "JudgeReply",
     "Masked",
     "MemberOutcome",
@@ -93,6 +97,7 @@ __all__ = [
     "__version__",
     "load_settings",
     "make_http_judge",
+    "make_judge",
     "open_engine",
 ]
 

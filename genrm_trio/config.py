@@ -123,11 +123,44 @@ class BudgetEscalation(_Strict):
         return max(budget, min(math.ceil(budget * self.factor), self.max_output_tokens))
 
 
+def _check_url(value: str) -> str:
+    """One judge base URL, validated and with trailing `/` removed."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an absolute http(s) URL")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("must not contain user information")
+    # `?`/`#` alone leave query and fragment empty but would still corrupt the
+    # concatenated request URL (`.../v1?/responses`).
+    if parts.query or parts.fragment or "?" in value or "#" in value:
+        raise ValueError("must not contain a query or fragment")
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port only when it is read
+    except ValueError:
+        raise ValueError("must have a numeric port in 0-65535") from None
+    trimmed = value.rstrip("/")
+    if not trimmed.endswith("/v1"):
+        log.warning("judge.base_url %s does not end in /v1; posting under it as given", trimmed)
+    return trimmed
+
+
+def endpoint_of(url: str) -> str:
+    """`host:port` of a judge base URL, for the judge-error template."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname or ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+EJECT_MAX_FAILURES = 3
+"""The largest `judge.eject_after_failures` accepted."""
+
+
 @final
 class JudgeSettings(_Strict):
-    """How to reach the judge (SPEC §16.1)."""
+    """How to reach the judge (SPEC §16.1), and, with a list of base URLs, a fleet of replicas."""
 
-    base_url: str | None = None
+    base_url: str | list[str] | None = None
     api: Literal["responses", "chat_completions"] = "responses"
     model: str | None = None
     api_key_env: str | None = None
@@ -136,37 +169,75 @@ class JudgeSettings(_Strict):
     probe: bool = True
     budget_escalation: BudgetEscalation | None = None
 
-    @field_validator("base_url")
+    max_concurrency_per_replica: int | None = Field(default=None, ge=1)
+    eject_after_failures: int = Field(default=EJECT_MAX_FAILURES, ge=1, le=EJECT_MAX_FAILURES)
+    eject_backoff_s: float = 5.0
+    keepalive_expiry_s: float = 4.0
+    max_response_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    ca_file: str | None = None
+
+    @field_validator("base_url", mode="before")
     @classmethod
-    def _check_base_url(cls, value: str | None) -> str | None:
+    def _check_base_url(cls, value: object) -> str | list[str] | None:
         if value is None:
             return None
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an absolute http(s) URL")
-        if parts.username is not None or parts.password is not None:
-            raise ValueError("must not contain user information")
-        # `?`/`#` alone leave query and fragment empty but would still corrupt the
-        # concatenated request URL (`.../v1?/responses`).
-        if parts.query or parts.fragment or "?" in value or "#" in value:
-            raise ValueError("must not contain a query or fragment")
-        try:
-            parts.port  # noqa: B018 - urlsplit checks the port only when it is read
-        except ValueError:
-            raise ValueError("must have a numeric port in 0-65535") from None
-        trimmed = value.rstrip("/")
-        if not trimmed.endswith("/v1"):
-            log.warning("judge.base_url %s does not end in /v1; posting under it as given", trimmed)
-        return trimmed
+        if isinstance(value, str):
+            return _check_url(value)
+        if not isinstance(value, list) or not value:
+            raise ValueError("must be a URL or a non-empty list of URLs")
+        urls: list[str] = []
+        for index, item in enumerate(value):
+            if not isinstance(item, str):
+                raise ValueError(f"item {index}: must be a URL string")
+            try:
+                url = _check_url(item)
+            except ValueError as exc:
+                raise ValueError(f"item {index}: {exc}") from None
+            if url in urls:
+                raise ValueError(f"item {index}: {url} is listed twice")
+            urls.append(url)
+        return urls
+
+    @field_validator("eject_backoff_s", "keepalive_expiry_s")
+    @classmethod
+    def _positive_seconds(cls, value: float) -> float:
+        return _finite("value", value, positive=True)
+
+    @field_validator("ca_file")
+    @classmethod
+    def _check_ca_file(cls, value: str | None) -> str | None:
+        if value is not None and not os.path.isfile(value):
+            raise ValueError(f"{value} is not a file")
+        return value
+
+    @property
+    def base_urls(self) -> tuple[str, ...]:
+        """Every configured base URL: one for a string, the replicas for a list."""
+        if self.base_url is None:
+            return ()
+        if isinstance(self.base_url, str):
+            return (self.base_url,)
+        return tuple(self.base_url)
+
+    @property
+    def fleet(self) -> bool:
+        """Whether `base_url` is a list (a fleet of replicas, even of one)."""
+        return isinstance(self.base_url, list)
+
+    @property
+    def total_concurrency(self) -> int:
+        """Judge calls in flight at once: `max_concurrency`, or the replicas' caps if lower."""
+        cap = self.max_concurrency_per_replica
+        if cap is None or not self.fleet:
+            return self.max_concurrency
+        return min(self.max_concurrency, cap * len(self.base_urls))
 
     @property
     def endpoint(self) -> str:
-        """`host:port` for the judge-error template."""
+        """`host:port` for the judge-error template (comma-separated for a fleet)."""
         if self.base_url is None:
             return "unconfigured"
-        parts = urlsplit(self.base_url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        return f"{parts.hostname}:{port}"
+        return ",".join(endpoint_of(url) for url in self.base_urls)
 
 
 @final

@@ -53,7 +53,7 @@ from genrm_trio.cohort.records import (
 from genrm_trio.cohort.registry import KEY_LOG_LIMIT, Registry
 from genrm_trio.config import Settings
 from genrm_trio.judge.attempts import Comparator, ComparatorStatistics
-from genrm_trio.judge.base import Judge, JudgeError, Usage
+from genrm_trio.judge.base import Judge, JudgeError, ReplicaReporting, ReplicaStats, Usage, one_line
 from genrm_trio.metrics import Metrics
 from genrm_trio.model import (
     CohortView,
@@ -186,6 +186,9 @@ class Engine:
         self._opening: dict[Cohort, trio.Event] = {}
         self._nursery = nursery
         self._comparator = Comparator(judge, settings, metrics)
+        self._fleet = judge if isinstance(judge, ReplicaReporting) else None
+        if self._fleet is not None:
+            metrics.watch_replicas(self._fleet.replica_stats)
         self._registry = Registry(settings, metrics)
         self._lock = trio.Lock()
         self._closed = False
@@ -203,6 +206,10 @@ class Engine:
     def active_cohorts(self) -> list[CohortView]:
         """Collecting and judging cohorts, oldest first (``GET /cohorts``, SPEC §17.13)."""
         return self._registry.views(trio.current_time())
+
+    def judge_replicas(self) -> list[ReplicaStats]:
+        """Per-replica counters of a judge fleet (``GET /judge/replicas``); [] for one judge."""
+        return [] if self._fleet is None else self._fleet.replica_stats()
 
     def statistics(self) -> EngineStatistics:
         r = self._registry.statistics()
@@ -688,7 +695,7 @@ class Engine:
             planned.pair,
             planned.k,
             evaluation.total,
-            message,
+            one_line(message, 2000),
         )
 
     # --- /compare -----------------------------------------------------------------------------

@@ -5,9 +5,69 @@ Names are fixed by SPEC §17.13 and all start with `genrm_trio_`.
 
 from __future__ import annotations
 
-from typing import final
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from genrm_trio.judge.base import ReplicaStats
+
+
+@final
+class _ReplicaCollector(Collector):
+    """The per-replica series of a judge fleet, read from its counters at scrape time."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Sequence[ReplicaStats]] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        if self.source is None:
+            return
+        stats = self.source()
+        calls = CounterMetricFamily(
+            "genrm_trio_judge_replica_calls",
+            "Judge attempts started, per fleet replica",
+            labels=["replica"],
+        )
+        failures = CounterMetricFamily(
+            "genrm_trio_judge_replica_failures",
+            "Judge attempts that failed retryably (transport error, 408, 429, 5xx), per replica",
+            labels=["replica"],
+        )
+        ejections = CounterMetricFamily(
+            "genrm_trio_judge_replica_ejections",
+            "Times a replica was taken out after consecutive failed attempts",
+            labels=["replica"],
+        )
+        in_flight = GaugeMetricFamily(
+            "genrm_trio_judge_replica_inflight",
+            "Judge attempts in flight, per replica",
+            labels=["replica"],
+        )
+        ejected = GaugeMetricFamily(
+            "genrm_trio_judge_replica_ejected",
+            "1 while a replica is ejected (receives trial attempts only), else 0",
+            labels=["replica"],
+        )
+        latency = SummaryMetricFamily(
+            "genrm_trio_judge_replica_attempt_seconds",
+            "Duration of finished judge attempts, per replica",
+            labels=["replica"],
+        )
+        for s in stats:
+            label = [s.replica]
+            calls.add_metric(label, s.calls)
+            failures.add_metric(label, s.failures)
+            ejections.add_metric(label, s.ejections)
+            in_flight.add_metric(label, s.in_flight)
+            ejected.add_metric(label, 1.0 if s.ejected else 0.0)
+            latency.add_metric(label, s.latency_count, s.latency_sum_s)
+        yield from (calls, failures, ejections, in_flight, ejected, latency)
 
 
 @final
@@ -79,6 +139,12 @@ class Metrics:
             ["deadline"],
             registry=r,
         )
+        self._replicas = _ReplicaCollector()
+        r.register(self._replicas)
+
+    def watch_replicas(self, source: Callable[[], Sequence[ReplicaStats]] | None) -> None:
+        """Expose a judge fleet's per-replica counters (label `replica`); None stops it."""
+        self._replicas.source = source
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import gc
 import ipaddress
+import json
 import logging
 import os
 import signal
@@ -30,7 +31,7 @@ import trio
 from hypercorn.config import Config, Sockets
 
 from genrm_trio.config import Settings, read_secret
-from genrm_trio.judge.base import Judge
+from genrm_trio.judge.base import Judge, one_line
 
 log = logging.getLogger("genrm_trio.serve")
 
@@ -238,10 +239,10 @@ PROBE_ID_CHARS: Final = 80
 """Each named id is cut at this many characters."""
 
 
-def _served_ids(response: httpx.Response) -> list[str] | None:
+def _served_ids(body: bytes) -> list[str] | None:
     """The `id`s of an OpenAI `GET /models` reply (`{"data": [{"id": ...}, ...]}`), if it is one."""
     try:
-        payload = response.json()
+        payload = json.loads(body)
     except ValueError:
         return None
     data = payload.get("data") if isinstance(payload, dict) else None
@@ -254,12 +255,12 @@ def _served_ids(response: httpx.Response) -> list[str] | None:
     ]
 
 
-def _check_model(settings: Settings, response: httpx.Response) -> None:
+def _check_model(settings: Settings, body: bytes) -> None:
     """Warn once when the configured judge model is not one the judge says it serves."""
     model = settings.judge_create_params.get("model")
     if not isinstance(model, str):
         return  # no model configured: the judge picks (or refuses), nothing to compare
-    served = _served_ids(response)
+    served = _served_ids(body)
     if served is None or model in served:
         return
     key = (
@@ -280,43 +281,89 @@ def _check_model(settings: Settings, response: httpx.Response) -> None:
 
 
 async def probe_judge(settings: Settings, token: str | None) -> bool:
-    """The start-up probe (SPEC §17.5): one `GET {base_url}/models`; a failure only warns.
+    """The start-up probe (SPEC §17.5): one `GET {base_url}/models` per replica; a failure only
+    warns.
 
-    Bounded by min(5 s, judge_request_timeout_s). Never POSTs and is not a judge call in any
-    metric. Returns whether the judge answered 2xx. A 2xx listing models (`data[].id`) that
-    does not include the configured model (`judge.model`, else a `model` in
-    `genrm_responses_create_params`) logs one warning naming it and the served ids.
+    Bounded by min(5 s, judge_request_timeout_s); a fleet's replicas are probed concurrently.
+    Never POSTs and is not a judge call in any metric. Returns whether every replica answered 2xx.
+    A 2xx listing models (`data[].id`) that does not include the configured model (`judge.model`,
+    else a `model` in `genrm_responses_create_params`) logs one warning naming it and the served
+    ids. Skipped (False) with `judge.probe: false`.
     """
-    base_url = settings.judge.base_url
-    if base_url is None:
+    urls = settings.judge.base_urls
+    if not urls:
         return False
     if not settings.judge.probe:
-        log.info("judge %s: not probed (judge.probe: false)", base_url)
+        log.info("judge %s: not probed (judge.probe: false)", ", ".join(urls))
         return False
+    answered: list[bool] = []
+    async with trio.open_nursery() as nursery:
+        for base_url in urls:
+            nursery.start_soon(_probe_one, settings, token, base_url, answered)
+    return len(answered) == len(urls) and all(answered)
+
+
+async def _probe_one(
+    settings: Settings, token: str | None, base_url: str, answered: list[bool]
+) -> None:
+    # The probe goes through the judge calls' own connection pool, TLS context
+    # (judge.ca_file, SSL_CERT_FILE/SSL_CERT_DIR) and error mapping, so that it fails where and
+    # as they would.
+    from genrm_trio.judge.http import KeepAlivePool, judge_ssl_context
+
     url = base_url.rstrip("/") + "/models"
+    target = httpx.URL(url)
     limit = min(PROBE_LIMIT_S, settings.judge_request_timeout_s)
-    headers = {"accept": "application/json"}
+    headers = [
+        (b"host", target.netloc),
+        (b"accept", b"application/json"),
+        (b"accept-encoding", b"identity"),
+        (b"connection", b"close"),
+    ]
     if token is not None:
-        headers["authorization"] = f"Bearer {token}"
+        headers.append((b"authorization", b"Bearer " + token.encode("latin-1")))
+    https = target.scheme == "https"
+    pool = KeepAlivePool(
+        target,
+        ssl_context=judge_ssl_context(settings.judge.ca_file) if https else None,
+        max_response_bytes=settings.judge.max_response_bytes,
+    )
     problem: str
     try:
         with trio.fail_after(limit):
-            async with httpx.AsyncClient(
-                timeout=None, follow_redirects=False, trust_env=False
-            ) as client:
-                response = await client.get(url, headers=headers)
+            status, _, body = await pool.exchange((b"GET", target.raw_path, headers, b""))
     except trio.TooSlowError:
         problem = f"TimeoutError: no reply within {limit:g}s"
     except httpx.HTTPError as exc:
         problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     else:
-        if 200 <= response.status_code <= 299:
-            log.info("judge probe GET %s: HTTP %d", url, response.status_code)
-            _check_model(settings, response)
-            return True
-        problem = f"HTTP {response.status_code}"
-    log.warning("judge probe GET %s failed: %s; serving anyway", url, problem)
-    return False
+        if 200 <= status <= 299:
+            log.info("judge probe GET %s: HTTP %d", url, status)
+            _check_model(settings, body)
+            answered.append(True)
+            return
+        problem = f"HTTP {status}"
+    finally:
+        with trio.CancelScope(shield=True):
+            await pool.aclose()
+    log.warning("judge probe GET %s failed: %s; serving anyway", url, one_line(problem, 500))
+    answered.append(False)
+
+
+def log_proxy_use() -> None:
+    """One start-up line on proxies: genrm-trio connects to the judge directly and does not use
+    HTTP_PROXY / HTTPS_PROXY / ALL_PROXY (a WARNING when one is set, so nobody relies on it)."""
+    from genrm_trio.judge.http import proxy_variables_set
+
+    names = proxy_variables_set()
+    if names:
+        log.warning(
+            "judge: connecting directly; the proxy variables %s are set but not used "
+            "(genrm-trio does not go through HTTP proxies)",
+            ", ".join(names),
+        )
+    else:
+        log.info("judge: connecting directly (proxy variables are not used)")
 
 
 FD_RESERVE: Final = 64
@@ -469,7 +516,7 @@ async def _serve_on(
 ) -> None:
     # Imported here so that `bind_socket` and `serve_app` (used by sim-judge) stay light.
     from genrm_trio.http.app import create_app
-    from genrm_trio.judge.http import make_http_judge
+    from genrm_trio.judge.fleet import make_judge
     from genrm_trio.store import durable_engine
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -494,9 +541,10 @@ async def _serve_on(
             the_judge = judge
             try:
                 if not sim:
+                    log_proxy_use()
                     await probe_judge(settings, token)
                 if the_judge is None:
-                    the_judge = _sim_judge() if sim else make_http_judge(settings)
+                    the_judge = _sim_judge() if sim else make_judge(settings)
                 # the durable store (state_path) loads before the socket listens (SPEC §17.7)
                 async with durable_engine(settings, the_judge) as engine:
                     app = create_app(engine, settings)

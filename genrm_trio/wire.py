@@ -896,6 +896,10 @@ def openapi_document(*, title: str, version: str, auth: bool) -> dict[str, Any]:
         "/cohorts": get(
             "Active cohorts, oldest first", {"type": "array", "items": ref(CohortInfo)}
         ),
+        "/judge/replicas": get(
+            "Per-replica counters of a judge fleet ([] for one judge)",
+            {"type": "array", "items": {"type": "object"}},
+        ),
         "/metrics": {
             "get": {
                 "summary": "Prometheus metrics",

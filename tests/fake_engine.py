@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from genrm_trio.http.app import current_rollout_id
+from genrm_trio.judge.base import ReplicaStats
 from genrm_trio.metrics import Metrics
 from genrm_trio.model import (
     CohortView,
@@ -53,6 +54,7 @@ class FakeEngine:
     verify_outcome: Callable[[VerifyInput], Awaitable[Outcome]] | None = None
     compare_outcome: Callable[[CompareInput], Awaitable[CompareResult]] | None = None
     cohorts: list[CohortView] = field(default_factory=list)
+    replicas: list[ReplicaStats] = field(default_factory=list)
     metrics: Metrics = field(default_factory=Metrics)
     verified: list[VerifyInput] = field(default_factory=list)
     compared: list[CompareInput] = field(default_factory=list)
@@ -75,3 +77,6 @@ class FakeEngine:
 
     def active_cohorts(self) -> list[CohortView]:
         return list(self.cohorts)
+
+    def judge_replicas(self) -> list[ReplicaStats]:
+        return list(self.replicas)

@@ -6,6 +6,7 @@ Real sockets on 127.0.0.1 and the real clock (no autojump: the I/O is real), eve
 from __future__ import annotations
 
 import io
+import json
 import logging
 import math
 import os
@@ -376,13 +377,13 @@ def test_the_model_warning_names_a_bounded_number_of_ids(
     settings = settings_from_mapping({"judge": {"base_url": "http://j/v1", "model": "m"}})
     served = [f"model-{i}-" + "x" * 200 for i in range(PROBE_IDS_SHOWN + 3)]
     body = {"object": "list", "data": [{"id": name} for name in served]}
-    _check_model(settings, httpx.Response(200, json=body))
+    _check_model(settings, json.dumps(body).encode())
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warning.count("'model-") == PROBE_IDS_SHOWN
     assert "… (3 more)" in warning
     assert len(warning) < 1200
     caplog.clear()
-    for reply in (httpx.Response(200, text="not json"), httpx.Response(200, json={"data": 1})):
+    for reply in (b"not json", json.dumps({"data": 1}).encode()):
         _check_model(settings, reply)  # not a model list: nothing to compare, no warning
     assert not caplog.records
 

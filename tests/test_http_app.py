@@ -19,6 +19,7 @@ from quart_trio import QuartTrio
 from genrm_trio.config import ConfigError, Settings
 from genrm_trio.engine import open_engine
 from genrm_trio.http.app import create_app, current_rollout_id
+from genrm_trio.judge.base import ReplicaStats
 from genrm_trio.judge.sim import FaultRule, SimConfig, SimJudge
 from genrm_trio.model import (
     CohortView,
@@ -492,6 +493,42 @@ async def test_cohorts_route() -> None:
     assert (await call(app_for(FakeEngine()), "/cohorts", method="GET"))[:2] == (200, [])
 
 
+async def test_judge_replicas_route() -> None:
+    stats = ReplicaStats(
+        replica="10.0.0.2:8000",
+        url="http://10.0.0.2:8000/v1",
+        calls=10,
+        failures=3,
+        in_flight=1,
+        ejected=True,
+        ejections=1,
+        consecutive_failures=3,
+        back_in_s=4.5,
+        latency_sum_s=2.0,
+        latency_count=8,
+        last_error="ConnectError: [Errno 111] Connection refused",
+    )
+    app = app_for(FakeEngine(replicas=[stats]))
+    status, reply, _ = await call(app, "/judge/replicas", method="GET")
+    assert status == 200
+    assert reply == [
+        {
+            "replica": "10.0.0.2:8000",
+            "url": "http://10.0.0.2:8000/v1",
+            "calls": 10,
+            "failures": 3,
+            "in_flight": 1,
+            "ejected": True,
+            "ejections": 1,
+            "consecutive_failures": 3,
+            "back_in_s": 4.5,
+            "latency_mean_s": 0.25,
+            "last_error": "ConnectError: [Errno 111] Connection refused",
+        }
+    ]
+    assert (await call(app_for(FakeEngine()), "/judge/replicas", method="GET"))[:2] == (200, [])
+
+
 async def test_openapi_route() -> None:
     status, doc, _ = await call(app_for(FakeEngine()), "/openapi.json", method="GET")
     assert status == 200
@@ -715,6 +752,7 @@ PROTECTED: list[tuple[str, str]] = [
     ("GET", "/reverify_mode"),
     ("GET", "/metrics"),
     ("GET", "/cohorts"),
+    ("GET", "/judge/replicas"),
     ("GET", "/openapi.json"),
     ("POST", "/ng-rollout/r1/verify"),
     ("GET", "/unknown"),

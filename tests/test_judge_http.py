@@ -886,12 +886,7 @@ async def test_closed_port_is_one_connect_error() -> None:
     await judge.aclose()
 
 
-async def test_pool_closes_connections_idle_past_keepalive(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import genrm_trio.judge.http as http_module
-
-    monkeypatch.setattr(http_module, "KEEPALIVE_EXPIRY_S", 0.05)
+async def test_pool_closes_connections_idle_past_keepalive() -> None:
     body = json.dumps(responses_reply()).encode()
 
     async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
@@ -901,7 +896,7 @@ async def test_pool_closes_connections_idle_past_keepalive(
     server = TinyServer(script)
     async with trio.open_nursery() as nursery:
         await server.start(nursery)
-        judge = real_judge(server.port)
+        judge = real_judge(server.port, keepalive_expiry_s=0.05)
         with trio.fail_after(5):
             async with trio.open_nursery() as calls:  # two connections
                 for _ in range(2):
@@ -1074,7 +1069,8 @@ async def test_pool_over_tls_reuses_its_connection(tmp_path: Path) -> None:
             httpx.URL(f"https://127.0.0.1:{port}"),
             ssl_context=ssl.create_default_context(cafile=str(cert)),
         )
-        request = b"POST /v1/responses HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 2\r\n\r\n{}"
+        headers = [(b"host", b"127.0.0.1"), (b"content-length", b"2")]
+        request = (b"POST", b"/v1/responses", headers, b"{}")
         with trio.fail_after(10):
             for _ in range(3):
                 status, _, reply = await pool.exchange(request)

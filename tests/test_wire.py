@@ -815,6 +815,7 @@ def test_openapi_document(auth: bool) -> None:
         "/aggregate_metrics",
         "/reverify_mode",
         "/cohorts",
+        "/judge/replicas",
         "/metrics",
         "/openapi.json",
         "/checkpoint",

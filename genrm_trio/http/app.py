@@ -26,6 +26,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTo
 from .. import __version__
 from ..checkpoint import CheckpointError, RecordsEngine, checkpoint, report_body, restore
 from ..config import Settings, read_secret
+from ..judge.base import ReplicaStats
 from ..metrics import Metrics
 from ..model import (
     CohortView,
@@ -77,6 +78,8 @@ class EngineLike(RecordsEngine, Protocol):
     async def compare(self, item: CompareInput) -> CompareResult: ...
 
     def active_cohorts(self) -> list[CohortView]: ...
+
+    def judge_replicas(self) -> list[ReplicaStats]: ...
 
 
 REJECTION_STATUS: dict[Rejection, int] = {
@@ -574,6 +577,30 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
     @app.get("/cohorts")
     async def cohorts() -> Response:
         return _reply(200, [dataclasses.asdict(view) for view in engine.active_cohorts()])
+
+    @app.get("/judge/replicas")
+    async def judge_replicas() -> Response:
+        return _reply(
+            200,
+            [
+                {
+                    "replica": stats.replica,
+                    "url": stats.url,
+                    "calls": stats.calls,
+                    "failures": stats.failures,
+                    "in_flight": stats.in_flight,
+                    "ejected": stats.ejected,
+                    "ejections": stats.ejections,
+                    "consecutive_failures": stats.consecutive_failures,
+                    "back_in_s": stats.back_in_s,
+                    "latency_mean_s": (
+                        stats.latency_sum_s / stats.latency_count if stats.latency_count else None
+                    ),
+                    "last_error": stats.last_error,
+                }
+                for stats in engine.judge_replicas()
+            ],
+        )
 
     # --- checkpoints (SPEC §17.12) --------------------------------------------------------
 

@@ -38,6 +38,7 @@ from genrm_trio.judge.base import (
     JudgeTransportError,
     ReplyStatus,
     Usage,
+    one_line,
 )
 from genrm_trio.metrics import Metrics
 from genrm_trio.verdict import Verdict, VerdictParseError, parse_overall, parse_rubric
@@ -111,7 +112,7 @@ class Comparator:
         self._settings = settings
         self._metrics = metrics
         self._rng = rng if rng is not None else random.Random()
-        self._limiter = trio.CapacityLimiter(settings.judge.max_concurrency)
+        self._limiter = trio.CapacityLimiter(settings.judge.total_concurrency)
         self._timeout = settings.judge_request_timeout_s
         self._attempts = settings.attempts
         params = settings.judge_create_params
@@ -241,6 +242,7 @@ class Comparator:
         budget_hits = 0
         completed_seen = False
         retry_after: float | None = None
+        avoid: str | None = None  # the replica whose failure caused this retry (failover)
         last_overall: Verdict | None = None  # parsed overall of the final attempt, if any
         # this attempt's output budget: the caller's, else the configured one
         budget = call.max_output_tokens if call.max_output_tokens is not None else self._budget
@@ -275,8 +277,12 @@ class Comparator:
                 self._escalations += 1
                 self._metrics.judge_budget_escalations.inc()
             attempt_call = call
-            if budget is not None and budget != call.max_output_tokens:
-                attempt_call = dataclasses.replace(call, max_output_tokens=budget)
+            if (budget is not None and budget != call.max_output_tokens) or avoid is not None:
+                attempt_call = dataclasses.replace(
+                    call,
+                    max_output_tokens=budget if budget is not None else call.max_output_tokens,
+                    avoid_replica=avoid,
+                )
             try:
                 reply = await self._attempt(attempt_call)
             except JudgeAttemptError as error:
@@ -285,15 +291,18 @@ class Comparator:
                     self._retry(cause, pair, judge_pass, n, error.describe())
                     if isinstance(error, JudgeHTTPError):
                         retry_after = error.retry_after
+                    avoid = error.replica
                     continue
+                server = error.replica or self._judge.endpoint
                 message = (
-                    f"GenRM judge {self._judge.endpoint} {self._judge.path} pair={pair} "
+                    f"GenRM judge {server} {self._judge.path} pair={pair} "
                     f"deadline={self._timeout}s: {error.describe()}"
                 )
                 raise JudgeError(
                     message, usage=usage(), attempts=n, escalations=escalations
                 ) from error
 
+            avoid = None
             if reply.input_tokens is not None and reply.output_tokens is not None:
                 usage_seen = True
                 tokens_in += reply.input_tokens
@@ -397,5 +406,5 @@ class Comparator:
             self._attempts,
             pair,
             judge_pass,
-            why,
+            one_line(why),
         )

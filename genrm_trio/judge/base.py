@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, final
+from typing import Protocol, final, runtime_checkable
 
 
 @final
@@ -25,6 +25,9 @@ class JudgeCall:
     # This attempt's output budget (`max_output_tokens`, chat `max_tokens`); None leaves the
     # configured create params alone. It travels with the attempt so a retry can ask for more.
     max_output_tokens: int | None = None
+    # A fleet's replica (its label) that failed this comparison's previous attempt: the fleet
+    # sends this attempt elsewhere when it can. Single judges ignore it.
+    avoid_replica: str | None = None
 
 
 class ReplyStatus(enum.Enum):
@@ -68,6 +71,13 @@ class Judge(Protocol):
     async def aclose(self) -> None: ...
 
 
+def one_line(text: str, limit: int = 1000) -> str:
+    """`text` for a log line: every run of whitespace (CR, LF, tabs of an HTML error page) one
+    space, cut at `limit` characters (marked with an ellipsis)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
 # --- per-attempt errors (mapped at the boundary from httpx; never escape a comparison) ---------
 
 
@@ -76,6 +86,7 @@ class JudgeAttemptError(Exception):
 
     type_name: str = "JudgeAttemptError"
     retryable: bool = False
+    replica: str | None = None  # the fleet replica (its label) the attempt went to, if any
 
     def describe(self) -> str:
         """`{ErrorType}: {message}` exactly as SPEC §17.5 fixes it (message cut at 1000 chars)."""
@@ -160,3 +171,33 @@ class JudgeError(Exception):
         self.usage = usage
         self.attempts = attempts
         self.escalations = escalations  # output-budget escalations before it failed
+
+
+# --- judges made of several replicas ------------------------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ReplicaStats:
+    """One replica's counters, for `/metrics` (label `replica`) and `GET /judge/replicas`."""
+
+    replica: str  # the label: `host:port`, or the base URL when two replicas share a host:port
+    url: str  # the base URL
+    calls: int  # attempts started
+    failures: int  # attempts that failed retryably (what ejection counts)
+    in_flight: int
+    ejected: bool
+    ejections: int  # times taken out
+    consecutive_failures: int
+    back_in_s: float | None  # seconds until a trial attempt may go to it (ejected only)
+    latency_sum_s: float  # summed over finished (not cancelled) attempts
+    latency_count: int
+    last_error: str | None  # `describe()` of the last retryable failure, cut at 200 characters
+
+
+@runtime_checkable
+class ReplicaReporting(Protocol):
+    """A judge that spreads its calls over replicas and reports each one (`JudgeFleet`); the
+    engine and `/metrics` see it through this protocol only."""
+
+    def replica_stats(self) -> list[ReplicaStats]: ...

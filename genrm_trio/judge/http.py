@@ -5,12 +5,11 @@ One `attempt()` is one POST. Every httpx failure is mapped at this boundary to a
 (`judge.attempts`), so httpx runs with no timeouts and no connection retries of its own (D15).
 
 Connections are kept by `KeepAlivePool`, an httpx transport with O(1) work per request, instead
-of httpx's default pool, whose bookkeeping grows quadratically with connections (DESIGN.md, "httpx
-pool pitfall"; measured in benchmarks/judge_client.py). It speaks HTTP/1.1 itself (a serialized
-request out, the response parsed by `_Connection`) rather than through httpcore and h11, whose
-per-exchange layers cost 0.8 ms of CPU per call against 0.2-0.26 ms now; its failures are the same
-httpx exceptions. Tests inject any other httpx transport (`httpx.MockTransport`,
-`httpx.ASGITransport`) in its place.
+of httpx's default pool, whose bookkeeping grows quadratically with connections (measured in
+benchmarks/judge_client.py, docs/architecture.md). Each connection is framed by h11
+(`judge.h11conn.H11Connection`) without httpcore's layers over it (traces, locks, a timeout
+scope per read); its failures are the httpx exceptions httpcore raised. Tests inject any other
+httpx transport (`httpx.MockTransport`, `httpx.ASGITransport`) in its place.
 """
 
 from __future__ import annotations
@@ -20,10 +19,12 @@ import email.utils
 import json
 import logging
 import math
+import os
 import re
 import select
 import ssl
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Final, final
@@ -31,7 +32,7 @@ from typing import Any, Final, final
 import httpx
 import trio
 
-from genrm_trio.config import ConfigError, Settings, read_secret
+from genrm_trio.config import ConfigError, Settings, endpoint_of, read_secret
 from genrm_trio.judge.base import (
     JudgeBadJSON,
     JudgeCall,
@@ -40,25 +41,39 @@ from genrm_trio.judge.base import (
     JudgeTransportError,
     ReplyStatus,
 )
+from genrm_trio.judge.h11conn import (
+    H11Connection,
+    OutgoingRequest,
+    ResponseTooLarge,
+    cause,
+    too_large,
+)
 from genrm_trio.text import answer_text
 
 log = logging.getLogger("genrm_trio.judge")
 
 __all__ = [
     "KEEPALIVE_EXPIRY_S",
+    "MAX_RESPONSE_BYTES",
     "HttpJudge",
     "KeepAlivePool",
+    "ResponseTooLarge",
+    "StaleConnectionError",
     "chat_body",
     "chat_params",
+    "decode_body",
     "interpret_chat",
     "interpret_responses",
+    "judge_ssl_context",
     "make_http_judge",
     "parse_retry_after",
+    "proxy_variables_set",
     "responses_body",
 ]
 
-KEEPALIVE_EXPIRY_S: Final = 5.0
-"""An idle judge connection is closed after this long (httpx's default)."""
+KEEPALIVE_EXPIRY_S: Final = 4.0
+"""An idle judge connection is closed after this long (`judge.keepalive_expiry_s`): below the
+5 s after which uvicorn (so vLLM) and hypercorn close an idle keep-alive connection."""
 
 # Transport errors that are transient (SPEC D14): connect/read/write/close failures and a
 # connection closed before a complete response. Anything else (a local protocol error, an
@@ -279,10 +294,32 @@ def _decode_json(content: bytes) -> object:
         raise JudgeBadJSON(f"{type(exc).__name__}: {exc}") from exc
 
 
-# --- the connection pool ------------------------------------------------------------------------
+def judge_ssl_context(ca_file: str | None = None) -> ssl.SSLContext:
+    """The TLS context of every judge connection and of the start-up probe: `judge.ca_file`
+    (a private CA bundle) when set; else `SSL_CERT_FILE` and/or `SSL_CERT_DIR` when set; else
+    certifi's bundle (as httpx)."""
+    if ca_file is not None:
+        return ssl.create_default_context(cafile=ca_file)
+    cafile = os.environ.get("SSL_CERT_FILE") or None
+    capath = os.environ.get("SSL_CERT_DIR") or None
+    if cafile is not None or capath is not None:
+        return ssl.create_default_context(cafile=cafile, capath=capath)
+    import certifi
 
-_RECV_BYTES: Final = 65536
-_MAX_HEAD_BYTES: Final = 64 * 1024  # status line and headers of one response (h11's limit)
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+PROXY_VARIABLES: Final = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+
+def proxy_variables_set() -> list[str]:
+    """The proxy environment variables set (any case): genrm-trio does not use them."""
+    return sorted(
+        name for name in os.environ if name.upper() in PROXY_VARIABLES and os.environ[name]
+    )
+
+
+# --- the connection pool ------------------------------------------------------------------------
 
 
 def keeps_alive(connection: bytes, default: bool) -> bool:
@@ -294,12 +331,42 @@ def keeps_alive(connection: bytes, default: bool) -> bool:
     return True if b"keep-alive" in tokens else default
 
 
-_NO_RESPONSE: Final = "Server disconnected without sending a response."
-_INCOMPLETE: Final = "peer closed connection without sending complete message body"
+MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
+"""The default `judge.max_response_bytes`: a judge reply longer than this ends the attempt."""
 
 
-class _EndOfStream(Exception):
-    """The server closed the connection (an empty read)."""
+def decode_body(headers: list[tuple[bytes, bytes]], body: bytes, limit: int) -> bytes:
+    """`body` with its `Content-Encoding` (gzip, x-gzip, deflate; identity) undone, at most
+    `limit` bytes. A server may compress although the request said `Accept-Encoding: identity`.
+    Raises httpx.DecodingError for an unknown coding or a body that does not decode, and
+    ResponseTooLarge past the limit."""
+    codings: list[bytes] = []
+    for name, value in headers:
+        if name == b"content-encoding":
+            codings.extend(c.strip().lower() for c in value.split(b",") if c.strip())
+    for coding in reversed(codings):  # the last coding applied is undone first
+        if coding == b"identity":
+            continue
+        if coding in (b"gzip", b"x-gzip"):
+            decoders = [zlib.decompressobj(zlib.MAX_WBITS | 16)]
+        elif coding == b"deflate":  # zlib-wrapped as RFC 9110 says, or raw as some servers send
+            decoders = [zlib.decompressobj(), zlib.decompressobj(-zlib.MAX_WBITS)]
+        else:
+            raise httpx.DecodingError(f"unsupported Content-Encoding {coding.decode('latin-1')!r}")
+        for number, decoder in enumerate(decoders):
+            try:
+                out = decoder.decompress(body, limit + 1)
+            except zlib.error as exc:
+                if number + 1 < len(decoders):
+                    continue
+                raise httpx.DecodingError(
+                    f"{coding.decode('latin-1')} body does not decode: {exc}"
+                ) from None
+            if len(out) > limit:
+                raise ResponseTooLarge(too_large(limit, f"{coding.decode()} body decompressed"))
+            body = out
+            break
+    return body
 
 
 def _readable(stream: trio.abc.Stream) -> bool:
@@ -316,155 +383,15 @@ def _readable(stream: trio.abc.Stream) -> bool:
     return bool(poller.poll(0))
 
 
-@final
-class _Connection:
-    """One HTTP/1.1 connection to the judge: a serialized request out, the response parsed here.
+class StaleConnectionError(httpx.RemoteProtocolError):
+    """A reused connection closed before any byte of the response: send the request again on a
+    new connection (`KeepAlivePool.exchange(..., fresh=True)`); nothing was answered."""
 
-    The response side is RFC 9112's: a status line, header lines, then a body framed by
-    Transfer-Encoding: chunked, by Content-Length, or by the end of the stream; interim 1xx
-    responses are skipped. Failures are the httpx exceptions the reference's names map to
-    (SPEC §17.5): WriteError / ReadError for a broken socket, RemoteProtocolError for a
-    connection closed before a complete response or for a response that is not HTTP/1.x.
-    """
 
-    __slots__ = ("buffer", "stream")
-
-    def __init__(self, stream: trio.abc.Stream) -> None:
-        self.stream = stream
-        self.buffer = bytearray()
-
-    async def _fill(self) -> None:
-        try:
-            data = await self.stream.receive_some(_RECV_BYTES)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
-        if not data:
-            raise _EndOfStream
-        self.buffer += data
-
-    async def exchange(
-        self, request: bytes | list[bytes], *, head: bool = False
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes, bool]:
-        """Send `request` and read its response: (status, headers, body, reusable). A request
-        in a one-item list is taken out of it, so no frame keeps it while the reply is awaited."""
-        data = request.pop() if isinstance(request, list) else request
-        try:
-            await self.stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise httpx.WriteError(str(exc) or type(exc).__name__) from exc
-        del data
-        while True:
-            status, headers, keep = await self._read_head()
-            if not 100 <= status <= 199:
-                break
-        length: int | None = None
-        chunked = False
-        for name, value in headers:
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = -1
-                if declared < 0 or (length is not None and declared != length):
-                    raise httpx.RemoteProtocolError(f"bad Content-Length {value!r}")
-                length = declared
-            elif name == b"transfer-encoding":
-                chunked = value.lower().endswith(b"chunked")
-                if not chunked:
-                    raise httpx.RemoteProtocolError(f"unsupported Transfer-Encoding {value!r}")
-        if head or status in (204, 304):
-            body = b""
-        elif chunked:
-            body = await self._read_chunked()
-        elif length is not None:
-            body = await self._read_length(length)
-        else:  # the body runs until the server closes the connection
-            try:
-                while True:
-                    await self._fill()
-            except _EndOfStream:
-                pass
-            body = bytes(self.buffer)
-            self.buffer.clear()
-            keep = False
-        return status, headers, body, keep and not self.buffer
-
-    async def _read_head(self) -> tuple[int, list[tuple[bytes, bytes]], bool]:
-        buffer = self.buffer
-        while (end := buffer.find(b"\r\n\r\n")) < 0:
-            if len(buffer) > _MAX_HEAD_BYTES:
-                raise httpx.RemoteProtocolError("response headers exceed 64 KiB")
-            try:
-                await self._fill()
-            except _EndOfStream:
-                if buffer:
-                    raise httpx.RemoteProtocolError(
-                        "peer closed connection without sending complete response headers"
-                    ) from None
-                raise httpx.RemoteProtocolError(_NO_RESPONSE) from None
-        lines = bytes(buffer[:end]).split(b"\r\n")
-        del buffer[: end + 4]
-        version, _, rest = lines[0].partition(b" ")
-        code = rest[:3]
-        if not (version in (b"HTTP/1.1", b"HTTP/1.0") and len(code) == 3 and code.isdigit()):
-            raise httpx.RemoteProtocolError(f"illegal status line: {lines[0][:100]!r}")
-        headers: list[tuple[bytes, bytes]] = []
-        keep = version == b"HTTP/1.1"
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if not colon or not name or name[-1:] in (b" ", b"\t"):
-                raise httpx.RemoteProtocolError(f"illegal header line: {line[:100]!r}")
-            name = name.lower()
-            value = value.strip(b" \t")
-            headers.append((name, value))
-            if name == b"connection":
-                keep = keeps_alive(value, keep)
-        return int(code), headers, keep
-
-    async def _read_length(self, length: int) -> bytes:
-        buffer = self.buffer
-        while len(buffer) < length:
-            try:
-                await self._fill()
-            except _EndOfStream:
-                raise httpx.RemoteProtocolError(
-                    f"{_INCOMPLETE}: received {len(buffer)} bytes, expected {length}"
-                ) from None
-        body = bytes(buffer[:length])
-        del buffer[:length]
-        return body
-
-    async def _read_chunked(self) -> bytes:
-        buffer = self.buffer
-        parts: list[bytes] = []
-        try:
-            while True:
-                while (end := buffer.find(b"\r\n")) < 0:
-                    await self._fill()
-                size_field = bytes(buffer[:end]).split(b";", 1)[0].strip()
-                try:
-                    size = int(size_field, 16)
-                except ValueError:
-                    raise httpx.RemoteProtocolError(
-                        f"illegal chunk header: {size_field[:100]!r}"
-                    ) from None
-                del buffer[: end + 2]
-                if size == 0:
-                    break
-                while len(buffer) < size + 2:
-                    await self._fill()
-                if buffer[size : size + 2] != b"\r\n":
-                    raise httpx.RemoteProtocolError("chunk data not followed by CRLF")
-                parts.append(bytes(buffer[:size]))
-                del buffer[: size + 2]
-            while True:  # trailer lines, then the empty line
-                while (end := buffer.find(b"\r\n")) < 0:
-                    await self._fill()
-                del buffer[: end + 2]
-                if end == 0:
-                    return b"".join(parts)
-        except _EndOfStream:
-            raise httpx.RemoteProtocolError(f"{_INCOMPLETE}: incomplete chunked read") from None
+# What a reused connection the server closed meanwhile fails with: the write breaks (reset), or
+# the read finds the end of the stream or a reset before any response byte.
+_STALE: Final = (httpx.WriteError, httpx.ReadError, httpx.RemoteProtocolError)
+_ENCODING_HEADERS: Final = frozenset({b"content-encoding", b"content-length"})
 
 
 @final
@@ -476,7 +403,7 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
     at 16 in flight on a 2-core machine), and even driven one connection at a time its HTTP/1.1
     layer (h11 events, traces, locks, per-read timeout scopes) was 23% of the server's CPU at
     16 groups in flight. Here a request takes the most recently used idle connection or opens a
-    new one, writes its bytes, and `_Connection` parses the response; the connection goes back
+    new one, and `H11Connection` (h11) sends the request and reads the response; it goes back
     when the response is read. A connection whose exchange did not finish (error, cancellation)
     is closed at once, shielded, so nothing leaks; an idle one the server closed meanwhile is
     noticed before use (it is readable) and replaced. Concurrency is bounded by the caller
@@ -490,17 +417,20 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
         *,
         ssl_context: ssl.SSLContext | None = None,
         keepalive_expiry: float = KEEPALIVE_EXPIRY_S,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
     ) -> None:
         self._host = origin.raw_host.decode("ascii")
+        self._max_body = max_response_bytes
         self._server_name = origin.host
         self._port = origin.port or (443 if origin.scheme == "https" else 80)
         self._ssl_context = ssl_context
         if ssl_context is not None:
             ssl_context.set_alpn_protocols(["http/1.1"])
         self._keepalive_expiry = keepalive_expiry
-        self._idle: deque[tuple[float, _Connection]] = deque()
-        self._active: set[_Connection] = set()
+        self._idle: deque[tuple[float, H11Connection]] = deque()
+        self._active: set[H11Connection] = set()
         self._closed = False
+        self.stale_retries = 0  # requests sent again after a reused connection turned out closed
 
     @property
     def connections(self) -> int:
@@ -512,13 +442,13 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
         """Connections carrying a request now."""
         return len(self._active)
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self) -> H11Connection:
         try:
             stream: trio.abc.Stream = await trio.open_tcp_stream(self._host, self._port)
         except OSError as exc:
             raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
         if self._ssl_context is None:
-            return _Connection(stream)
+            return H11Connection(stream, self._max_body)
         tls = trio.SSLStream(
             stream, self._ssl_context, server_hostname=self._server_name, https_compatible=True
         )
@@ -528,28 +458,32 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(tls)
             if isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError)):
-                raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+                # trio's error says only "BrokenResourceError"; the ssl error under it says
+                # why (CERTIFICATE_VERIFY_FAILED ... unable to get local issuer certificate).
+                raise httpx.ConnectError(f"TLS handshake failed: {cause(exc)}") from exc
             raise
-        return _Connection(tls)
+        return H11Connection(tls, self._max_body)
 
-    async def _checkout(self) -> _Connection:
-        now = time.monotonic()
-        while self._idle:
-            since, connection = self._idle.pop()
-            if since + self._keepalive_expiry >= now and not _readable(connection.stream):
-                return connection
-            await self._discard(connection)
-        return await self._connect()
+    async def _checkout(self, fresh: bool) -> tuple[H11Connection, bool]:
+        """(a connection, whether it is a reused one)."""
+        if not fresh:
+            now = trio.current_time()
+            while self._idle:
+                since, connection = self._idle.pop()
+                if since + self._keepalive_expiry >= now and not _readable(connection.stream):
+                    return connection, True
+                await self._discard(connection)
+        return await self._connect(), False
 
-    async def _discard(self, connection: _Connection) -> None:
+    async def _discard(self, connection: H11Connection) -> None:
         with trio.CancelScope(shield=True):
             try:
                 await trio.aclose_forcefully(connection.stream)
             except Exception:  # closing a broken socket may fail; it is gone either way
                 log.debug("error closing a judge connection", exc_info=True)
 
-    async def _checkin(self, connection: _Connection) -> None:
-        now = time.monotonic()
+    async def _checkin(self, connection: H11Connection) -> None:
+        now = trio.current_time()
         # Idle connections nobody took for keepalive_expiry sit at the left: close them.
         while self._idle and self._idle[0][0] + self._keepalive_expiry < now:
             await self._discard(self._idle.popleft()[1])
@@ -559,35 +493,54 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
             self._idle.append((now, connection))
 
     async def exchange(
-        self, request: bytes | list[bytes], *, head: bool = False
+        self, request: OutgoingRequest | list[OutgoingRequest], *, fresh: bool = False
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """Send one serialized HTTP/1.1 request and read the whole reply: (status, headers with
-        lower-case names, body). Raises httpx.ConnectError, WriteError, ReadError or
-        RemoteProtocolError. A request in a one-item list is dropped once it is sent."""
+        """Send one request, (method, target, headers, body), and read the whole reply:
+        (status, headers with lower-case names, body). Raises httpx.ConnectError, WriteError,
+        ReadError or RemoteProtocolError. A request in a one-item list is dropped once sent.
+
+        A request on a reused connection that fails before any byte of a response arrived
+        (the server closed the idle connection as the request went out: its keep-alive expiry
+        crossing ours) was not answered: a request given as a tuple is sent once more on a new
+        connection; one given in a list is gone, and `StaleConnectionError` asks the caller to
+        send it again with `fresh=True`. Either way this is not a failed attempt."""
         if self._closed:
             raise RuntimeError("the judge connection pool is closed")
-        connection = await self._checkout()
+        connection, reused = await self._checkout(fresh)
         self._active.add(connection)
         try:
-            status, headers, body, reusable = await connection.exchange(request, head=head)
-        except BaseException:
+            status, headers, body, reusable = await connection.exchange(request)
+        except BaseException as exc:
             # Error or cancellation mid-exchange: the connection's state is unknown, close it.
             self._active.discard(connection)
             await self._discard(connection)
+            if reused and not connection.received and isinstance(exc, _STALE):
+                self.stale_retries += 1
+                log.debug("judge connection closed by the server as it was reused (%s)", exc)
+                if isinstance(request, tuple):
+                    return await self.exchange(request, fresh=True)
+                raise StaleConnectionError(str(exc)) from exc
             raise
         self._active.discard(connection)
         if reusable:
             await self._checkin(connection)
         else:
             await self._discard(connection)
+        if any(name == b"content-encoding" for name, _ in headers):
+            body = decode_body(headers, body, self._max_body)
+            headers = [(n, v) for n, v in headers if n not in _ENCODING_HEADERS]
+            headers.append((b"content-length", b"%d" % len(body)))
         return status, headers, body
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         content = await request.aread()
-        lines = [request.method.encode("ascii") + b" " + request.url.raw_path + b" HTTP/1.1"]
-        lines.extend(name + b": " + value for name, value in request.headers.raw)
-        data = b"\r\n".join(lines) + b"\r\n\r\n" + content
-        status, headers, body = await self.exchange(data, head=request.method == "HEAD")
+        outgoing = (
+            request.method.encode("ascii"),
+            request.url.raw_path,
+            list(request.headers.raw),
+            content,
+        )
+        status, headers, body = await self.exchange(outgoing)
         return httpx.Response(status_code=status, headers=headers, content=body, request=request)
 
     async def aclose(self) -> None:
@@ -616,12 +569,21 @@ class HttpJudge:
         create_params: Mapping[str, Any],
         token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        keepalive_expiry: float = KEEPALIVE_EXPIRY_S,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._url = httpx.URL(url)
         self._endpoint = endpoint
         self._path = self._url.path
         self._api = api
-        headers = {"content-type": "application/json", "accept": "application/json"}
+        headers = {
+            "content-type": "application/json",
+            "accept": "application/json",
+            # Judge replies are JSON on a fast network: compression buys nothing. A server that
+            # compresses anyway is decoded (decode_body).
+            "accept-encoding": "identity",
+        }
         self._secret = token.encode() if token else None
         if token is not None:
             headers["authorization"] = f"Bearer {token}"
@@ -648,18 +610,18 @@ class HttpJudge:
             https = self._url.scheme == "https"
             self._pool = KeepAlivePool(
                 self._url,
-                ssl_context=httpx.create_ssl_context() if https else None,
-                keepalive_expiry=KEEPALIVE_EXPIRY_S,
+                ssl_context=(ssl_context or judge_ssl_context()) if https else None,
+                keepalive_expiry=keepalive_expiry,
+                max_response_bytes=max_response_bytes,
             )
             transport = self._pool
         self._transport: Final = transport
-        # The built-in pool takes the request as bytes: its head is the same for every call
-        # but for the length.
-        head = [b"POST " + self._url.raw_path + b" HTTP/1.1", b"host: " + self._url.netloc]
-        head.extend(
-            key.encode("ascii") + b": " + value.encode("latin-1") for key, value in headers.items()
-        )
-        self._request_head: Final = b"\r\n".join(head) + b"\r\ncontent-length: "
+        # The built-in pool takes the request as (method, target, headers, body): the headers
+        # are the same for every call but for the length.
+        self._target: Final = self._url.raw_path
+        self._header_list: Final = [(b"host", self._url.netloc)] + [
+            (key.encode("ascii"), value.encode("latin-1")) for key, value in headers.items()
+        ]
         self._closed = False
         self._in_flight = 0
 
@@ -698,9 +660,16 @@ class HttpJudge:
             if self._pool is not None:
                 # Handed over in a list the pool empties: with a 200 ms judge and 1,024 calls in
                 # flight, the prompt's bytes held twice for the wait were ~6 MB.
-                request = [self._request_head + b"%d\r\n\r\n" % len(content) + content]
+                request = [self._outgoing(content)]
                 del content
-                status, raw_headers, body = await self._pool.exchange(request)
+                try:
+                    status, raw_headers, body = await self._pool.exchange(request)
+                except StaleConnectionError:
+                    # Not answered, not an attempt: once more, on a new connection.
+                    content = json.dumps(self._build(call)).encode("ascii")
+                    request = [self._outgoing(content)]
+                    del content
+                    status, raw_headers, body = await self._pool.exchange(request, fresh=True)
                 retry_after = _raw_header(raw_headers, b"retry-after")
             else:
                 status, body, retry_after = await self._send_httpx(content)
@@ -711,6 +680,10 @@ class HttpJudge:
         if not 200 <= status <= 299:
             raise JudgeHTTPError(status, self._redact(body), parse_retry_after(retry_after))
         return self._interpret(_decode_json(body))
+
+    def _outgoing(self, content: bytes) -> OutgoingRequest:
+        headers = [*self._header_list, (b"content-length", b"%d" % len(content))]
+        return (b"POST", self._target, headers, content)
 
     def _redact(self, body: bytes) -> bytes:
         """An error body quoted in failure reasons and logs must not carry credentials: a judge
@@ -740,21 +713,34 @@ class HttpJudge:
 
 
 def make_http_judge(
-    settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None
+    settings: Settings,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    base_url: str | None = None,
 ) -> HttpJudge:
-    """The judge `settings.judge` describes; `transport` replaces the network (tests)."""
+    """The judge `settings.judge` describes (at `base_url`, one replica of a fleet, when given);
+    `transport` replaces the network (tests)."""
     judge = settings.judge
-    if judge.base_url is None:
+    if base_url is None:
+        if judge.base_url is not None and not isinstance(judge.base_url, str):
+            raise ConfigError(
+                "settings", "judge.base_url", "a list of URLs is a fleet: use make_judge"
+            )
+        base_url = judge.base_url
+    if base_url is None:
         raise ConfigError("settings", "judge.base_url", "required for an HTTP judge")
     suffix = "/responses" if judge.api == "responses" else "/chat/completions"
     token = None
     if judge.api_key_env:
         token = read_secret(judge.api_key_env, key="judge.api_key_env")
     return HttpJudge(
-        url=judge.base_url.rstrip("/") + suffix,
-        endpoint=judge.endpoint,
+        url=base_url.rstrip("/") + suffix,
+        endpoint=endpoint_of(base_url),
         api=judge.api,
         create_params=settings.judge_create_params,
         token=token,
         transport=transport,
+        keepalive_expiry=judge.keepalive_expiry_s,
+        max_response_bytes=judge.max_response_bytes,
+        ssl_context=judge_ssl_context(judge.ca_file) if base_url.startswith("https:") else None,
     )

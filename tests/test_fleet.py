@@ -1,0 +1,466 @@
+"""The judge fleet (genrm_trio.judge.fleet) in virtual time: routing by fewest in flight with
+round-robin ties, failover of a comparison's retry to another replica, ejection and return,
+per-replica caps and counters, and a three-replica run through the engine where one replica is
+killed and comes back while another answers 500 to everything."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import trio
+import trio.lowlevel
+import trio.testing
+from judges import default_verdict, gather, member, verdict_text
+
+from genrm_trio.config import Settings, settings_from_mapping
+from genrm_trio.engine import open_engine
+from genrm_trio.judge.base import (
+    JudgeCall,
+    JudgeHTTPError,
+    JudgeReply,
+    JudgeTransportError,
+    ReplyStatus,
+)
+from genrm_trio.judge.fleet import JudgeFleet, make_judge
+from genrm_trio.judge.http import HttpJudge
+from genrm_trio.model import Masked, Scored
+
+CALL = JudgeCall([{"role": "user", "content": "q"}], "a1", "a2", None)
+
+
+@dataclass
+class Replica:
+    """A fake judge replica: `ok` answers after `latency`, `dead` refuses at once (and fails the
+    calls in flight when killed), `http500` answers 500 at once."""
+
+    name: str
+    latency: float = 1.0
+    mode: str = "ok"
+    log: list[tuple[float, str]] = field(default_factory=list)  # (start, outcome)
+    in_flight: int = 0
+    _killed: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.name}:8000"
+
+    @property
+    def path(self) -> str:
+        return "/v1/responses"
+
+    def outcomes(self) -> Counter[str]:
+        return Counter(outcome for _, outcome in self.log)
+
+    def kill(self) -> None:
+        self.mode = "dead"
+        self._killed.set()
+        self._killed = trio.Event()
+
+    async def attempt(self, call: JudgeCall) -> JudgeReply:
+        started = trio.current_time()
+        self.in_flight += 1
+        try:
+            await trio.lowlevel.checkpoint()
+            if self.mode == "dead":
+                self.log.append((started, "refused"))
+                raise JudgeTransportError("ConnectError", "[Errno 111] Connection refused")
+            if self.mode == "http500":
+                self.log.append((started, "500"))
+                raise JudgeHTTPError(500, b"<html>\r\n<b>Internal error</b>\r\n</html>")
+            killed = self._killed
+            with trio.move_on_after(self.latency):
+                await killed.wait()
+            if killed.is_set():
+                self.log.append((started, "reset"))
+                raise JudgeTransportError("ReadError", "[Errno 104] Connection reset by peer")
+            self.log.append((started, "ok"))
+            text = verdict_text(*default_verdict(call.response_1, call.response_2))
+            return JudgeReply(ReplyStatus.COMPLETED, text, 100, 10)
+        finally:
+            self.in_flight -= 1
+
+    async def aclose(self) -> None:
+        pass
+
+
+def fleet(*replicas: Replica, **kwargs: Any) -> JudgeFleet:
+    return JudgeFleet([(f"http://{r.name}:8000/v1", r) for r in replicas], **kwargs)
+
+
+# --- routing ------------------------------------------------------------------------------------
+
+
+async def test_sequential_calls_go_round_robin(autojump_clock: trio.testing.MockClock) -> None:
+    a, b, c = Replica("a", 1.0), Replica("b", 1.0), Replica("c", 1.0)
+    judge = fleet(a, b, c)
+    for _ in range(7):
+        await judge.attempt(CALL)
+    assert [len(r.log) for r in (a, b, c)] == [3, 2, 2]
+    starts = sorted((start, r.name) for r in (a, b, c) for start, _ in r.log)
+    assert [name for _, name in starts] == ["a", "b", "c", "a", "b", "c", "a"]
+
+
+async def test_fewest_in_flight_wins(autojump_clock: trio.testing.MockClock) -> None:
+    slow, fast = Replica("slow", 10.0), Replica("fast", 0.5)
+    judge = fleet(slow, fast)
+    async with trio.open_nursery() as nursery:
+        for _ in range(10):
+            nursery.start_soon(judge.attempt, CALL)
+            await trio.sleep(1.0)  # one new call a second
+    # The first goes to slow (round robin), which then holds it for 10 s; fast (0.5 s) is free
+    # again each time and wins every later choice.
+    assert (len(slow.log), len(fast.log)) == (1, 9)
+    stats = {s.replica: s for s in judge.replica_stats()}
+    assert (stats["slow:8000"].calls, stats["fast:8000"].calls) == (1, 9)
+    assert stats["slow:8000"].latency_sum_s == 10.0
+    assert stats["fast:8000"].latency_sum_s == 4.5
+    assert stats["fast:8000"].in_flight == 0
+
+
+async def test_per_replica_cap_makes_calls_wait(autojump_clock: trio.testing.MockClock) -> None:
+    a, b = Replica("a", 1.0), Replica("b", 1.0)
+    judge = fleet(a, b, max_in_flight_per_replica=2)
+    ends: list[float] = []
+
+    async def one() -> None:
+        await judge.attempt(CALL)
+        ends.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(6):
+            nursery.start_soon(one)
+    assert sorted(ends) == [1.0] * 4 + [2.0] * 2
+    assert (len(a.log), len(b.log)) == (3, 3)
+
+
+# --- failover and ejection ----------------------------------------------------------------------
+
+
+async def test_retry_goes_to_another_replica(autojump_clock: trio.testing.MockClock) -> None:
+    a, b = Replica("a", 1.0, mode="http500"), Replica("b", 1.0)
+    judge = fleet(a, b)
+    with pytest.raises(JudgeHTTPError) as info:
+        await judge.attempt(CALL)  # round robin: a first
+    assert info.value.replica == "a:8000"
+    # The comparator's next attempt names the replica to avoid: b, although a has 0 in flight
+    # and comes next in the round robin.
+    await judge.attempt(JudgeCall(CALL.history, "a1", "a2", None, avoid_replica="a:8000"))
+    with pytest.raises(JudgeHTTPError):  # b is next in the round robin, but avoided
+        await judge.attempt(JudgeCall(CALL.history, "a1", "a2", None, avoid_replica="b:8000"))
+    assert a.outcomes() == Counter({"500": 2})
+    assert b.outcomes() == Counter({"ok": 1})
+    # With nowhere else to go, the avoided replica still gets the attempt.
+    alone = fleet(Replica("c", 1.0))
+    await alone.attempt(JudgeCall(CALL.history, "a1", "a2", None, avoid_replica="c:8000"))
+    assert alone.replica_stats()[0].calls == 1
+
+
+async def test_ejection_backoff_trial_and_return(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="genrm_trio.judge")
+    sick, healthy = Replica("sick", 1.0, mode="http500"), Replica("healthy", 1.0)
+    judge = fleet(sick, healthy, eject_after_failures=3, eject_backoff_s=5.0)
+
+    async def calls_until(end: float) -> None:
+        """One call after another (a failure is instant, an answer takes 1 s) until `end`."""
+        while trio.current_time() < end:
+            with contextlib.suppress(JudgeHTTPError):
+                await judge.attempt(CALL)
+
+    # Round robin: sick fails at t = 0, 1, 2 (healthy answers in between); the third failure
+    # ejects it at t = 2.
+    await calls_until(2.5)
+    assert [start for start, _ in sick.log] == [0.0, 1.0, 2.0]
+    stats = judge.replica_stats()[0]
+    assert (stats.ejected, stats.ejections, stats.consecutive_failures) == (True, 1, 3)
+    assert stats.back_in_s == pytest.approx(5.0 - (trio.current_time() - 2.0))
+    # Out for 5 s although it has nothing in flight; at t = 7 one trial, which fails and
+    # doubles the back-off: the next trial is at t = 17.
+    await calls_until(16.5)
+    assert [start for start, _ in sick.log] == [0.0, 1.0, 2.0, 7.0]
+    assert judge.replica_stats()[0].ejected
+    # It heals; the trial at t = 17 brings it back at t = 18, and round robin resumes.
+    sick.mode = "ok"
+    await calls_until(21.5)
+    assert [start for start, _ in sick.log] == [0.0, 1.0, 2.0, 7.0, 17.0, 19.0, 21.0]
+    assert sick.outcomes() == Counter({"500": 4, "ok": 3})
+    stats = judge.replica_stats()[0]
+    assert (stats.ejected, stats.ejections, stats.calls, stats.failures) == (False, 1, 7, 4)
+    lines = [r.getMessage() for r in caplog.records if "judge replica sick:8000" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "ejected after 3 consecutive failed attempts" in lines[0]
+    assert "response=<html> <b>Internal error</b> </html>" in lines[0]  # one line
+    assert "is back after 16.0s out" in lines[1]
+
+
+async def test_every_replica_ejected_still_tries_the_least_recently_failed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    a, b = Replica("a", mode="dead"), Replica("b", mode="dead")
+    judge = fleet(a, b, eject_after_failures=1, eject_backoff_s=100.0)
+    with pytest.raises(JudgeTransportError):
+        await judge.attempt(CALL)  # a, ejected
+    await trio.sleep(1)
+    with pytest.raises(JudgeTransportError):
+        await judge.attempt(CALL)  # b, ejected
+    assert all(s.ejected for s in judge.replica_stats())
+    await trio.sleep(1)
+    with pytest.raises(JudgeTransportError) as info:
+        await judge.attempt(CALL)  # both out: the one that failed longest ago
+    assert info.value.replica == "a:8000"
+    await trio.sleep(1)
+    with pytest.raises(JudgeTransportError) as info:
+        await judge.attempt(CALL)
+    assert info.value.replica == "b:8000"
+    b.mode = "ok"
+    await trio.sleep(1)
+    with pytest.raises(JudgeTransportError) as info:
+        await judge.attempt(CALL)  # a failed at t = 2, b at t = 3: a again
+    assert info.value.replica == "a:8000"
+    await trio.sleep(1)
+    await judge.attempt(CALL)  # now b, and its answer brings it back
+    assert [s.ejected for s in judge.replica_stats()] == [True, False]
+    assert (len(a.log), len(b.log)) == (3, 3)
+    await judge.attempt(CALL)  # in service again: b, although a is next in the round robin
+    assert (len(a.log), len(b.log)) == (3, 4)
+
+
+async def test_cancelled_attempt_is_neither_answer_nor_failure(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    a = Replica("a", latency=10.0)
+    judge = fleet(a, eject_after_failures=1)
+    with trio.move_on_after(1.0):
+        await judge.attempt(CALL)
+    (stats,) = judge.replica_stats()
+    assert (stats.calls, stats.failures, stats.in_flight, stats.ejected) == (1, 0, 0, False)
+    assert stats.latency_count == 0
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+
+def test_make_judge_single_url_is_an_http_judge_and_a_list_a_fleet() -> None:
+    one = make_judge(settings_from_mapping({"judge": {"base_url": "http://h:1/v1"}}))
+    assert isinstance(one, HttpJudge)
+    many = make_judge(
+        settings_from_mapping({"judge": {"base_url": ["http://h:1/v1", "http://h:2/v1/"]}})
+    )
+    assert isinstance(many, JudgeFleet)
+    assert many.replicas == ["h:1", "h:2"]
+    assert many.path == "/v1/responses"
+    same_host = make_judge(
+        settings_from_mapping({"judge": {"base_url": ["http://h:1/v1", "http://h:1/w/v1"]}})
+    )
+    assert isinstance(same_host, JudgeFleet)
+    assert same_host.replicas == ["http://h:1/v1", "http://h:1/w/v1"]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([], "non-empty list"),
+        (["http://h:1/v1", "ftp://h/v1"], "item 1: must be an absolute http(s) URL"),
+        (["http://h:1/v1", "http://h:1/v1/"], "item 1: http://h:1/v1 is listed twice"),
+        ([1], "item 0: must be a URL string"),
+        (7, "must be a URL or a non-empty list"),
+    ],
+)
+def test_bad_url_lists_are_config_errors(value: object, message: str) -> None:
+    from genrm_trio.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        settings_from_mapping({"judge": {"base_url": value}})
+    assert info.value.key == "judge.base_url"
+    assert message in info.value.message
+
+
+def test_total_concurrency_is_capped_by_the_replica_caps() -> None:
+    def total(**judge: Any) -> int:
+        return settings_from_mapping({"judge": judge}).judge.total_concurrency
+
+    urls = ["http://h:1/v1", "http://h:2/v1", "http://h:3/v1"]
+    assert total(base_url=urls, max_concurrency=256) == 256
+    assert total(base_url=urls, max_concurrency=256, max_concurrency_per_replica=50) == 150
+    assert total(base_url=urls, max_concurrency=100, max_concurrency_per_replica=50) == 100
+    assert total(base_url="http://h:1/v1", max_concurrency_per_replica=5) == 256
+
+
+# --- three replicas through the engine ----------------------------------------------------------
+
+N = 4  # circular: 4 comparisons a group
+GROUPS = 40
+EVERY_S = 0.5  # a group of 4 every 0.5 s, t = 0 .. 19.5
+KILL_AT, REVIVE_AT = 4.25, 7.75
+
+
+def fleet_settings() -> Settings:
+    return Settings.model_validate(
+        {
+            "num_rollouts_per_prompt": N,
+            "cohort_collection_timeout_s": 100.0,
+            "cohort_evaluation_timeout_s": 100.0,
+            "judge_request_timeout_s": 10.0,
+            "genrm_parse_retries": 3,
+            "genrm_parse_retry_sleep_s": 0.1,
+            "judge": {
+                "base_url": ["http://a:8000/v1", "http://b:8000/v1", "http://c:8000/v1"],
+                "eject_after_failures": 3,
+                "eject_backoff_s": 5.0,
+            },
+        }
+    )
+
+
+async def run_three_replicas() -> tuple[list[Any], Replica, Replica, Replica, JudgeFleet, bytes]:
+    a, b, c = Replica("a", 1.0), Replica("b", 1.0, mode="http500"), Replica("c", 1.0)
+    config = fleet_settings()
+    judge = fleet(a, b, c, eject_after_failures=3, eject_backoff_s=5.0)
+    replies: list[Any] = []
+
+    async def script() -> None:
+        await trio.sleep(KILL_AT)
+        a.kill()  # refuses from now on; its calls in flight are reset
+        await trio.sleep(REVIVE_AT - KILL_AT)
+        a.mode = "ok"  # restarted
+
+    async def group(g: int) -> None:
+        await trio.sleep(g * EVERY_S)
+        replies.extend(await gather(engine, [member(i, group=f"g{g}") for i in range(N)]))
+
+    with trio.fail_after(3600):
+        async with open_engine(config, judge) as engine, trio.open_nursery() as nursery:
+            nursery.start_soon(script)
+            for g in range(GROUPS):
+                nursery.start_soon(group, g)
+        rendered = engine.metrics.render()
+    return replies, a, b, c, judge, rendered
+
+
+async def test_three_replicas_one_killed_one_500_one_back_masks_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    replies, a, b, c, judge, rendered = await run_three_replicas()
+    assert len(replies) == GROUPS * N
+    assert not [r for r in replies if isinstance(r, Masked)]
+    assert all(isinstance(r, Scored) for r in replies)
+    comparisons = GROUPS * N
+    ok = a.outcomes()["ok"] + c.outcomes()["ok"]
+    assert ok == comparisons  # every comparison answered once, by a healthy replica
+    # b answers 500 to everything: three attempts eject it, then one trial per back-off (5 s,
+    # 10 s: at t ~ 5 and ~ 15), each failing over to a healthy replica.
+    assert b.outcomes() == Counter({"500": 5}), b.log
+    # a: killed at 4.25 with calls in flight (reset), ejected, out until its trial 5 s later
+    # (it was back up at 7.75), then in service again.
+    assert a.outcomes()["refused"] == 0  # ejected before any new call reached the dead port
+    assert a.outcomes()["reset"] == 4  # its calls in flight at the kill
+    a_starts = [start for start, _ in a.log]
+    assert not [t for t in a_starts if KILL_AT < t < KILL_AT + 5.0]
+    # While both healthy replicas serve, each takes half of the attempts, within a few points.
+    for lo, hi in ((0.0, KILL_AT), (KILL_AT + 6.0, GROUPS * EVERY_S)):
+        a_n = sum(1 for t, _ in a.log if lo <= t < hi)
+        c_n = sum(1 for t, _ in c.log if lo <= t < hi)
+        assert abs(a_n / (a_n + c_n) - 0.5) <= 0.03, (lo, hi, a_n, c_n)
+    # Exact counts per replica, as the fleet counted them and as /metrics shows them.
+    stats = {s.replica: s for s in judge.replica_stats()}
+    for replica in (a, b, c):
+        s = stats[replica.endpoint]
+        assert s.calls == len(replica.log)
+        assert s.failures == sum(1 for _, o in replica.log if o != "ok")
+        assert s.in_flight == 0
+        line = f'genrm_trio_judge_replica_calls_total{{replica="{replica.endpoint}"}} {s.calls}.0'
+        assert line.encode() in rendered
+    assert (stats["a:8000"].ejected, stats["b:8000"].ejected, stats["c:8000"].ejected) == (
+        False,
+        True,
+        False,
+    )
+    assert stats["a:8000"].ejections == 1
+    assert b'genrm_trio_judge_replica_ejected{replica="b:8000"} 1.0' in rendered
+    assert math.isclose(stats["c:8000"].latency_sum_s / stats["c:8000"].latency_count, 1.0)
+
+
+async def test_three_replica_counts_are_exact_and_repeatable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    first = await run_three_replicas()
+    counts = [(len(r.log), dict(r.outcomes())) for r in first[1:4]]
+    for _ in range(3):
+        again = await run_three_replicas()
+        assert [(len(r.log), dict(r.outcomes())) for r in again[1:4]] == counts
+
+
+async def test_comparator_fails_over_and_names_the_replica_of_the_last_attempt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from genrm_trio.judge.attempts import Comparator
+    from genrm_trio.judge.base import JudgeError
+    from genrm_trio.metrics import Metrics
+
+    config = fleet_settings()  # 4 attempts, 0.1 s apart
+    a, b, c = (Replica(name, 1.0, mode="http500") for name in "abc")
+    judge = fleet(a, b, c, eject_after_failures=3)
+    comparator = Comparator(judge, config, Metrics())
+    with pytest.raises(JudgeError) as info:
+        await comparator.compare(CALL, pair=(0, 1), judge_pass=0)
+    # Each retry avoids the replica that just failed: a, b, c, then a again.
+    starts = sorted((start, r.name) for r in (a, b, c) for start, _ in r.log)
+    assert [name for _, name in starts] == ["a", "b", "c", "a"]
+    assert info.value.attempts == 4
+    assert info.value.message.startswith("GenRM judge a:8000 /v1/responses pair=(0, 1) ")
+    # One healthy replica is enough: b (next in the round robin) fails, the retry finds c.
+    c.mode = "ok"
+    result = await comparator.compare(CALL, pair=(0, 1), judge_pass=0)
+    assert result.attempts == 2
+    assert (len(a.log), len(b.log), c.outcomes()) == (2, 2, Counter({"500": 1, "ok": 1}))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("eject_after_failures", 4, "less than or equal to 3"),
+        ("eject_after_failures", 0, "greater than or equal to 1"),
+        ("eject_backoff_s", 0.0, "must be > 0"),
+        ("keepalive_expiry_s", -1.0, "must be > 0"),
+        ("keepalive_expiry_s", math.inf, "must be finite"),
+        ("max_concurrency_per_replica", 0, "greater than or equal to 1"),
+        ("max_response_bytes", 100, "greater than or equal to 1024"),
+        ("ca_file", "/nonexistent/ca.pem", "/nonexistent/ca.pem is not a file"),
+    ],
+)
+def test_new_judge_keys_are_validated(key: str, value: object, message: str) -> None:
+    from genrm_trio.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        settings_from_mapping({"judge": {"base_url": "http://h:1/v1", key: value}})
+    assert info.value.key == f"judge.{key}"
+    assert message in info.value.message
+
+
+def test_replica_settings_reach_the_fleet_and_its_judges() -> None:
+    config = settings_from_mapping(
+        {
+            "judge": {
+                "base_url": ["http://h:1/v1", "https://h:2/v1"],
+                "max_concurrency_per_replica": 7,
+                "eject_after_failures": 2,
+                "eject_backoff_s": 1.5,
+                "keepalive_expiry_s": 2.5,
+                "max_response_bytes": 4096,
+            }
+        }
+    )
+    judge = make_judge(config)
+    assert isinstance(judge, JudgeFleet)
+    assert (judge._cap, judge._threshold, judge._backoff) == (7, 2, 1.5)
+    pools = [replica.judge._pool for replica in judge._replicas]  # type: ignore[attr-defined]
+    assert [pool._keepalive_expiry for pool in pools] == [2.5, 2.5]
+    assert [pool._max_body for pool in pools] == [4096, 4096]
+    assert [pool._ssl_context is not None for pool in pools] == [False, True]
