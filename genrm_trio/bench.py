@@ -31,7 +31,7 @@ from rich.table import Table
 
 Mode = Literal["verify", "compare"]
 
-# Every Responses create-params key the simple agent sends, mostly null (SPEC §2.2).
+# Every Responses create-params key the simple agent sends, mostly null (docs/http-api.md).
 _AGENT_CREATE_PARAMS: dict[str, Any] = {
     "background": None,
     "context_management": None,

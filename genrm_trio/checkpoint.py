@@ -1,4 +1,6 @@
-"""Checkpoint v1 (SPEC §17.12): the JSON export of terminal cohorts and watermarks, and its parser.
+"""Checkpoint v1: the JSON export of terminal cohorts and watermarks, and its parser.
+
+The format and the restore rules are docs/durable-state.md, "Checkpoint format, version 1".
 
 ``export_checkpoint`` and ``parse_checkpoint`` are pure functions over
 :class:`~genrm_trio.cohort.records.TerminalRecord` and
@@ -39,7 +41,7 @@ CHECKPOINT_VERSION: Final = 1
 @final
 @dataclass(frozen=True, slots=True)
 class RestoreReport:
-    """What a restore merged (SPEC §17.12 merge semantics): `Engine.restore_records`'s result."""
+    """What a restore merged (docs/durable-state.md, "Restore rules"); `restore_records` result."""
 
     added: int = 0
     unchanged: int = 0
@@ -79,7 +81,8 @@ _MEMBER_KEYS: Final = frozenset({"response_digest", "masked_alone", "failure_rea
 _WATERMARK_KEYS: Final = frozenset({"latest_attempt", "prompt_digest"})
 _HEX64: Final = re.compile(r"[0-9a-f]{64}")
 _INT: Final = r"(?:0|-?[1-9][0-9]*)"
-# A prompt digest: sha256 hex, then the optional baseline and rubric suffixes of SPEC §8.1.
+# A prompt digest: sha256 hex, then the optional baseline and rubric suffixes
+# (docs/architecture.md, "Keys, digests and replay").
 _PROMPT_DIGEST: Final = re.compile(
     rf"(?P<base>[0-9a-f]{{64}})(?P<suffix>(?::[0-9a-f]{{64}})?(?::rubrics:(?P<ids>{_INT}(?:,{_INT})*)?)?)"
 )
@@ -222,7 +225,7 @@ def _prompt_digest(value: object, path: str) -> tuple[str, str, str]:
 def _check_key(
     key: str, group_id: str | None, attempt: int, base: str, suffix: str, path: str
 ) -> None:
-    """The key must be the one the engine derives from the group id / prompt (SPEC §8.1)."""
+    """The key must be the one the engine derives from the group id / prompt."""
     if group_id is not None:
         expected = f"group_id::{group_id}::group_attempt::{attempt}{suffix}"
         if key != expected:
@@ -378,13 +381,13 @@ def checkpoint(engine: RecordsEngine) -> dict[str, Any]:
 
 async def restore(engine: RecordsEngine, data: object, *, num_rollouts: int) -> RestoreReport:
     """``POST /checkpoint``: validate all of ``data`` first (CheckpointError → nothing applied),
-    then merge it into the engine (SPEC §17.12: added / unchanged / conflict)."""
+    then merge it into the engine (docs/durable-state.md: added / unchanged / conflict)."""
     records, marks = parse_checkpoint(data, num_rollouts=num_rollouts)
     return await engine.restore_records(records, marks)
 
 
 def report_body(report: RestoreReport) -> dict[str, Any]:
-    """The ``POST /checkpoint`` reply of SPEC §17.12."""
+    """The ``POST /checkpoint`` reply (docs/durable-state.md, "Restore rules")."""
     return {
         "added": report.added,
         "unchanged": report.unchanged,

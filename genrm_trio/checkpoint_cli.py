@@ -1,4 +1,4 @@
-"""`genrm-trio checkpoint export|restore --url URL [FILE]` (SPEC §16.5, §17.12).
+"""`genrm-trio checkpoint export|restore --url URL [FILE]` (docs/durable-state.md, "The command").
 
 `export` writes the server's `GET /checkpoint` body to FILE (atomically: a temporary file in the
 same directory, fsynced, then renamed) or to stdout. `restore` sends FILE (or stdin) to

@@ -3,8 +3,8 @@
 Starts the service (the real engine and HTTP app on hypercorn, 127.0.0.1, a free port) with the
 in-process simulated judge, sends every rollout of every group to `POST /verify` over real HTTP,
 and shows the rewards and masks as a table. One group has an answer that makes the judge fail, so
-the two comparisons touching it fail and exactly their three rollouts are masked (SPEC §9.2),
-while the other 13 keep their scores. Exits 0 only if every group came out as intended.
+the two comparisons touching it fail and exactly their three rollouts are masked, while the other
+13 keep their scores. Exits 0 only if every group came out as intended.
 """
 
 from __future__ import annotations
@@ -364,7 +364,7 @@ def _shorten(text: str, limit: int) -> str:
 
 @final
 class _Collect(logging.Handler):
-    """Keeps the §9.7 dropped/masked log lines to show them after the table."""
+    """Keeps the dropped-comparison and masked-rollout log lines to show them after the table."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)

@@ -3,20 +3,22 @@
 ``open_engine(settings, judge)`` opens the nursery that owns every cohort's run (collection
 deadline, then evaluation under the group deadline) and every `/verify` judge call; request
 handlers only attach waiters and wait, so a client disconnect cancels its own wait and never a
-cohort (SPEC §8.11, §8.13). Cohort tasks start in a fresh, empty ``contextvars`` context so that
-no per-request variable leaks into shared judge calls. `/compare` runs in the request's own task
-and context, fail-fast (§9.5), under ``cohort_evaluation_timeout_s`` (D27).
+cohort (docs/architecture.md, "How cancellation flows"). Cohort tasks start in a fresh, empty
+``contextvars`` context so that no per-request variable leaks into shared judge calls. `/compare`
+runs in the request's own task and context, fail-fast, under ``cohort_evaluation_timeout_s``
+(docs/differences.md, D40 / D27).
 
-The request algorithm is SPEC §8.4, in order. The registry section (prune, watermarks,
-supersession, get-or-create) is synchronous under one lock, and so is attaching, so a state
-transition (the final arrival's ``start_judging`` or the collection timer's ``fail``) decides
-every race: all members get rewards or none do. With a durable store the section only *queues*
-its commit points (§17.11: the advanced watermark, the new cohort's ``open`` record) in registry
-order; the request then leaves the lock, waits for its commits, and attaches only after them.
-Members of a cohort whose ``open`` record is still being committed wait for it (a per-cohort
-event set by the creating request) before they attach; ``_attach`` re-reads the cohort's state
-afterwards, so a cohort superseded or shut down meanwhile answers with its failure. The store
-applies commits in submission order, so it sees watermark, then ``open``, then terminal.
+The request algorithm is docs/architecture.md "One /verify request", in order. The registry
+section (prune, watermarks, supersession, get-or-create) is synchronous under one lock, and so is
+attaching, so a state transition (the final arrival's ``start_judging`` or the collection timer's
+``fail``) decides every race: all members get rewards or none do. With a durable store the
+section only *queues* its commit points (docs/architecture.md "Durable-state commit points": the
+advanced watermark, the new cohort's ``open`` record) in registry order; the request then
+leaves the lock, waits for its commits, and attaches only after them. Members of a cohort whose
+``open`` record is still being committed wait for it (a per-cohort event set by the creating
+request) before they attach; ``_attach`` re-reads the cohort's state afterwards, so a cohort
+superseded or shut down meanwhile answers with its failure. The store applies commits in
+submission order, so it sees watermark, then ``open``, then terminal.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ _legacy_attempt_logged = False
 
 
 def _log_legacy_attempt_once() -> None:
-    """The once-per-process migration line of SPEC §2.2 (a log record, never warnings.warn)."""
+    """The once-per-process attempt-omitted line (a log record, never warnings.warn)."""
     global _legacy_attempt_logged
     if not _legacy_attempt_logged:
         _legacy_attempt_logged = True
@@ -204,7 +206,7 @@ class Engine:
         return self._closed
 
     def active_cohorts(self) -> list[CohortView]:
-        """Collecting and judging cohorts, oldest first (``GET /cohorts``, SPEC §17.13)."""
+        """Collecting and judging cohorts, oldest first (``GET /cohorts``, docs/http-api.md)."""
         return self._registry.views(trio.current_time())
 
     def judge_replicas(self) -> list[ReplicaStats]:
@@ -227,8 +229,8 @@ class Engine:
         )
 
     async def aclose(self) -> None:
-        """Shutdown (SPEC §8.12, D28): refuse new work, fail active cohorts with 503, cancel
-        timers, evaluations and `/compare` calls, wait for them, then clear every record."""
+        """Shutdown (docs/differences.md, D28): refuse new work, fail active cohorts with 503,
+        cancel timers, evaluations and `/compare` calls, wait for them, then clear every record."""
         if not self._closed:
             self._closed = True  # refuse new requests at once (D28)
             async with self._lock:  # let a request already inside the registry finish
@@ -242,12 +244,13 @@ class Engine:
     # --- /verify ----------------------------------------------------------------------------
 
     async def verify(self, item: VerifyInput) -> MemberOutcome:
-        """One `/verify` request (SPEC §8.4). Raises RequestRejected for 422, 409 and 503
-        refusals; a cohort-kind GroupFailed is the caller's 503, the others are 200 rows."""
+        """One `/verify` request (docs/architecture.md, "One /verify request"). Raises
+        RequestRejected for 422, 409 and 503 refusals; a cohort-kind GroupFailed is the caller's
+        503, the others are 200 rows."""
         arrival = self._arrive(item)
         # From here a request holds only what its cohort needs (queued at the registry lock, a
         # few hundred bytes beside its answer text), then only its cohort, slot and waiter
-        # token: the decoded body stays the caller's (SPEC D22).
+        # token: the decoded body stays the caller's (docs/differences.md, D22).
         del item
         if not isinstance(arrival, _Arrival):
             return arrival
@@ -260,7 +263,7 @@ class Engine:
         try:
             await cohort.released.wait()
         except BaseException:
-            # Detach only this request (SPEC §8.11); shielded so it completes even if it awaits.
+            # Detach only this request; shielded so it completes even if it awaits.
             with trio.CancelScope(shield=True):  # noqa: ASYNC100
                 slot = cohort.members.get(index)
                 if slot is not None and attached in slot.waiters:
@@ -271,8 +274,9 @@ class Engine:
         return outcome
 
     def _arrive(self, item: VerifyInput) -> _Arrival | MemberOutcome:
-        """Steps 1-6 of SPEC §8.4: validate, key and digest the request. Returns the singleton
-        outcome, or what the rest of the request needs of it."""
+        """Validate, key and digest the request (docs/architecture.md "One /verify request",
+        step 3, up to the lock). Returns the singleton outcome, or what the rest of the request
+        needs of it."""
         s = self.settings
         if item.group_id is not None and not item.group_attempt_given:
             _log_legacy_attempt_once()
@@ -334,8 +338,9 @@ class Engine:
         return _Arrival(item, key, digest, history, baseline, baseline_digest, member)
 
     async def _join(self, arrival: _Arrival) -> tuple[Cohort, int, Waiter | MemberOutcome]:
-        """Steps 7-8 of SPEC §8.4: resolve the request's cohort and attach it. Returns the
-        cohort, the slot and a waiter or the replayed outcome."""
+        """Resolve the request's cohort and attach it (docs/architecture.md "One /verify request",
+        step 3 under the lock). Returns the cohort, the slot and a waiter or the replayed
+        outcome."""
         member = arrival.member
         key, digest, index = arrival.key, arrival.digest, member.index
         commits: list[Commit] = []
@@ -386,7 +391,8 @@ class Engine:
         return error
 
     def _resolve(self, arrival: _Arrival, commits: list[Commit]) -> tuple[Cohort, bool]:
-        """Step 7 of SPEC §8.4: watermarks and supersession, then get or create the cohort.
+        """Watermarks and supersession, then get or create the cohort (docs/architecture.md,
+        "Keys, digests and replay").
 
         Synchronous: with a store, the commit points are queued onto ``commits`` in order.
         Returns the cohort and whether this request created it."""
@@ -470,7 +476,8 @@ class Engine:
         return cohort, True
 
     def _attach(self, cohort: Cohort, member: Member, digest: str) -> Waiter | MemberOutcome:
-        """Step 8 of SPEC §8.4 (synchronous): the replay/conflict matrix, then attach."""
+        """The replay/conflict matrix, then attach (docs/architecture.md, "Keys, digests and
+        replay"). Synchronous."""
         index = member.index
         if cohort.prompt_digest != digest:
             raise RequestRejected(
@@ -521,7 +528,10 @@ class Engine:
     # --- cohort run (engine nursery) ----------------------------------------------------------
 
     def _spawn(self, fn: Callable[[Cohort], Awaitable[None]], cohort: Cohort) -> None:
-        """Start ``fn(cohort)`` in the engine nursery, in a fresh empty context (SPEC §8.13)."""
+        """Start ``fn(cohort)`` in the engine nursery, in a fresh empty context.
+
+        docs/architecture.md, "Context isolation of judge calls".
+        """
         if self._running == 0:
             self._idle = trio.Event()
         self._running += 1
@@ -573,7 +583,7 @@ class Engine:
             self._task_done()
 
     async def _finalize(self, cohort: Cohort) -> None:
-        """Commit the terminal record (SPEC §17.11), then wake every waiter."""
+        """Commit the terminal record, then wake every waiter (no reply before its commit)."""
         record = cohort.record
         assert record is not None
         if self._store is not None:
@@ -620,7 +630,7 @@ class Engine:
         return evaluation, texts
 
     async def _evaluate(self, cohort: Cohort) -> None:
-        """All comparisons, collect-all (SPEC §9.4), under the group deadline."""
+        """All comparisons, collect-all (a failure masks, never cancels), under the deadline."""
         s = self.settings
         timeout = s.cohort_evaluation_timeout_s
         cohort.eval_deadline = trio.current_time() + timeout
@@ -637,7 +647,7 @@ class Engine:
                     cohort, "judge", f"GenRM cohort evaluation deadline exceeded after {timeout}s"
                 )
                 return
-            for c in evaluation.pending():  # mask_pending (D12, §17.10)
+            for c in evaluation.pending():  # mask_pending (docs/differences.md, D12)
                 planned = evaluation.plan[c]
                 self.metrics.deadline_failures.labels("evaluation").inc()
                 self._comparison_failed(
@@ -701,7 +711,7 @@ class Engine:
     # --- /compare -----------------------------------------------------------------------------
 
     async def compare(self, item: CompareInput) -> CompareResult:
-        """Batch comparison (SPEC §2.5, §17.8), fail-fast, in the caller's task and context."""
+        """Batch comparison (docs/http-api.md, "POST /compare"), fail-fast, in the caller's task."""
         s = self.settings
         if self._closed:
             raise CompareFailed(SHUTTING_DOWN)
@@ -755,7 +765,7 @@ class Engine:
             raise CompareFailed(f"GenRM compare deadline exceeded after {timeout}s")
         try:
             result = compare_result(s, evaluation, texts)
-        except ValueError as exc:  # non-finite rewards: a failure, as for /verify (SPEC §8.6)
+        except ValueError as exc:  # non-finite rewards: a failure, as for /verify
             raise CompareFailed(str(exc)) from None
         if s.debug_logging:
             log.info("GenRM compare final rewards: %s", [f"{r:.4f}" for r in result.rewards])
@@ -780,7 +790,7 @@ class Engine:
         except JudgeError as error:
             if not first_error:
                 first_error.append(error)
-            siblings.cancel()  # fail-fast: every other comparison ends now (SPEC §9.5)
+            siblings.cancel()  # fail-fast: every other comparison ends now
 
     # --- terminal records (durable state and checkpoints) ------------------------------------
 
@@ -799,7 +809,10 @@ class Engine:
         ]
 
     def checkpoint(self) -> dict[str, Any]:
-        """The checkpoint v1 export of every terminal record and watermark (SPEC §17.12)."""
+        """The checkpoint v1 export of every terminal record and watermark.
+
+        docs/durable-state.md, "Checkpoint format, version 1".
+        """
         return checkpoint(self)
 
     async def restore(self, data: object) -> RestoreReport:
@@ -814,19 +827,20 @@ class Engine:
         age_s: Mapping[str, float] | None = None,
         watermark_age_s: Mapping[str, float] | None = None,
     ) -> RestoreReport:
-        """Merge terminal records and watermarks (SPEC §10.3, §17.12): an absent key is added
-        with a fresh retention clock (or one set back by ``age_s[key]``), an identical record is
-        left alone, anything else is a conflict; a watermark is raised (its clock set back by
-        ``watermark_age_s[group_id]``) when the digests agree. Restored members replay without
-        judging. Added records and raised watermarks are committed to the store in one transaction
-        (``commit_many``) before any of them is applied; if that fails, nothing is applied."""
+        """Merge terminal records and watermarks (docs/durable-state.md, "Restore rules"): an
+        absent key is added with a fresh retention clock (or one set back by ``age_s[key]``), an
+        identical record is left alone, anything else is a conflict; a watermark is raised (its
+        clock set back by ``watermark_age_s[group_id]``) when the digests agree. Restored members
+        replay without judging. Added records and raised watermarks are committed to the store in
+        one transaction (``commit_many``) before any of them is applied; if that fails, nothing is
+        applied."""
         conflicts: list[dict[str, str]] = []
         unchanged = 0
         reg = self._registry
         async with self._lock:
             if self._closed:
                 raise RequestRejected(Rejection.UNAVAILABLE, SHUTTING_DOWN)
-            # Decide everything first, then commit it in one transaction (§17.12), then apply:
+            # Decide everything first, then commit it in one transaction, then apply:
             # nothing is visible before it is durable, and nothing is applied when it fails.
             adds: dict[str, TerminalRecord] = {}
             for record in records:

@@ -18,9 +18,9 @@ FailureKind = Literal["judge", "cohort"]
 @final
 @dataclass(frozen=True, slots=True)
 class VerifyInput:
-    """One validated `/verify` request, reduced to what the engine needs (SPEC §2.2).
+    """One validated `/verify` request, reduced to what the engine needs (docs/http-api.md).
 
-    Roles in `input` were validated by the wire layer (422 on a bad role, SPEC D16).
+    Roles in `input` were validated by the wire layer (422 on a bad role, docs/differences.md D16).
     """
 
     input: JSONValue  # responses_create_params.input as received: a string or a list of items
@@ -39,7 +39,7 @@ class VerifyInput:
 @final
 @dataclass(frozen=True, slots=True)
 class CompareInput:
-    """One validated `/compare` request (SPEC §2.5)."""
+    """One validated `/compare` request (docs/http-api.md, "POST /compare")."""
 
     history: Sequence[Mapping[str, str]]
     responses: Sequence[Mapping[str, JSONValue]]
@@ -50,7 +50,7 @@ class CompareInput:
 @final
 @dataclass(frozen=True, slots=True)
 class Scored:
-    """A scored member. `result` holds every non-echo key of its success row (SPEC §17.12):
+    """A scored member. `result` holds every non-echo key of its success row (docs/http-api.md):
     reward, mask_sample (False), failure_kind/failure_reason (None), reasoning_text, answer_text,
     reward_* and genrm_* keys. The HTTP layer adds the echoed identity keys."""
 
@@ -60,9 +60,9 @@ class Scored:
 @final
 @dataclass(frozen=True, slots=True)
 class Masked:
-    """A member masked alone because one of its comparisons failed (SPEC §9.2)."""
+    """A member masked alone because one of its comparisons failed."""
 
-    reason: str  # the §9.7 member reason (legacy suffix appended where §17.14 says so)
+    reason: str  # the member reason (docs/differences.md), plus the legacy suffix for D33 cohorts
 
 
 @final
@@ -120,7 +120,7 @@ class CompareFailed(Exception):
 @final
 @dataclass(frozen=True, slots=True)
 class CohortView:
-    """One active cohort as `GET /cohorts` shows it (SPEC §17.13)."""
+    """One active cohort as `GET /cohorts` shows it (docs/http-api.md)."""
 
     key: str
     group_id: str | None

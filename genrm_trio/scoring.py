@@ -1,4 +1,4 @@
-"""Pair plans, tie-break aggregation, length/style adjustments and group metrics (SPEC §6, §7, §9).
+"""Pair plans, tie-break aggregation, length/style adjustments and group metrics (docs/scoring.md).
 
 Pure: no trio, no I/O. Floating-point operations follow the reference order (accumulation in
 comparison order, bonuses before length weights before style weights) so rewards match NeMo Gym's
@@ -51,7 +51,7 @@ Triple = tuple[float, float, float]
 """``(score_1, score_2, ranking)``: scores 1–5 for response_1/response_2, ranking 1–6."""
 
 RANKING_MIDPOINT: Final = 3.5
-"""Constant tie-break midpoint (SPEC §6.2, D4): independent of ``default_ranking``."""
+"""Constant tie-break midpoint (docs/scoring.md section 2, D4): not ``default_ranking``."""
 
 _STRATEGIES: Final = frozenset({"circular", "all_pairs"})
 _BALANCES: Final = frozenset({"none", "alternate"})
@@ -60,12 +60,12 @@ _T = TypeVar("_T", bound=Triple)
 
 
 # --------------------------------------------------------------------------------------------
-# Pair plans (§6.1, §6.6, D7)
+# Pair plans (docs/scoring.md section 1, D7)
 # --------------------------------------------------------------------------------------------
 
 
 def comparison_pairs(n: int, strategy: str) -> list[tuple[int, int]]:
-    """The ``(response_1, response_2)`` member pairs of one judge pass (SPEC §6.1).
+    """The ``(response_1, response_2)`` member pairs of one judge pass (docs/scoring.md, "Pairs").
 
     ``circular``: ``(i, (i+1) mod n)``, n pairs (n = 2 gives ``(0, 1), (1, 0)``).
     ``all_pairs``: every ``(i, j)`` with ``i < j`` in lexicographic order.
@@ -125,7 +125,7 @@ def flip(v: _T) -> _T:
 def plan_comparisons(
     n: int, strategy: str, judges: int, position_balance: str = "none"
 ) -> list[PlannedComparison]:
-    """Every comparison of a rollout cohort, judge-major (SPEC §6.1, D7).
+    """Every comparison of a rollout cohort, judge-major (docs/scoring.md, "Judge passes", D7).
 
     ``[(pairs, k=0)] + [(pairs, k=1)] + …``. With ``position_balance="alternate"`` the comparison
     ``(i, j, k)`` is shown ``j`` first iff ``(i + j + k)`` is odd.
@@ -147,13 +147,14 @@ def plan_comparisons(
 
 def _baseline_order(cohort_key: str, member: int) -> int:
     # surrogatepass: identical to UTF-8 for every well-formed key, and a key carrying a lone
-    # surrogate (legal in request JSON, SPEC §17.3) still gets a deterministic order.
+    # surrogate (legal in request JSON, docs/http-api.md) still gets a deterministic order.
     data = f"{cohort_key}:{member}".encode("utf-8", "surrogatepass")
     return int(hashlib.sha256(data).hexdigest(), 16)
 
 
 def plan_fixed_baseline(n: int, judges: int, cohort_key: str) -> list[PlannedComparison]:
-    """Member-vs-baseline comparisons (SPEC §6.6): baseline index ``n``, judge-major over members.
+    """Member-vs-baseline comparisons (docs/scoring.md, "Fixed baseline"): baseline index ``n``,
+    judge-major over members.
 
     Member ``m`` goes first at pass ``k`` iff ``(sha256(f"{cohort_key}:{m}") + k) % 2 == 0``;
     otherwise the baseline is shown first (``swapped``). Runs for ``n == 1`` too.
@@ -171,7 +172,7 @@ def plan_fixed_baseline(n: int, judges: int, cohort_key: str) -> list[PlannedCom
 
 
 # --------------------------------------------------------------------------------------------
-# Style control (§6.3c, D1, §17.14)
+# Style control (docs/scoring.md, "(c) Style density penalty", D1)
 # --------------------------------------------------------------------------------------------
 
 _CODE_BLOCK = re.compile(r"```[\s\S]*?```")
@@ -189,7 +190,7 @@ def strip_code_blocks(text: str) -> str:
 
 
 def count_style_elements(answer: str) -> dict[str, int]:
-    """Markdown style elements outside fenced code (Arena-Hard + emoji; SPEC §6.3c, D1).
+    """Markdown style elements outside fenced code (Arena-Hard + emoji; docs/scoring.md, D1).
 
     Keys: ``headers``, ``ordered_lists``, ``unordered_lists``, ``bold``, ``emoji``. Emoji are
     non-ASCII code points with Extended_Pictographic=Yes, counted per code point: CJK, Hangul,
@@ -220,7 +221,7 @@ def style_density(answer: str) -> float:
 
 
 def density_weights(values: Sequence[float]) -> list[float]:
-    """Zero-centred weights, lower value ⇒ higher weight (SPEC §6.3b, used for lengths and style).
+    """Zero-centred weights, lower value ⇒ higher weight (docs/scoring.md 3 (b); lengths, style).
 
     ``w = 1 - (v - min) / (max - min)``, then ``w - mean(w)``; all zeros when ``max == min``.
     """
@@ -236,7 +237,7 @@ def density_weights(values: Sequence[float]) -> list[float]:
 
 
 # --------------------------------------------------------------------------------------------
-# Aggregation (§6.2–§6.4, §9.3)
+# Aggregation (docs/scoring.md sections 2-5)
 # --------------------------------------------------------------------------------------------
 
 
@@ -246,7 +247,7 @@ def _fsum(values: Sequence[float]) -> float:
     fsum raises OverflowError on an intermediate overflow (finite scores near 1e308 are legal
     with ``validate_verdict_range: false``) and ValueError on ``inf + -inf``; plain summation
     then gives the inf or nan that the engine's finiteness check turns into a cohort failure
-    (SPEC §8.6). Every sum fsum can do keeps fsum's exact result.
+    (docs/scoring.md section 7). Every sum fsum can do keeps fsum's exact result.
     """
     try:
         return math.fsum(values)
@@ -281,7 +282,7 @@ class JudgedComparison:
 @final
 @dataclass(frozen=True, slots=True)
 class MemberTexts:
-    """What the adjustments need from one member's response (SPEC §6.3)."""
+    """What the adjustments need from one member's response (docs/scoring.md section 3)."""
 
     reasoning_len: int  # characters of the stripped reasoning text
     answer_len: int  # characters of the stripped answer text
@@ -297,12 +298,12 @@ class MemberTexts:
 @final
 @dataclass(frozen=True, slots=True)
 class Aggregation:
-    """Aggregation result over the population (SPEC §6.3 return values, §6.4 metrics)."""
+    """Aggregation result over the population (docs/scoring.md, "Result", "Aggregation metrics")."""
 
     final: dict[int, float]  # member -> score after adjustments
     base: dict[int, float]  # member -> base score (pre-adjustment)
     adjustments: dict[int, float]  # member -> total adjustment (length + style)
-    metrics: dict[str, float]  # §6.4 keys; empty when there were no comparisons
+    metrics: dict[str, float]  # aggregation metrics; empty when there were no comparisons
 
 
 def aggregate(
@@ -318,13 +319,13 @@ def aggregate(
     group_answer_length_penalty_coeff: float,
     group_style_penalty_coeff: float,
 ) -> Aggregation:
-    """``simple_tiebreaker`` scores with group adjustments over ``population`` (SPEC §6.2–§6.4).
+    """``simple_tiebreaker`` scores with group adjustments over ``population`` (docs/scoring.md).
 
     Every comparison accumulates into both its members, including members outside
     ``population`` (masked members, the fixed baseline); only population members are returned,
     and thresholds, shortest-length searches, weight spans and zero-centring use the population
-    only (§9.3). ``texts`` must cover the population whenever an adjustment pass runs.
-    Raises ValueError for ``top_percentile`` outside (0, 1] (D5) or a duplicated member.
+    only (docs/scoring.md section 4). ``texts`` must cover the population whenever an adjustment
+    pass runs. Raises ValueError for ``top_percentile`` outside (0, 1] (D5) or a duplicated member.
     """
     if not 0.0 < top_percentile <= 1.0:
         raise ValueError(f"top_percentile must be in (0, 1], got {top_percentile!r}")
@@ -423,7 +424,7 @@ def _length_adjustments(
     reasoning_coeff: float,
     answer_coeff: float,
 ) -> None:
-    """§6.3 (a) top-percentile bonuses then (b) group length penalties, in place."""
+    """docs/scoring.md 3 (a) top-percentile bonuses then (b) group length penalties, in place."""
     t_idx = max(0, int(len(scores) * top_percentile) - 1)
     threshold = sorted(scores, reverse=True)[t_idx]  # once, before any bonus
     for bonus, lengths in ((reasoning_bonus, reasoning_lens), (answer_bonus, answer_lens)):
@@ -444,12 +445,12 @@ def _length_adjustments(
 
 
 # --------------------------------------------------------------------------------------------
-# Metrics (§7, §9.7, D7, D32)
+# Metrics (docs/scoring.md section 5, D7, D32)
 # --------------------------------------------------------------------------------------------
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between order statistics (SPEC §7); ``q`` in [0, 1].
+    """Linear interpolation between order statistics, ``q`` in [0, 1] (docs/scoring.md).
 
     ``pos = (n-1)·q``, ``p = v[lo] + (v[hi] - v[lo])·(pos - lo)``. Raises ValueError when empty.
     """
@@ -469,7 +470,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 class ComparisonStats:
     """One scheduled comparison's outcome, as the group metrics see it."""
 
-    failed: bool  # ended in a judge error (§9.1)
+    failed: bool  # ended in a judge error (a failed comparison, masks its members)
     overall_parse_failed: bool
     rubric_parse_failed: bool
     input_tokens: int | None  # summed over attempts that reported usage; None when none did
@@ -501,7 +502,7 @@ def group_metrics(
     members: int,
     escalation: bool = False,
 ) -> dict[str, float | None]:
-    """The §7 ``genrm_*`` keys plus the §9.7 rates for one group.
+    """The ``genrm_*`` group metrics of one group (docs/scoring.md, "Group metrics").
 
     Parse-failure rates: over successful comparisons, denominator ``max(1, successful)`` (D32).
     Token metrics and the budget hit rate: over every comparison that reported usage (both
@@ -553,7 +554,7 @@ def _sign(x: float) -> int:
 def position_disagreement_rate(
     comparisons: Sequence[tuple[JudgedComparison, bool]],
 ) -> float | None:
-    """Share of pairs judged in both orientations whose preferred member differs (D7, §17.14).
+    """Share of pairs judged in both orientations whose preferred member differs (D7).
 
     Each item is a member-oriented comparison and whether it was shown swapped (``j`` first).
     Rankings are re-expressed relative to the pair's lower index ``a`` (``7 - r`` when ``i`` is

@@ -1,4 +1,4 @@
-"""Durable cohort state in SQLite (SPEC §16.3, §17.11): terminal records, fences and watermarks.
+"""Durable cohort state in SQLite (docs/durable-state.md): terminal records, fences, watermarks.
 
 :class:`SqliteStore` implements the engine's :class:`~genrm_trio.cohort.records.CohortStore`
 commit hooks on one stdlib ``sqlite3`` connection in WAL mode. The connection is only ever used
@@ -72,8 +72,9 @@ INTERRUPTED_TEMPLATE: Final = (
     "GenRM cohort {key!r} was interrupted by a server restart; retry the whole group with a new "
     "_ng_group_attempt"
 )
-# The engine's shutdown failure (SPEC §8.12). A cohort failed by a graceful stop keeps its `open`
-# record, so that the next start turns it into the interrupted fence of §17.11 instead of
+# The engine's shutdown failure (docs/differences.md, D28). A cohort failed by a graceful stop
+# keeps its `open` record, so that the next start turns it into the interrupted fence
+# (docs/durable-state.md, "What happens at start") instead of
 # answering "shutting down" forever.
 _SHUTTING_DOWN: Final = "GenRM server is shutting down"
 _INT64_MAX: Final = 2**63 - 1
@@ -121,7 +122,7 @@ class StoreError(Exception):
 @final
 @dataclass(frozen=True, slots=True)
 class LoadedState:
-    """What the engine restores at start (SPEC §17.11), oldest record first.
+    """What the engine restores at start (docs/durable-state.md), oldest record first.
 
     ``record_ages`` and ``watermark_ages`` are seconds since ``terminal_at`` / ``updated_at``
     (never negative), so the engine can set its monotonic clocks back by them.
@@ -407,7 +408,7 @@ class SqliteStore(CommitsBySubmit):
             queued=len(self._queue),
         )
 
-    # --- CohortStore hooks (SPEC §17.11) --------------------------------------------------------
+    # --- CohortStore hooks (docs/architecture.md, "Durable-state commit points") ---------------
 
     def submit_watermark(self, record: WatermarkRecord) -> _Commit:
         """Commit point 1: a group's watermark was created or advanced (queued at once)."""
@@ -425,7 +426,7 @@ class SqliteStore(CommitsBySubmit):
 
         A record the engine does not retain (a completed legacy cohort without masked members)
         deletes the ``open`` record and keeps nothing. A cohort failed by a graceful shutdown
-        keeps its ``open`` record, so the next start fences it as interrupted (§17.11). A
+        keeps its ``open`` record, so the next start fences it as interrupted. A
         record that cannot be stored raises :class:`StoreError` here, before anything is queued.
         """
         if self._adopted.pop(record.key, None) == record:
@@ -452,7 +453,7 @@ class SqliteStore(CommitsBySubmit):
 
         await self._enqueue(apply, sync=True).wait()
 
-    # --- loading (SPEC §17.11) -----------------------------------------------------------------
+    # --- loading (docs/durable-state.md, "What happens at start") ------------------------------
 
     async def load(self) -> LoadedState:
         """Apply the start-up rules in one transaction and return what the engine restores.
@@ -714,7 +715,7 @@ class SqliteStore(CommitsBySubmit):
             else:
                 self._terminal_keys.add(key)
 
-    # --- retention (SPEC §8.10 on wall-clock times) ----------------------------------------
+    # --- retention (docs/durable-state.md, "Retention", on wall-clock times) ----------------
 
     def _delete_cohorts(self, cur: sqlite3.Cursor, keys: Sequence[tuple[bytes]]) -> None:
         _write_rows(cur, _DELETE_COHORTS, 1, [(bytes(key),) for (key,) in keys])
@@ -1035,7 +1036,7 @@ async def open_store(
 
 
 async def restore_from_store(engine: Engine, store: SqliteStore) -> RestoreReport:
-    """Load ``store`` (SPEC §17.11) and restore its records into a freshly opened ``engine``.
+    """Load ``store`` (docs/durable-state.md) and restore its records into a fresh ``engine``.
 
     Restoring records the store itself handed out writes nothing back: they keep their stored
     timestamps, so retention continues across restarts.

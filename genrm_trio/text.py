@@ -1,4 +1,7 @@
-"""Answers, reasoning, judge history and digests taken from requests (SPEC §4.1, §8.1, §8.2).
+"""Answers, reasoning, judge history and digests taken from requests.
+
+The rules: docs/scoring.md "What the judge is shown" and docs/architecture.md "Keys, digests and
+replay".
 
 Pure functions over plain JSON data; no I/O.
 """
@@ -29,7 +32,7 @@ _ROLE_PREVIEW_CHARS: Final = 60
 
 
 class HistoryError(ValueError):
-    """A conversation-history item the judge request cannot carry (SPEC D16: a 422 at the wire)."""
+    """A conversation-history item the judge request cannot carry (D16: a 422 at the wire)."""
 
 
 def _output_items(response: object, item_type: str) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Parsing a GenRM judge's output into a verdict (SPEC §5, D2, D3, D11). Pure; no I/O.
+"""Parsing a GenRM judge's output into a verdict (docs/scoring.md section 7; D2, D3, D11). Pure.
 
 The candidate search is the reference's: JSON objects inside ```json fences first (the first valid
 one wins), else the last valid top-level object anywhere in the text.
@@ -198,7 +198,7 @@ def _preview(text: str) -> str:
 def parse_overall(
     text: str, *, default_score: float, default_ranking: float, validate_range: bool
 ) -> Verdict:
-    """The overall verdict of §5.1 (strict); raises `VerdictParseError` when there is none."""
+    """The overall verdict (strict); raises `VerdictParseError` when there is none."""
     defaults = Verdict(default_score, default_score, default_ranking)
 
     def candidate(obj: dict[str, Any]) -> Verdict | None:

@@ -244,7 +244,7 @@ def assert_scored(reply: Reply) -> None:
 
 
 def assert_masked(reply: Reply, *fragments: str) -> str:
-    """A judge failsafe row (SPEC §2.4.2); returns its failure_reason."""
+    """A judge failsafe row (docs/http-api.md); returns its failure_reason."""
     assert reply.status == 200, reply.body
     row = reply.body
     assert row["mask_sample"] is True, row

@@ -1,4 +1,4 @@
-"""Checkpoint v1 (SPEC §17.12): export, strict parsing, and restore/merge into an engine.
+"""Checkpoint v1 (docs/durable-state.md): export, strict parsing, and restore/merge into an engine.
 
 No worker threads here, so engine tests run in virtual time.
 """
@@ -114,7 +114,7 @@ async def test_export_restore_round_trips_and_replays(autojump_clock: MockClock)
         # Only the unretained legacy group (answers c0..c3) was judged again.
         assert judge.calls
         assert {c.call.response_1 for c in judge.calls} <= {f"c{i}" for i in range(N)}
-        # Late requests of §9.6 after a restore.
+        # Late and repeated requests (replay, masked-alone failures) after a restore.
         assert await verify(engine, member(0, answer="regenerated")) == replies[0]
         refused = await verify(engine, member(3, answer="regenerated"))
         assert isinstance(refused, RequestRejected) and refused.reason is Rejection.CONFLICT
@@ -423,7 +423,7 @@ def test_export_holds_the_raw_masked_reason() -> None:
 
 
 async def test_engine_library_methods_export_and_restore(autojump_clock: MockClock) -> None:
-    """`engine.checkpoint()` / `engine.restore(data)` (SPEC §17.12's library API)."""
+    """`engine.checkpoint()` / `engine.restore(data)`, the engine's checkpoint methods."""
     config = settings(num_rollouts_per_prompt=N)
     async with running(config, failing_judge()) as engine:
         await populate(engine)

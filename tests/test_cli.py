@@ -1,4 +1,4 @@
-"""The `genrm-trio` command, `serve()` and the demo (SPEC §16.5, §17.5, §17.7, D28).
+"""The `genrm-trio` command, `serve()` and the demo (docs/configuration.md "Command line", D28).
 
 Real sockets on 127.0.0.1 and the real clock (no autojump: the I/O is real), every wait bounded.
 """

@@ -1,4 +1,4 @@
-"""docs/configuration.md documents every Settings key, and only real ones (SPEC §16, §17.1).
+"""docs/configuration.md documents every Settings key, and only real ones.
 
 The key tables share one header (`| Key | Type | Default | Validation | Meaning | Source |`);
 each row's Key cell holds exactly one backticked dotted key. Adding a field to Settings (or to

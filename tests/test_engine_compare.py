@@ -1,4 +1,4 @@
-"""`/compare` (SPEC §2.5, §9.5, §11.9, §17.8, D27): defaults, rows, metrics, fail-fast."""
+"""`/compare` (docs/http-api.md, D40, D27): defaults, rows, metrics, fail-fast."""
 
 from __future__ import annotations
 
@@ -118,8 +118,8 @@ async def test_unsuccessful_reply_is_503(autojump_clock: MockClock, status: Repl
 
 
 async def test_fail_fast_one_failing_one_pending(autojump_clock: MockClock) -> None:
-    """The reviewer's regression test (§9.5): the 503 comes when the first comparison fails,
-    at that virtual time, and the pending comparison is cancelled."""
+    """The partial-masking PR reviewer's regression test: the 503 comes when the first comparison
+    fails, at that virtual time, and the pending comparison is cancelled."""
     judge = ScriptedJudge(
         pairs={("a0", "a1"): http_error(delay=0.05), ("a1", "a0"): Step(delay=0.19)}
     )
@@ -211,7 +211,7 @@ async def test_style_penalty_is_applied_only_when_on(
     judge = ScriptedJudge(pairs={(plain, styled): ok(3, 3, 3.5), (styled, plain): ok(3, 3, 3.5)})
     async with running(settings(group_style_penalty_coeff=coeff), judge) as engine:
         result = await engine.compare(compare_input([plain, styled]))
-    assert result.rewards == rewards  # SPEC §6.3c: +0.5 / -0.5 at coeff 1
+    assert result.rewards == rewards  # docs/scoring.md 3 (c): +0.5 / -0.5 at coeff 1
 
 
 async def test_non_finite_rewards_are_a_503_not_an_internal_error(

@@ -1,4 +1,4 @@
-"""Deadlines, disconnects, shutdown, non-judge failures and durable commit order (§11.5, §11.6)."""
+"""Deadlines, disconnects, shutdown, non-judge failures and durable commit order."""
 
 from __future__ import annotations
 
@@ -223,7 +223,7 @@ async def test_shutdown_fails_waiters_and_prevents_new_work(autojump_clock: Mock
     assert any(c.cancelled for c in judge.calls)
 
 
-# --- non-judge failures (§11.6) ------------------------------------------------------------------
+# --- non-judge failures -------------------------------------------------------------------------
 
 
 async def test_evaluation_failure_releases_every_waiter(

@@ -1,5 +1,6 @@
-"""Partial masking (SPEC §9): the validation cases of §9.10, the worked examples of §9.11,
-judge failures and the failsafe (§11.7), and the mask_pending deadline policy (D12)."""
+"""Partial masking (docs/differences.md, docs/scoring.md section 4): the partial-masking PR's
+validation cases, the worked examples, judge failures and the failsafe, and the mask_pending
+deadline policy (D12)."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ class TimedLog(logging.Handler):
         self.lines.append((round(trio.current_time() - self.t0, 9), record.getMessage()))
 
 
-# --- §9.10 validation cases ---------------------------------------------------------------------
+# --- the partial-masking PR's validation cases ---------------------------------------------------
 
 
 async def test_1_sixteen_circular_one_failure_masks_exactly_two(autojump_clock: MockClock) -> None:
@@ -314,7 +315,7 @@ async def test_13_checkpoint_restores_masked_and_scored_without_judging(
     assert len(fresh.calls) == 4  # only the new attempt was judged
 
 
-# --- §9.11 worked examples -----------------------------------------------------------------------
+# --- worked examples (docs/scoring.md section 4) --------------------------------------------------
 
 
 async def test_worked_example_circular_one_failure(autojump_clock: MockClock) -> None:
@@ -355,7 +356,7 @@ async def test_worked_example_circular_two_failures(autojump_clock: MockClock) -
     assert row["genrm_masked_rollout_rate_per_group"] == 0.75
 
 
-# --- §11.7 judge failures and the failsafe ------------------------------------------------------
+# --- judge failures and the failsafe ------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("status", "calls_each"), [(401, 1), (429, 2), (500, 2)])

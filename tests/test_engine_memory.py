@@ -1,4 +1,4 @@
-"""A held member keeps only its compact Member (SPEC D22), never its request.
+"""A held member keeps only its compact Member (docs/differences.md, D22), never its request.
 
 While a `/verify` request waits for its group, the engine must not keep the request body (the
 whole policy response, the prompt, the input object) alive: the caller owns it. Measured in

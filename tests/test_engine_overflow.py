@@ -1,8 +1,8 @@
-"""Huge finite verdicts through the engine: the §8.6 non-finite check, not an OverflowError.
+"""Huge finite verdicts through the engine: the non-finite check, not an OverflowError.
 
 With ``validate_verdict_range: false`` a judge may return ``score_1: 1e308``. Aggregation then
 overflows to inf (it used to raise ``OverflowError: intermediate overflow in fsum`` first), and
-the engine's post-check fails the cohort with the exact SPEC §8.6 message.
+the engine's post-check fails the cohort with the exact message of docs/scoring.md section 7.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Retention with ordered indexes (SPEC §8.10, §11.10, D21), identity, statistics, restore."""
+"""Retention with ordered indexes (docs/durable-state.md, D21), identity, statistics, restore."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ async def test_count_cap_keeps_the_newest(autojump_clock: MockClock) -> None:
         await complete(engine, "four")
         assert [r.group_id for r in engine.terminal_records()] == ["three", "four"]
         assert sorted(w.group_id for w in engine.watermark_records()) == ["four", "three"]
-        # an evicted group's replay is a new cohort now (caller obligation, §8.10)
+        # an evicted group's replay is a new cohort now (callers use fresh group ids or attempts)
         await complete(engine, "one")
         assert len(judge.calls) == 10
 
@@ -271,7 +271,7 @@ async def test_new_slot_on_a_completed_record_is_409_in_wire_words(
 
 
 async def test_restored_records_can_be_back_dated(autojump_clock: MockClock) -> None:
-    """A store loading records gives them clocks set back by their age (SPEC §17.11)."""
+    """A store loading records gives them clocks set back by their age."""
     judge = ScriptedJudge()
     config = settings(cohort_result_ttl_s=10.0)
     async with running(config, judge) as engine:

@@ -1,4 +1,4 @@
-"""Durable commit points without the registry lock (SPEC §8.4, §17.11, §17.12).
+"""Durable commit points without the registry lock (docs/architecture.md).
 
 The engine queues the watermark and ``open`` commits while it holds its registry lock and waits
 for them after releasing it. These tests drive it with :class:`FifoStore`, a fake store that

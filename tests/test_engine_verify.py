@@ -1,4 +1,4 @@
-"""`/verify` through the engine: keys, formation, replay and conflicts (SPEC §8, §11.1–§11.4)."""
+"""`/verify` through the engine: keys, formation, replay and conflicts (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def rejected(reply: object, reason: Rejection, text: str) -> None:
     assert text in reply.detail, reply.detail
 
 
-# --- §11.1 request models and the migration log line ------------------------------------------
+# --- request models and the attempt-omitted log line ------------------------------------------
 
 
 async def test_missing_group_attempt_logs_once_and_is_attempt_zero(
@@ -142,7 +142,7 @@ async def test_bad_history_role_is_422_and_touches_nothing(autojump_clock: MockC
         assert stats.cohorts == 0 and stats.watermarks == 0
 
 
-# --- §11.2 keys, digests, prompt handling ------------------------------------------------------
+# --- keys, digests, prompt handling -------------------------------------------------------------
 
 
 async def test_cohort_key_formats_and_group_id_wins(autojump_clock: MockClock) -> None:
@@ -246,7 +246,7 @@ async def test_group_attempt_two_maps_results_by_index(autojump_clock: MockClock
         assert rewards(replies) == [2.0, 1.0]
 
 
-# --- §11.3 formation, replay, conflicts --------------------------------------------------------
+# --- formation, replay, conflicts ---------------------------------------------------------------
 
 
 async def test_full_cohort_matches_compare_and_circular_order(autojump_clock: MockClock) -> None:
@@ -404,7 +404,7 @@ async def test_engines_do_not_share_cohorts(autojump_clock: MockClock) -> None:
     assert judge.calls == []
 
 
-# --- §11.4 attempts, supersession, prompt consistency ------------------------------------------
+# --- attempts, supersession, prompt consistency -------------------------------------------------
 
 
 async def test_new_attempt_is_isolated_from_completed_cohort(autojump_clock: MockClock) -> None:
@@ -526,7 +526,7 @@ async def test_late_judge_result_cannot_publish_after_supersession(
 
 
 async def test_masked_member_replays_its_reason_for_any_answer(autojump_clock: MockClock) -> None:
-    """§9.6: a masked-alone member replays its judge failure, even for a regenerated answer."""
+    """A masked-alone member replays its judge failure, even for a regenerated answer."""
     from judges import http_error
 
     judge = ScriptedJudge(pairs={("a0", "a1"): http_error()})

@@ -7,7 +7,7 @@ scores, `/cohorts` is empty, `genrm_trio_judge_inflight` is 0, the judge has not
 
 Circular pairs of a 4-member group: (0, 1), (1, 2), (2, 3), (3, 0). A fault scripted for the pair
 whose *both* answers carry a tag (members 1 and 2) fails comparison (1, 2) only, so exactly members
-1 and 2 are masked and 0 and 3 are scored (SPEC §9.2).
+1 and 2 are masked and 0 and 3 are scored.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ LATENCY_S = 0.02  # the shared judge's base latency
 GROUP_S = 1.5  # cohort_evaluation_timeout_s of the deadline servers
 COLLECT_S = 1.0  # cohort_collection_timeout_s of the deadline servers
 
-# Faults of the shared judge, each selected by a tag in the answers (SPEC §16.4).
+# Faults of the shared judge, each selected by a tag in the answers (genrm_trio/judge/sim.py).
 JUDGE_FAULTS = (
     "slow,match=[stall],position=both,delay=30",
     "slow,match=[slowish],delay=1.5",  # judging that lasts, within the attempt deadline
@@ -200,7 +200,7 @@ async def test_stall_is_cut_by_the_attempt_deadline_and_masks_one_pair(servers: 
 async def test_stall_past_the_group_deadline_fails_the_group_fail_group(servers: Servers) -> None:
     base = servers.fail_group.url
     replies, elapsed = await _group(base, "stall-group", "[stall]", tagged=(1, 2))
-    for reply in replies:  # every member masked: a judge-kind group failure (SPEC §9.4)
+    for reply in replies:  # every member masked: a judge-kind group failure (D30)
         assert_masked(reply, f"GenRM cohort evaluation deadline exceeded after {GROUP_S}s")
     assert GROUP_S <= elapsed < GROUP_S + MARGIN_S, elapsed
     _measured("stall, group deadline 1.5 s (fail_group)", elapsed)
@@ -293,7 +293,7 @@ async def test_retry_after_beyond_the_deadline_is_ignored(servers: Servers) -> N
     base = servers.main.url
     replies, elapsed = await _group(base, "r429long", "[r429long]", tagged=(1, 2))
     _masks_1_and_2(replies, "HTTP 429")
-    # Retry-After: 60 does not fit before the 10 s group deadline: normal pacing (SPEC §17.6).
+    # Retry-After: 60 does not fit before the 10 s group deadline: normal pacing (D13).
     assert elapsed < (ATTEMPTS - 1) * SLEEP_S + MARGIN_S, elapsed
     _measured("429 with Retry-After 60 s (ignored) -> pair masked", elapsed)
     await _after(servers, base, "r429long-after")
@@ -447,7 +447,7 @@ async def test_disconnect_while_judging_then_reattach_gets_the_shared_result(
 
 
 async def test_compare_abandoned_by_its_client_cancels_its_judge_calls(servers: Servers) -> None:
-    """`/compare` runs in the request (SPEC §8.13): a disconnect ends its judge calls."""
+    """`/compare` runs in the request's task: a disconnect ends its judge calls."""
     base = servers.main.url
     body = {
         "conversation_history": [{"role": "user", "content": "Why is ice slippery?"}],
@@ -659,7 +659,7 @@ async def test_sigkill_with_state_loses_nothing_acknowledged(
 ) -> None:
     """Every reply received before a SIGKILL (scored, masked alone, whole group failed) replays
     identically after a restart on the same `--state` file, without judging; groups that were
-    open at the kill are fenced (SPEC §16.3, §17.11), and a new attempt of them scores."""
+    open at the kill are fenced (docs/durable-state.md), and a new attempt of them scores."""
     state = tmp_path / "state.sqlite"
     judge_url = servers.judge.url + "/v1"
 

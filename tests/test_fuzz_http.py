@@ -1,4 +1,6 @@
-"""Bad input against `/verify` and `/compare` (SPEC §17.3): hypothesis through Quart's test client.
+"""Bad input against `/verify` and `/compare`: hypothesis through Quart's test client.
+
+The replies checked are those of docs/http-api.md, "Errors".
 
 The real engine (`open_engine`) with the in-process simulated judge, in virtual time (MockClock
 autojump: the test client and the simulated judge do no real I/O), so a member that waits for its

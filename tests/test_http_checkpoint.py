@@ -1,4 +1,6 @@
-"""`GET /checkpoint`, `POST /checkpoint` (SPEC §17.12) and `genrm-trio checkpoint export|restore`.
+"""`GET /checkpoint`, `POST /checkpoint` and `genrm-trio checkpoint export|restore`.
+
+The format and the restore rules are docs/durable-state.md, "Checkpoint format, version 1".
 
 Routes run through Quart's test client over the real engine (virtual time where no thread is
 involved). Store-backed and CLI tests do real I/O (SQLite threads, an in-process hypercorn on

@@ -1,9 +1,9 @@
 """The service over real TCP on 127.0.0.1: in-process hypercorn, the simulated judge on a socket.
 
 Real clock (real I/O lets an autojump clock fire deadlines early), every wait bounded. Covers
-SPEC §9.10 case 14 (16 members over HTTP, one and two failed comparisons), a 16-rollout group
-through the chat-completions judge API, disconnect and exact re-attachment during collection and
-during judging (§8.11), and graceful shutdown while judging (D28).
+the partial-masking PR's validation case 14 (16 members over HTTP, one and two failed
+comparisons), a 16-rollout group through the chat-completions judge API, disconnect and exact
+re-attachment during collection and during judging, and graceful shutdown while judging (D28).
 """
 
 from __future__ import annotations

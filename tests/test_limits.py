@@ -1,4 +1,4 @@
-"""Limits: admission control over HTTP (SPEC §17.2) and the start-up file-descriptor check.
+"""Limits: admission control over HTTP and the start-up file-descriptor check.
 
 `server.max_active_cohorts` refuses only requests that would create a new cohort, with 503
 `GenRM server is at capacity ({n} active cohorts); retry later` and `Retry-After: 1`; members of

@@ -1,6 +1,7 @@
 """genrm_trio.scoring: pair plans, tie-break aggregation, adjustments, style control, metrics.
 
-Covers SPEC §6, §7, §9.3, §9.7, §9.11, §11.11 (pairs, style control, aggregation), D1, D7, D32.
+Covers docs/scoring.md sections 1-5 (pairs, style control, aggregation, masking, metrics), D1,
+D7, D32.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def ordered(result: dict[int, float]) -> list[float]:
     return [result[m] for m in sorted(result)]
 
 
-# ----------------------------------------------------------------------------- pairs (§6.1)
+# ----------------------------------------------------------------------------- pairs
 
 
 class TestComparisonPairs:
@@ -152,7 +153,7 @@ class TestPlanComparisons:
         ]
 
     def test_alternate_circular_even_n_single_pass_flips_everything(self) -> None:
-        # §17.14: expected under circular with even N and J = 1
+        # expected under circular with even N and J = 1 (docs/scoring.md)
         assert all(p.swapped for p in plan_comparisons(6, "circular", 1, "alternate"))
 
     def test_pair_and_shown(self) -> None:
@@ -273,7 +274,7 @@ class TestFixedBaselinePlan:
         assert agg.adjustments == {0: 0.0}
 
 
-# ----------------------------------------------------------------------------- style (§6.3c)
+# ----------------------------------------------------------------------------- style
 
 STYLE_FIXTURE = (
     "# Title\n"
@@ -341,7 +342,7 @@ class TestStyleControl:
         assert count_style_elements("\U0001f468\u200d\U0001f469\u200d\U0001f467")["emoji"] == 3
 
     def test_cjk_hangul_kana_count_zero(self) -> None:
-        # the reference's U+24C2–U+1F251 range counted every one of these (§12.1)
+        # the reference's U+24C2–U+1F251 range counted every one of these (D1)
         for text in ("这是一个中文答案", "한국어 답변입니다", "これは日本語の答えです", "カタカナ"):
             assert count_style_elements(text)["emoji"] == 0
             assert style_density(text) == 0.0
@@ -512,7 +513,7 @@ class TestAggregateScores:
 
     def test_huge_finite_scores_give_inf_not_overflow_error(self) -> None:
         # validate_verdict_range: false lets 1e308 through; fsum would raise OverflowError
-        # ("intermediate overflow in fsum") before the engine's non-finite check (SPEC §8.6).
+        # ("intermediate overflow in fsum") before the engine's non-finite check.
         comps = [jc(0, 1, (1e308, 1e308, 1.0)), jc(1, 0, (1e308, 1e308, 1.0))]
         agg = aggregate(comps, [0, 1], {}, **cfg())
         assert agg.final == {0: math.inf, 1: math.inf}
@@ -659,7 +660,7 @@ class TestLengthAdjustments:
             assert agg.final[m] == pytest.approx(agg.base[m] + agg.adjustments[m])
 
 
-# ----------------------------------------------------------------------------- masking (§9.3)
+# ----------------------------------------------------------------------------- masking
 
 
 MASK_LENGTHS = [1000, 1, 10, 20]  # masked members 0 and 1 are extreme
@@ -833,7 +834,7 @@ class TestProperties:
             assert agg.metrics == {}
 
 
-# ----------------------------------------------------------------------------- metrics (§7)
+# ----------------------------------------------------------------------------- metrics
 
 
 class TestPercentile:
@@ -956,8 +957,8 @@ class TestGroupMetrics:
     @pytest.mark.parametrize(
         ("failed_pairs", "masked", "rates"),
         [
-            ({(0, 1)}, 2, (0.25, 0.5)),  # §9.11 first example
-            ({(0, 1), (1, 2)}, 3, (0.5, 0.75)),  # §9.11 second example
+            ({(0, 1)}, 2, (0.25, 0.5)),  # docs/scoring.md section 4, first example
+            ({(0, 1), (1, 2)}, 3, (0.5, 0.75)),  # docs/scoring.md section 4, second example
         ],
     )
     def test_worked_example_rates(

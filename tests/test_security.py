@@ -1,5 +1,5 @@
 """Security over real sockets: default bind address, bearer auth, secrets never shown, bounded
-failure reasons (SPEC §16.1, §17.2, §2.4.2).
+failure reasons (docs/reliability.md, "Security").
 
 One `genrm-trio serve` process (no `--host`) with `server.api_key_env` and `judge.api_key_env` set
 to distinctive tokens, against a `genrm-trio sim-judge` process that requires the judge token.

@@ -1,8 +1,8 @@
-"""Durable state (SPEC §16.3, §17.11): the SQLite store, its load rules, and engine restarts.
+"""Durable state (docs/durable-state.md): the SQLite store, its load rules, and engine restarts.
 
 The store runs SQLite in worker threads (real I/O), so these tests use the real clock with short
-deadlines, never MockClock autojump (DESIGN.md pitfall). Wall-clock retention is driven by an
-injected clock.
+deadlines, never MockClock autojump (docs/embedding.md, "Testing with virtual time"). Wall-clock
+retention is driven by an injected clock.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ async def test_restart_replays_every_outcome_without_judging(tmp_path: Path) -> 
             for name, value in old.result.items():
                 if type(value) is float:
                     assert new.result[name].hex() == value.hex(), name
-        # §9.6: a regenerated answer for a masked member gets its recorded judge failure ...
+        # a regenerated answer for a masked member gets its recorded judge failure ...
         assert await verify(engine, member(1, answer="a1 regenerated")) == before[1]
         # ... and a scored member still refuses a different answer.
         refused = await verify(engine, member(2, answer="a2 regenerated"))

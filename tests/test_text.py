@@ -1,4 +1,4 @@
-"""Text extraction, history and digests (SPEC §4.1, §8.1, §8.2, D16; reference §11.2, §11.11)."""
+"""Text extraction, history and digests (docs/scoring.md section 7, docs/architecture.md, D16)."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def test_judge_text_of_a_response_without_answer() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Conversation history (§4.1, D16)
+# Conversation history (D16)
 
 
 def test_string_input_is_one_user_message() -> None:
@@ -294,7 +294,7 @@ def test_extraction_never_raises(value: object) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Digests (§8.2; §8.1 baseline suffix)
+# Digests (and the baseline key suffix)
 
 
 def test_prompt_digest_formula_is_pinned() -> None:

@@ -1,4 +1,4 @@
-"""Verdict parsing (SPEC §5, D2, D3, D11; reference tests §11.11 TestParseGenRMOutput)."""
+"""Verdict parsing (docs/scoring.md section 7; D2, D3, D11; reference TestParseGenRMOutput)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def fenced(body: str, tag: str = "json") -> str:
 
 
 def naive_spans(text: str) -> list[str]:
-    """A literal, quadratic restatement of the §5.1 step 1 scanner, used as the oracle."""
+    """A literal, quadratic restatement of the reference's brace scanner, used as the oracle."""
     spans: list[str] = []
     i = 0
     while i < len(text):
@@ -91,7 +91,8 @@ def test_parse_error_is_a_value_error() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# §5.1 worked examples, verified against the reference; all values are in range, so D2 agrees.
+# Worked examples (docs/scoring.md), verified against the reference; all values are in range, so
+# D2 agrees.
 
 WORKED_EXAMPLES = [
     ('{"score_1": 4}', (4.0, 3.0, 3.5)),

@@ -1,8 +1,9 @@
 """One cohort: its compact members, their waiters, and the state machine's callbacks.
 
 A cohort is a model of the shared :data:`~genrm_trio.cohort.machine.MACHINE`. It keeps only what
-scoring and replay need (SPEC D22): per member the answer and reasoning texts, the response
-digest, the rubric ids and the baseline digest; the request bodies stay with their HTTP handlers.
+scoring and replay need (docs/differences.md, D22): per member the answer and reasoning texts,
+the response digest, the rubric ids and the baseline digest; the request bodies stay with their
+HTTP handlers.
 Once terminal, the members are dropped and the :class:`~genrm_trio.cohort.records.TerminalRecord`
 is the only source of replies.
 
@@ -10,7 +11,7 @@ A waiter is a token in its member's list (counted, and removed when its request 
 every waiting request of a cohort waits on the cohort's one ``released`` event, after the release
 has put its slot's outcome in the token, so a held request costs no event of its own.
 Outcomes are decided when the cohort enters a terminal state; waiters are released later, by the
-cohort's run task, after the durable store has committed the record (SPEC §17.11).
+cohort's run task, after the durable store has committed the record.
 """
 
 from __future__ import annotations
@@ -43,11 +44,11 @@ LEGACY_SUFFIX: Final = (
     " This legacy group has failed; retry requires a fresh _ng_group_id shared by every member."
     " Reusing the task/prompt key could mix delayed answers with a replacement group."
 )
-REASON_LIMIT: Final = 2000  # failsafe rows keep the first 2000 characters (SPEC §2.4.2)
+REASON_LIMIT: Final = 2000  # failsafe rows keep the first 2000 characters
 
 
 def with_legacy_suffix(message: str) -> str:
-    """``message`` plus the §8.7 legacy advice, cut so that the advice survives 2000 chars."""
+    """``message`` plus the legacy advice, cut so that the advice survives 2000 chars."""
     return message[: REASON_LIMIT - len(LEGACY_SUFFIX)] + LEGACY_SUFFIX
 
 
@@ -137,7 +138,7 @@ class CohortHost(Protocol):
 
 @final
 class Cohort:
-    """One `/verify` cohort (SPEC §8.3). Identity equality: never ``==`` by content."""
+    """One `/verify` cohort. Identity equality: never ``==`` by content."""
 
     __eq__ = object.__eq__
     __hash__ = object.__hash__
@@ -260,7 +261,7 @@ class Cohort:
     # --- replies ----------------------------------------------------------------------------
 
     def failure_outcome(self) -> GroupFailed:
-        """The recorded failure as a reply (legacy advice appended, SPEC §8.7)."""
+        """The recorded failure as a reply (legacy advice appended; docs/architecture.md)."""
         assert self.record is not None and self.record.phase == "failed"
         message = self.record.failure or "GenRM cohort evaluation failed"
         if self.legacy:

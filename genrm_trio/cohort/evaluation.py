@@ -1,9 +1,9 @@
 """From comparison outcomes to member outcomes: masking, aggregation and result rows.
 
 Pure (no trio): the engine runs the judge calls and records each planned comparison's outcome in
-an :class:`Evaluation`; :func:`score_cohort` turns those into scored and masked members (SPEC
-§9.2, §9.3) or an all-masked group failure (D30), and :func:`compare_result` into the `/compare`
-reply (§2.5, §17.8).
+an :class:`Evaluation`; :func:`score_cohort` turns those into scored and masked members
+(docs/scoring.md, "4. Masking") or an all-masked group failure (D30), and :func:`compare_result`
+into the `/compare` reply (docs/http-api.md, "POST /compare").
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class MemberText:
 @final
 @dataclass(frozen=True, slots=True)
 class AllMasked:
-    """Every member lost a comparison: the group fails as a judge failure (SPEC §9.4, D30)."""
+    """Every member lost a comparison: the group fails as a judge failure (D30)."""
 
     message: str
 
@@ -193,7 +193,7 @@ def _rubric_valid(
     population: Sequence[int],
     texts: Mapping[int, MemberTexts],
 ) -> dict[int, float | None]:
-    """``reward_rubric_aggregate_valid`` per member (SPEC §6.5), over successful comparisons."""
+    """``reward_rubric_aggregate_valid`` of each member (docs/scoring.md, "rubric validity")."""
     out: dict[int, float | None] = dict.fromkeys(population)
     if settings.score_source != "rubric_mean":
         return out
@@ -231,7 +231,7 @@ def _metrics(
 
 
 def default_result(settings: Settings, text: MemberText) -> dict[str, JSONValue]:
-    """The singleton-path result (SPEC §2.3, §17.9): defaults and metrics at their defaults."""
+    """The singleton-path result (docs/differences.md, D41): defaults and metrics at defaults."""
     score = settings.default_score
     result: dict[str, JSONValue] = {
         "reward": score,
@@ -267,7 +267,7 @@ def score_cohort(
 ) -> dict[int, Scored | Masked] | AllMasked:
     """Mask the members of failed comparisons and score the rest from all their comparisons.
 
-    Raises ValueError when a reward is not finite (a cohort-kind failure, SPEC §8.6).
+    Raises ValueError when a reward is not finite (a cohort-kind failure, docs/scoring.md).
     """
     total = evaluation.total
     failed = evaluation.failed()
@@ -325,7 +325,7 @@ def score_cohort(
 def compare_result(
     settings: Settings, evaluation: Evaluation, texts: Sequence[MemberText]
 ) -> CompareResult:
-    """The `/compare` reply once every comparison succeeded (SPEC §2.5, §17.8).
+    """The `/compare` reply once every comparison succeeded (docs/http-api.md, "POST /compare").
 
     Rewards carry the group adjustments over all inputs, as in the reference. Raises ValueError
     when a reward or metric is not finite (absurd unvalidated verdicts overflow the sums; the

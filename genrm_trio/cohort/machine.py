@@ -7,8 +7,8 @@ States (internal names, shown by ``GET /cohorts``, Prometheus labels and docs)::
     judging --publish [unless has_masked_members]--> scored
     collecting | judging --fail--> failed
 
-The wire and the logs keep the reference's words (SPEC §17.4): :func:`wire_phase` maps
-``judging`` → ``evaluating`` and ``scored``/``partially_masked`` → ``completed``.
+The wire and the logs keep the reference's words (docs/differences.md, D39): :func:`wire_phase`
+maps ``judging`` → ``evaluating`` and ``scored``/``partially_masked`` → ``completed``.
 
 Shape (measured by ``benchmarks/state_machine.py`` on the 2-core machine, Python 3.11,
 transitions 0.9.3, with other jobs running (load average about 2); one lifecycle = create +
@@ -23,10 +23,9 @@ one Machine per cohort                         104           10.31
 ======================================  ============  ===================
 
 A guarded trigger with its entry callback and ``after_state_change`` (``send_event=True``) costs
-12–22 µs here (the box is noisy; the benchmark prints it); DESIGN.md's 2.6 µs is a bare
-trigger. Either way it is far below the ~1.5 ms of HTTP work per request; the shared shape's
-cost grows with live cohorts while this one's does not, and a per-cohort Machine holds 100x the
-memory.
+12–22 µs here (the box is noisy; the benchmark prints it), far below the ~1.5 ms of HTTP work per
+request; the shared shape's cost grows with live cohorts while this one's does not, and a
+per-cohort Machine holds 100x the memory.
 
 So a single module-level :data:`MACHINE` is built with ``model=None`` and never learns about
 cohorts: the typed wrappers :func:`start_judging`, :func:`publish` and :func:`fail` call
@@ -186,7 +185,7 @@ def is_terminal(state: str) -> bool:
 
 
 def wire_phase(state: str) -> WirePhase:
-    """The reference's word for a state (SPEC §17.4), used in replies and log lines."""
+    """The reference's word for a state (docs/differences.md, D39), for replies and log lines."""
     return _WIRE[state]
 
 
@@ -233,18 +232,21 @@ def render_markdown() -> str:
         f"{render_mermaid()}"
         "```\n\n"
         "Internal state names appear in `GET /cohorts`, Prometheus labels and these docs; replies"
-        " and log lines use the reference's words (SPEC §17.4):\n\n"
+        " and log lines use the reference's words"
+        " ([differences.md](differences.md#requests-and-replies), D39):\n\n"
         "| state | wire / log word |\n|---|---|\n"
         f"{rows}\n\n"
         "- `start_judging` is guarded by `is_full` (all N rollout indices present).\n"
         "- `publish` goes to `partially_masked` when at least one member was masked alone"
-        " (SPEC §9.2), else to `scored`; from any state but `judging` it is a no-op, so a late"
+        " ([differences.md](differences.md#partial-masking-and-the-trainer-requirement)), else to"
+        " `scored`; from any state but `judging` it is a no-op, so a late"
         " result of a superseded or failed cohort is discarded.\n"
         "- `fail` leaves `collecting` or `judging` (collection deadline, supersession, shutdown,"
         " non-judge error, evaluation deadline, every member masked); it is a no-op once the"
         " cohort is terminal.\n"
         "- Entering a terminal state records the outcome and the terminal record; waiters are"
-        " released only after that record is committed to the durable store (SPEC §17.11).\n"
+        " released only after that record is committed to the durable store"
+        " ([durable-state.md](durable-state.md#durability-when-is-a-reply-safe)).\n"
     )
 
 

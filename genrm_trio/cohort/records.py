@@ -2,7 +2,7 @@
 
 A :class:`TerminalRecord` is built once, when a cohort reaches a terminal state, and is the only
 thing a replay reads afterwards: the same record serves the in-memory registry, the durable
-store (SPEC §17.11) and checkpoint v1 (§17.12). Records hold no timestamps; the store stamps
+store and checkpoint v1 (docs/durable-state.md). Records hold no timestamps; the store stamps
 wall-clock times itself and the registry keeps monotonic ones.
 """
 
@@ -153,7 +153,7 @@ class MemberRecord:
     response_digest: str
     result: Mapping[str, JSONValue] | None = None  # every non-echo key of its success row
     masked_alone: bool = False
-    failure_reason: str | None = None  # the §9.7 member reason when masked_alone
+    failure_reason: str | None = None  # the member reason when masked_alone
 
     def __post_init__(self) -> None:
         if (self.result is None) == (not self.masked_alone):
@@ -329,7 +329,7 @@ class TerminalRecord:
 
     @property
     def retained(self) -> bool:
-        """Whether the registry keeps this record for replay (SPEC §8.7, D33).
+        """Whether the registry keeps this record for replay (docs/differences.md, D33).
 
         A completed legacy cohort without masked members is deleted at publish; a store should
         then drop its ``open`` record and keep nothing.
@@ -340,7 +340,7 @@ class TerminalRecord:
 @final
 @dataclass(frozen=True, slots=True)
 class OpenRecord:
-    """Commit point 2 of SPEC §17.11: a cohort was created."""
+    """Commit point 2 (docs/architecture.md, "Durable-state commit points"): a new cohort."""
 
     key: str
     group_id: str | None
@@ -352,7 +352,7 @@ class OpenRecord:
 @final
 @dataclass(frozen=True, slots=True)
 class WatermarkRecord:
-    """Commit point 1 of SPEC §17.11: the newest attempt of an explicit group."""
+    """Commit point 1 (docs/architecture.md): the newest attempt of an explicit group."""
 
     group_id: str
     latest_attempt: int
@@ -360,7 +360,7 @@ class WatermarkRecord:
 
 
 class CohortStore(Protocol):
-    """Durable state hooks, one per commit point of SPEC §17.11 (the simple form).
+    """Durable state hooks, one per commit point (docs/architecture.md; the simple form).
 
     Each hook returns once its record is committed. A store with only these hooks is driven
     through :class:`SerialCommits`, which runs them one at a time in submission order; a store
@@ -398,7 +398,7 @@ class QueuedCohortStore(CohortStore, Protocol):
     submits (a store may rely on a waiter to drive its queue). A ``submit_*`` call may raise
     (say, the store is closed): that is the request's error, like a failed commit.
     ``commit_many`` applies terminal records and watermarks in one transaction (a checkpoint
-    restore, SPEC §17.12), in order after everything submitted before it.
+    restore), in order after everything submitted before it.
     """
 
     def submit_watermark(self, record: WatermarkRecord) -> Commit: ...

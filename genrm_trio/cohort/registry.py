@@ -1,8 +1,9 @@
 """The cohort registry: keys, active cohorts, terminal records, group watermarks and retention.
 
-Retention (SPEC §8.10) uses ordered indexes instead of scanning the registry (D21): a heap of
-terminal cohorts by ``terminal_at`` and a heap of *idle* group watermarks (groups with no active
-cohort) by ``updated_at``, both with lazy deletion and amortised compaction. Pruning pops only
+Retention (docs/durable-state.md, "Retention") uses ordered indexes instead of scanning the
+registry (D21): a heap of terminal cohorts by ``terminal_at`` and a heap of *idle* group
+watermarks (groups with no active cohort) by ``updated_at``, both with lazy deletion and amortised
+compaction. Pruning pops only
 what it drops, so a request pays O(log n) amortised however many records are retained.
 
 Every method is synchronous: the engine calls them inside its registry critical section, and
@@ -36,7 +37,7 @@ _COMPACT_SLACK: Final = 64
 
 @final
 class Watermark:
-    """The newest attempt seen for one explicit group (SPEC §8.3)."""
+    """The newest attempt seen for one explicit group."""
 
     __slots__ = ("heap_seq", "latest_attempt", "prompt_digest", "updated_at")
 
@@ -86,7 +87,7 @@ class Registry:
         return iter(list(self._group_active.get(group_id, ())))
 
     def views(self, now: float) -> list[CohortView]:
-        """Active cohorts, oldest first (SPEC §17.13)."""
+        """Active cohorts, oldest first (``GET /cohorts``)."""
         out: list[CohortView] = []
         for c in self.active:
             judging = c.state == "judging"
@@ -196,7 +197,7 @@ class Registry:
             ]
             heapq.heapify(self._watermark_heap)
 
-    # --- retention (SPEC §8.10) ---------------------------------------------------------------
+    # --- retention (docs/durable-state.md, "Retention") ---------------------------------------
 
     def prune(self, now: float) -> None:
         """Drop terminal records and watermarks that the retention rule no longer keeps."""
@@ -293,4 +294,4 @@ class Registry:
             assert cohort.terminal_at is not None
             self.prune(cohort.terminal_at)  # keep the cap between resolutions too
         else:
-            del self.cohorts[cohort.key]  # completed legacy cohorts are not replayable (§8.7)
+            del self.cohorts[cohort.key]  # completed legacy cohorts are not replayable
