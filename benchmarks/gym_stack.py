@@ -318,7 +318,10 @@ class LineLog:
                 while i < len(self.lines):
                     at, line = self.lines[i]
                     if line == "\0EOF":
-                        raise TrialError(f"{self.path.name}: ended before /{pattern}/")
+                        last = self.lines[i - 1][1] if i else ""
+                        raise TrialError(
+                            f"{self.path.name}: ended before /{pattern}/; last line: {last[:300]}"
+                        )
                     if regex.search(line):
                         return i, at, line
                     i += 1
@@ -359,13 +362,22 @@ def start(
 
 
 def run_bounded(
-    argv: Sequence[str], log: Path, timeout_s: float, env: dict[str, str] | None = None
+    argv: Sequence[str],
+    log: Path,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> tuple[int, float]:
     """Run to completion (own session, killed by PID on timeout); exit code and seconds."""
     t0 = time.monotonic()
     with log.open("w") as out:
         popen = subprocess.Popen(
-            list(argv), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            list(argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
         )
         try:
             code = popen.wait(timeout=timeout_s)
@@ -606,6 +618,7 @@ class Trial:
     debug_logging: bool
     tracked: Tracked = field(default_factory=Tracked)
     deadline: float = 0.0
+    ray_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gst-ray-")))
 
     def left(self) -> float:
         remaining = self.deadline - time.monotonic()
@@ -621,8 +634,9 @@ class Trial:
             # its node address is 127.0.0.1 (ray._private.services.get_node_ip_address).
             RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
             RAY_USAGE_STATS_ENABLED="0",
-            # Ray's sockets and logs under our work dir, not a /tmp/ray shared with other runs.
-            RAY_TMPDIR=str(self.work / "ray"),
+            # Ray's sockets and logs in our own short directory (AF_UNIX paths are limited to
+            # 107 bytes), not in a /tmp/ray shared with other runs.
+            RAY_TMPDIR=str(self.ray_dir),
             PATH=f"{self.gym_venv / 'bin'}:{env.get('PATH', '')}",
             PYTHONUNBUFFERED="1",
             NO_COLOR="1",
@@ -659,7 +673,7 @@ class Trial:
         ]
         say(f"{name}: {' '.join(argv[1:])}")
         log = self.work / f"eval-{name}.log"
-        code, seconds = run_bounded(argv, log, self.left(), self.gym_env())
+        code, seconds = run_bounded(argv, log, self.left(), self.gym_env(), cwd=self.work)
         # Gym 0.7.0 ends a collection in which no rollout produced a result with exit 1
         # (rollout_collection.py), after writing the sidecar: expected with a failing judge.
         nothing = "None of the" in log.read_text(errors="replace") and "produced a result" in (
@@ -706,7 +720,10 @@ class Trial:
                 argv.append(f"++{INSTANCE}.resources_servers.genrm_trio.debug_logging=true")
             say(f"gym {' '.join(argv[1:])}")
             t0 = time.monotonic()
-            gym = start(self.tracked, "gym-env-start", argv, self.work, env=self.gym_env())
+            # cwd: Hydra writes outputs/<date>/ there (and Gym also looks for servers there)
+            gym = start(
+                self.tracked, "gym-env-start", argv, self.work, env=self.gym_env(), cwd=self.work
+            )
             gym.wait_for(r"servers ready!", min(300.0, self.left()))
             startup = time.monotonic() - t0
             lines.append(f"gym env start: all servers ready after {startup:.1f}s")
@@ -824,6 +841,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in list(trial.tracked.roots):
             trial.tracked.stop(name, signal.SIGINT, grace_s=15)
         left = trial.tracked.kill_leftovers()
+        shutil.rmtree(trial.ray_dir, ignore_errors=True)
     if left:
         # Ray's dashboard leaves multiprocessing helpers behind after Gym's own shutdown: noted
         # (and killed); anything else surviving is a failure.
