@@ -178,6 +178,16 @@ def _alive(pid: int, start: int) -> bool:
     return stat is not None and stat[3] == start and stat[0] not in ("Z", "X")
 
 
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of a PID in clock ticks (0 once it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def _all_pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
@@ -767,17 +777,29 @@ class Trial:
             mark = len(gym.lines)
             gym_pid = self.tracked.roots["gym-env-start"].pid
             os.kill(gym_pid, signal.SIGINT)
+            cpu_before = _cpu_ticks(genrm[0])
             _, sent_at, _ = gym.wait_for(r"Sending interrupt signals to servers", 30, since=mark)
+            cpu_last = cpu_before
             while _alive(*genrm) and time.monotonic() - sent_at < 10:
+                cpu_last = _cpu_ticks(genrm[0]) or cpu_last
                 time.sleep(0.002)
             exit_s = time.monotonic() - sent_at
+            load = os.getloadavg()[0]
             self.tracked.roots["gym-env-start"].wait(timeout=min(60.0, self.left()))
             gym.join(10)
             killed = [line for _, line in gym.lines[mark:] if KILLED_MARK in line]
+            got = [
+                at for at, line in gym.lines[mark:] if "genrm_trio.serve: received SIGINT" in line
+            ]
+            # Where the time went: until genrm-trio logged the signal, and its own CPU time
+            # (the rest is waiting for a core: eight servers stop at once on this box).
+            logged = f"{(got[0] - sent_at) * 1000:.0f} ms" if got else "not seen"
+            cpu_ms = (cpu_last - cpu_before) * 1000 / os.sysconf("SC_CLK_TCK")
             lines.append(
-                f"genrm-trio exit after Gym's SIGINT: {exit_s * 1000:.0f} ms "
-                f"(Gym's grace is 1 s); Gym's kill notice: {killed[0] if killed else 'none'}"
+                f"genrm-trio exit after Gym's SIGINT: {exit_s * 1000:.0f} ms (Gym's grace is 1 s;"
+                f" its SIGINT line after {logged}; {cpu_ms:.0f} ms of its CPU; load {load:.1f})"
             )
+            lines.append(f"  Gym's kill notice: {killed[0] if killed else 'none'}")
             if exit_s >= 1.0 or any(INSTANCE in line for line in killed):
                 ok = False
                 lines.append(f"  FAIL Gym killed {INSTANCE} or it took >= 1 s")
