@@ -820,10 +820,11 @@ def test_auth_env_unset_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> No
 
 async def test_debug_logging_path(caplog: pytest.LogCaptureFixture) -> None:
     app = create_app(FakeEngine(), Settings(debug_logging=True))
-    with caplog.at_level(logging.DEBUG, logger="genrm_trio.http"):
-        assert (await call(app, "/verify", body=verify_body()))[0] == 200
+    # INFO: what `genrm-trio serve` and Gym's app.py log at (DEBUG records never showed there).
+    with caplog.at_level(logging.INFO, logger="genrm_trio.http"):
+        assert (await call(app, "/verify", body=verify_body(_ng_task_index=7)))[0] == 200
         assert (await call(app, "/compare", body=COMPARE))[0] == 200
-    assert "verify group_id='g1' rollout_index=1 -> Scored" in caplog.text
+    assert "verify task_index=7 group_id='g1' rollout_index=1 -> Scored" in caplog.text
     assert "compare rewards" in caplog.text
 
 

@@ -548,6 +548,24 @@ async def test_responses_api_over_asgi(autojump_clock: trio.testing.MockClock) -
     assert app.sim.statistics().in_flight == 0
 
 
+async def test_responses_body_has_every_field_openai_response_requires() -> None:
+    # NeMo Gym's openai_model validates the upstream reply as openai's `Response` (the Gym
+    # trial's `genrm_model` is an openai_model in front of this judge): a missing required field
+    # there is an HTTP 500 for every comparison.
+    app = sim_asgi_app(SimConfig())
+    async with client(app) as http:
+        with trio.fail_after(10):
+            response = await http.post("/responses", json=responses_body("four", "4"))
+    body = response.json()
+    required = {"id", "created_at", "model", "object", "output"}
+    required |= {"parallel_tool_calls", "tool_choice", "tools"}
+    assert required <= body.keys()
+    assert (body["parallel_tool_calls"], body["tool_choice"], body["tools"]) == (False, "auto", [])
+    usage = body["usage"]
+    assert usage["input_tokens_details"] == {"cached_tokens": 0}
+    assert usage["output_tokens_details"] == {"reasoning_tokens": 0}
+
+
 async def test_chat_completions_over_asgi(autojump_clock: trio.testing.MockClock) -> None:
     app = sim_asgi_app(SimConfig(latency_s=0.25))
     async with client(app) as http:

@@ -479,8 +479,11 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
         else:
             raise TypeError(f"unexpected outcome {type(outcome).__name__}")
         if debug:
-            log.debug(
-                "verify group_id=%r rollout_index=%r -> %s",
+            # INFO, like the engine's debug_logging lines: the flag is the opt-in, and the
+            # services (serve, Gym's app.py) log at INFO, where DEBUG records never showed.
+            log.info(
+                "verify task_index=%r group_id=%r rollout_index=%r -> %s",
+                held.rest.get("_ng_task_index"),
                 held.group_id,
                 held.rollout_index,
                 type(outcome).__name__,
@@ -490,11 +493,11 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
     async def compare_route(data: bytes) -> _Reply:
         item = parse_compare(decode_json(data))
         if debug:
-            log.debug("compare: %d bytes, %d responses", len(data), len(item.responses))
+            log.info("compare: %d bytes, %d responses", len(data), len(item.responses))
         del data
         result = await engine.compare(item)
         if debug:
-            log.debug("compare rewards: %s", result.rewards)
+            log.info("compare rewards: %s", result.rewards)
         reply = {
             "rewards": result.rewards,
             "comparison_results": result.comparison_results,

@@ -787,9 +787,16 @@ def _responses_body(
         "status": "incomplete" if budget else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if budget else None,
         "output": output,
+        # openai's `Response` requires these (NeMo Gym's openai_model validates every upstream
+        # reply with it, so without them a Gym `genrm_model` in front of this judge answers 500).
+        "parallel_tool_calls": False,
+        "tool_choice": "auto",
+        "tools": [],
         "usage": {
             "input_tokens": usage[0],
+            "input_tokens_details": {"cached_tokens": 0},
             "output_tokens": usage[1],
+            "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage[0] + usage[1],
         },
     }
