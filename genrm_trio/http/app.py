@@ -40,7 +40,10 @@ from ..model import (
     VerifyInput,
 )
 from ..wire import (
+    AggregateMetricsRequest,
+    CloseSessionRequest,
     HeldVerify,
+    SeedSessionRequest,
     WireError,
     decode_json,
     encode_json,
@@ -48,6 +51,7 @@ from ..wire import (
     openapi_document,
     parse_compare,
     parse_verify,
+    validate,
 )
 
 __all__ = ["PUBLIC_PATHS", "EngineLike", "create_app", "current_rollout_id"]
@@ -514,8 +518,8 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
     @app.post("/seed_session")
     async def seed_session() -> Response:
         value = decode_json(await body())
-        if type(value) is not dict:
-            raise WireError([error("dict_type", (), "Input should be a valid dictionary")])
+        validate(SeedSessionRequest, value)
+        assert type(value) is dict
         if value.keys() == _ENV_SEED_KEYS:
             return _reply(200, {"resources_session_id": value["resources_session_id"]})
         return _reply(200, {})
@@ -523,37 +527,16 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
     @app.post("/close_session")
     async def close_session() -> Response:
         value = decode_json(await body())
-        if type(value) is not dict:
-            raise WireError([error("dict_type", (), "Input should be a valid dictionary")])
-        missing = [
-            error("missing", (key,), "Field required")
-            for key in ("resources_session_id", "episode_id")
-            if key not in value
-        ]
-        if missing:
-            raise WireError(missing)
+        validate(CloseSessionRequest, value)
+        assert type(value) is dict
         return _reply(200, {"resources_session_id": value["resources_session_id"]})
 
     @app.post("/aggregate_metrics")
     async def aggregate() -> Response:
         value = decode_json(await body())
-        if type(value) is not dict:
-            raise WireError([error("dict_type", (), "Input should be a valid dictionary")])
-        if "verify_responses" not in value:
-            raise WireError([error("missing", ("verify_responses",), "Field required")])
-        rows = value["verify_responses"]
-        if type(rows) is not list:
-            raise WireError(
-                [error("list_type", ("verify_responses",), "Input should be a valid list")]
-            )
-        bad = [
-            error("dict_type", ("verify_responses", idx), "Input should be a valid dictionary")
-            for idx, row in enumerate(rows)
-            if type(row) is not dict
-        ]
-        if bad:
-            raise WireError(bad[:64])
-        return _reply(200, aggregate_metrics(rows))
+        validate(AggregateMetricsRequest, value)  # the rows are used as decoded, not copied
+        assert type(value) is dict
+        return _reply(200, aggregate_metrics(value["verify_responses"]))
 
     @app.get("/reverify_mode")
     async def reverify_mode() -> Response:
