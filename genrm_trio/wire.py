@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Annotated, Any, Final, Literal, NoReturn, final
+from typing import Annotated, Any, Final, Literal, NoReturn, TypeVar, final
 
 from pydantic import (
     AliasChoices,
@@ -394,11 +394,14 @@ def _wire_errors(model: type[BaseModel], exc: ValidationError) -> list[dict[str,
     return [item for _, _, item in items[:MAX_ERRORS]]
 
 
-def validate(model: type[BaseModel], value: JSONValue) -> BaseModel:
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def validate(model: type[_M], value: JSONValue) -> _M:
     """`model.model_validate(value)`, or WireError with the 422 items of what is wrong."""
     try:
         # model_validate without its Python wrapper (0.4 µs of the ~6 µs of a /verify body)
-        validated: BaseModel = model.__pydantic_validator__.validate_python(value)
+        validated: _M = model.__pydantic_validator__.validate_python(value)
         return validated
     except ValidationError as exc:
         raise WireError(_wire_errors(model, exc)) from None
@@ -423,7 +426,7 @@ def parse_verify(value: JSONValue) -> VerifyRequest:
     `input`, `response` and `metadata` of the engine input are the decoded objects themselves.
     """
     model = validate(VerifyBody, value)
-    assert isinstance(model, VerifyBody) and type(value) is dict
+    assert type(value) is dict
     rcp = value["responses_create_params"]
     metadata = rcp.get("metadata")
     return VerifyRequest(
@@ -450,7 +453,7 @@ def parse_compare(value: JSONValue) -> CompareInput:
     Undeclared top-level keys are ignored; `history` and `responses` are the decoded lists.
     """
     model = validate(CompareBody, value)
-    assert isinstance(model, CompareBody) and type(value) is dict
+    assert type(value) is dict
     return CompareInput(
         history=value["conversation_history"],
         responses=value["response_objs"],
