@@ -1,7 +1,8 @@
-"""The ASGI fast path of POST /verify and POST /compare (genrm_trio/http/app.py `_App`).
+"""The ASGI layer in front of Quart and its POST routes (genrm_trio/http/app.py `_App`).
 
 Its replies are covered route by route in test_http_app.py (Quart's test client goes through
-it); here: what it keeps alive while a request waits, and its body-reading outcomes.
+it); here: what it keeps alive while a request waits, its body-reading outcomes, and that it is
+the one layer for every route (body limit, 405, error mapping; Quart serves no POST route).
 """
 
 from __future__ import annotations
@@ -51,3 +52,78 @@ async def test_body_reading_outcomes(autojump_clock: trio.testing.MockClock) -> 
     start = trio.current_time()
     assert await _receive_body(_receiver(part), 9, 60) == 408
     assert trio.current_time() - start == 60
+
+
+# --- one HTTP layer for every route ------------------------------------------------------------
+
+POST_ROUTES = ["/verify", "/compare", "/seed_session", "/close_session", "/aggregate_metrics"]
+
+
+def test_quart_serves_no_route_that_takes_a_body() -> None:
+    app: Any = create_app(FakeEngine(), Settings())
+    assert sorted(app.post_routes) == sorted([*POST_ROUTES, "/checkpoint"])
+    for rule in app.url_map.iter_rules():
+        assert "POST" not in (rule.methods or set()), rule.rule
+
+
+async def _call(app: Any, method: str, path: str, body: bytes, **headers: str) -> Any:
+    client = app.test_client()
+    return await client.open(path, method=method, data=body, headers=headers)
+
+
+async def test_every_post_route_has_the_body_limit_and_the_405() -> None:
+    app: Any = create_app(FakeEngine(), Settings.model_validate({"server": {"max_body_bytes": 10}}))
+    for path in [*POST_ROUTES, "/checkpoint"]:
+        big = b"{" + b" " * 20 + b"}"
+        response = await _call(app, "POST", path, big, **{"Content-Length": str(len(big))})
+        assert response.status_code == 413, path
+        assert await response.get_json() == {"detail": "request body exceeds 10 bytes"}
+        assert response.headers["Connection"] == "close"
+        response = await _call(app, "PUT", path, b"")
+        assert response.status_code == 405, path
+        assert await response.get_json() == {"detail": "Method Not Allowed"}
+        expected = "GET, HEAD, POST" if path == "/checkpoint" else "POST"
+        assert response.headers["Allow"] == expected
+
+
+async def test_quart_routes_use_the_same_error_mapping(caplog: Any) -> None:
+    import logging
+
+    app: Any = create_app(FakeEngine(), Settings())  # FakeEngine has no records: GET fails
+    with caplog.at_level(logging.ERROR, logger="genrm_trio.http"):
+        response = await _call(app, "GET", "/checkpoint", b"")
+    assert response.status_code == 500
+    assert await response.get_json() == {"detail": "internal error"}
+    [record] = [r for r in caplog.records if r.name == "genrm_trio.http"]
+    assert record.getMessage() == "internal error on GET /checkpoint"
+
+
+async def test_quart_replies_get_the_send_timeout_and_close(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app: Any = create_app(FakeEngine(), Settings())
+    sent: list[dict[str, Any]] = []
+
+    async def stuck(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body":
+            await trio.sleep_forever()  # a client that stopped reading
+
+    send = app._quart_send(stuck, True)
+    start = trio.current_time()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"x", "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})  # dropped
+    assert trio.current_time() - start == 60
+    assert sent[0]["headers"] == [(b"connection", b"close")]
+    assert len(sent) == 2
+
+
+async def test_quart_is_handed_no_body() -> None:
+    from genrm_trio.http.app import _bodiless
+
+    part = {"type": "http.request", "body": b"ab", "more_body": True}
+    last = {"type": "http.request", "body": b"c", "more_body": False}
+    receive = _bodiless(_receiver(part, last, {"type": "http.disconnect"}))
+    assert await receive() == {"type": "http.request", "body": b"", "more_body": False}
+    assert await receive() == {"type": "http.disconnect"}

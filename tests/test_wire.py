@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from genrm_trio.cohort.records import MemberRecord, PackedResult
 from genrm_trio.config import RESPONSES_CREATE_PARAM_KEYS
@@ -17,10 +16,8 @@ from genrm_trio.model import Scored
 from genrm_trio.wire import (
     FAILSAFE_REASON_LIMIT,
     VERIFY_FIELDS,
-    CompareBody,
     HeldVerify,
     ResponsesCreateParams,
-    VerifyBody,
     WireError,
     decode_json,
     encode_json,
@@ -681,15 +678,58 @@ def test_failsafe_reason_truncated_to_2000() -> None:
     assert row["_ng_failure_judge_error"] == row["failure_reason"]
 
 
-# --- documentation models stay in step with the hand-written checks ----------------------------
+# --- the request models are the validator: every refusal is a wire item ----------------------
 
 
 def test_models_declare_the_same_fields() -> None:
     assert set(ResponsesCreateParams.model_fields) == RESPONSES_CREATE_PARAM_KEYS
-    aliases = {
-        (field.serialization_alias or name): name for name, field in VerifyBody.model_fields.items()
+    assert VERIFY_FIELDS == {
+        "responses_create_params": "responses_create_params",
+        "response": "response",
+        "principle": "principle",
+        "prompt_id": "prompt_id",
+        "_ng_task_index": "task_index",
+        "_ng_group_id": "group_id",
+        "_ng_group_attempt": "group_attempt",
+        "_ng_rollout_index": "rollout_index",
+        "_ng_rollout_id": "capture_rollout_id",
+        "expected_rubric_ids": "expected_rubric_ids",
     }
-    assert aliases == VERIFY_FIELDS
+
+
+WIRE_TYPES = {
+    "dict_type",
+    "list_type",
+    "string_type",
+    "int_type",
+    "missing",
+    "extra_forbidden",
+    "greater_than_equal",
+    "literal_error",
+    "input_type",
+    "content_type",
+}
+
+
+def assert_wire_items(raw: Any, errors: list[dict[str, Any]]) -> None:
+    """Each item has a documented type and a `loc` that is a key path of the body (pydantic's
+    union tags removed): every step exists, except the last of a `missing` item."""
+    assert errors
+    for item in errors:
+        assert set(item) == {"type", "loc", "msg"}
+        assert item["type"] in WIRE_TYPES
+        assert isinstance(item["msg"], str)
+        assert item["loc"][0] == "body"
+        value = raw
+        path = item["loc"][1:]
+        for depth, step in enumerate(path):
+            last = depth == len(path) - 1
+            in_dict = isinstance(value, dict) and step in value
+            in_list = isinstance(value, list) and isinstance(step, int) and 0 <= step < len(value)
+            if not (in_dict or in_list):
+                assert last and item["type"] == "missing", item
+                break
+            value = value[step]
 
 
 def _verify_bodies() -> list[Any]:
@@ -751,18 +791,11 @@ def _verify_bodies() -> list[Any]:
 
 
 @pytest.mark.parametrize("raw", _verify_bodies())
-def test_verify_model_agrees_with_hand_validation(raw: Any) -> None:
+def test_verify_refusals_are_wire_items(raw: Any) -> None:
     try:
         parse_verify(raw)
-        hand_ok = True
-    except WireError:
-        hand_ok = False
-    try:
-        VerifyBody.model_validate(raw)
-        model_ok = True
-    except ValidationError:
-        model_ok = False
-    assert hand_ok == model_ok
+    except WireError as exc:
+        assert_wire_items(raw, exc.errors)
 
 
 @pytest.mark.parametrize(
@@ -780,18 +813,11 @@ def test_verify_model_agrees_with_hand_validation(raw: Any) -> None:
         {},
     ],
 )
-def test_compare_model_agrees_with_hand_validation(raw: Any) -> None:
+def test_compare_refusals_are_wire_items(raw: Any) -> None:
     try:
         parse_compare(raw)
-        hand_ok = True
-    except WireError:
-        hand_ok = False
-    try:
-        CompareBody.model_validate(raw)
-        model_ok = True
-    except ValidationError:
-        model_ok = False
-    assert hand_ok == model_ok
+    except WireError as exc:
+        assert_wire_items(raw, exc.errors)
 
 
 def _refs(value: Any) -> list[str]:

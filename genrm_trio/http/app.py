@@ -15,13 +15,20 @@ import re
 import statistics
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import trio
-from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope, Scope
-from quart import Response, g, request
+from hypercorn.typing import (
+    ASGIReceiveCallable,
+    ASGIReceiveEvent,
+    ASGISendCallable,
+    ASGISendEvent,
+    HTTPScope,
+    Scope,
+)
+from quart import Response, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from .. import __version__
 from ..checkpoint import CheckpointError, RecordsEngine, checkpoint, report_body, restore
@@ -41,7 +48,10 @@ from ..model import (
     VerifyInput,
 )
 from ..wire import (
+    AggregateMetricsRequest,
+    CloseSessionRequest,
     HeldVerify,
+    SeedSessionRequest,
     WireError,
     decode_json,
     encode_json,
@@ -49,6 +59,7 @@ from ..wire import (
     openapi_document,
     parse_compare,
     parse_verify,
+    validate,
 )
 
 __all__ = ["PUBLIC_PATHS", "EngineLike", "create_app", "current_rollout_id"]
@@ -97,19 +108,36 @@ def rejection_status(exc: RequestRejected) -> tuple[int, dict[str, str] | None]:
     return REJECTION_STATUS[exc.reason], headers
 
 
-def _reply(status: int, payload: object, headers: Mapping[str, str] | None = None) -> Response:
-    return Response(
-        encode_json(payload), status=status, headers=dict(headers or {}), content_type=_JSON
-    )
-
-
-def _detail(status: int, detail: object, headers: Mapping[str, str] | None = None) -> Response:
-    return _reply(status, {"detail": detail}, headers)
-
-
 _Reply = tuple[int, object, Mapping[str, str] | None]
-"""What a route's core returns: status, JSON payload, extra headers."""
-_FastRoute = Callable[[bytes], Awaitable[_Reply]]
+"""What a route's core returns: status, JSON payload (or its encoding), extra headers."""
+_Route = Callable[[bytes], Awaitable[_Reply]]
+_Headers = list[tuple[bytes, bytes]]
+
+BODY_TIMEOUT_S = 60.0  # the whole request body must arrive within this (408)
+RESPONSE_TIMEOUT_S = 60.0  # sending a reply is given up after this
+
+
+def error_reply(exc: Exception, method: str, path: str) -> _Reply:
+    """The reply to what a request's handling raised, for every route (docs/http-api.md, "Errors").
+
+    WireError → 422 with its list; RequestRejected → `rejection_status`; CompareFailed → 503;
+    an HTTP error of the routing (404, 405 with `Allow`) → its status and name; anything else is a
+    bug: 500 with a fixed body, and its traceback logged once (ERROR, `genrm_trio.http`).
+    """
+    if isinstance(exc, WireError):
+        return 422, {"detail": exc.errors}, None
+    if isinstance(exc, RequestRejected):
+        status, headers = rejection_status(exc)
+        return status, {"detail": exc.detail}, headers
+    if isinstance(exc, CompareFailed):
+        return 503, {"detail": exc.detail}, None
+    if isinstance(exc, HTTPException) and exc.code is not None:
+        allow = None
+        if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
+            allow = {"Allow": ", ".join(exc.valid_methods)}
+        return exc.code, {"detail": exc.name}, allow
+    log.error("internal error on %s %s", method, path, exc_info=exc)
+    return 500, {"detail": "internal error"}, None
 
 
 def _bearer_ok(header: str, expected: bytes) -> bool:
@@ -120,7 +148,7 @@ def _bearer_ok(header: str, expected: bytes) -> bool:
     )
 
 
-def _json_headers(body: bytes, extra: Mapping[str, str] | None) -> list[tuple[bytes, bytes]]:
+def _json_headers(body: bytes, extra: Mapping[str, str] | None) -> _Headers:
     headers = [
         (key.lower().encode("latin-1"), value.encode("latin-1"))
         for key, value in (extra or {}).items()
@@ -139,27 +167,41 @@ async def _watch_disconnect(receive: ASGIReceiveCallable, scope: trio.CancelScop
             return
 
 
-class _App(QuartTrio):
-    """QuartTrio that strips `/ng-rollout/{id}` and sets `current_rollout_id` (SPEC §17.13), and
-    serves `POST /verify` and `POST /compare` straight from ASGI.
+_CLOSE: Final = (b"connection", b"close")
 
-    The two hot routes skip Quart's per-request machinery (werkzeug headers and routing, request
-    and response objects, contexts, two tasks and a nursery per request), which profiling put at
-    about a sixth of the server's CPU: the same replies, statuses and headers, the same bearer
-    check, body limit (413), body timeout (408), response send timeout, error mapping, and a
-    client disconnect still cancels the handler. Every other route and method is Quart's.
+
+class _App(QuartTrio):
+    """The one HTTP layer in front of Quart: every request passes `asgi_app` first.
+
+    It strips `/ng-rollout/{id}` and sets `current_rollout_id` (SPEC §17.13); checks the bearer
+    token of every request except the health routes; serves every POST route (`post_routes`)
+    straight from ASGI: the method check (405), the body limit (413), the body timeout (408),
+    reading the body once, a watcher that cancels the handler when the client disconnects, the
+    error mapping (`error_reply`) and the response send timeout. Quart serves only routes that
+    take no body (GET and HEAD, its 404 and 405): it is handed no body (`_bodiless`), its
+    errors go through `error_reply` too, and `_quart_send` gives its replies the same send
+    timeout. A reply sent before an announced body was read carries `Connection: close`.
+
+    Serving the POST routes without Quart's per-request machinery (werkzeug headers and routing,
+    request and response objects, contexts, two tasks and a nursery per request) saves what
+    profiling put at about a sixth of the server's CPU on `/verify`.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fast_post: dict[str, _FastRoute] = {}
+        self.post_routes: dict[str, _Route] = {}
         self.bearer_token: bytes | None = None
+        self.max_body_bytes: int | None = None
         self.too_large_detail = "request body too large"
+        self._allowed: dict[str, list[str]] = {}
 
     async def asgi_app(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/ng-rollout/"):
+        if scope["type"] != "http":
+            await super().asgi_app(scope, receive, send)
+            return
+        if scope["path"].startswith("/ng-rollout/"):
             match = _PREFIX.fullmatch(scope["path"])
             if match is not None:
                 rest = match.group(2) or "/"
@@ -173,28 +215,14 @@ class _App(QuartTrio):
                     stripped["raw_path"] = rest.encode("utf-8", "replace")
                 token = current_rollout_id.set(match.group(1))
                 try:
-                    await self._dispatch(stripped, receive, send)  # type: ignore[arg-type]
+                    await self._serve(stripped, receive, send)  # type: ignore[arg-type]
                 finally:
                     current_rollout_id.reset(token)
                 return
-        await self._dispatch(scope, receive, send)
+        await self._serve(scope, receive, send)
 
-    async def _dispatch(
-        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
-    ) -> None:
-        if scope["type"] == "http":
-            route = self.fast_post.get(scope["path"]) if scope["method"] == "POST" else None
-            if route is not None:
-                await self._serve_fast(route, scope, receive, send)
-                return
-        await super().asgi_app(scope, receive, send)
-
-    async def _serve_fast(
-        self,
-        route: _FastRoute,
-        scope: HTTPScope,
-        receive: ASGIReceiveCallable,
-        send: ASGISendCallable,
+    async def _serve(
+        self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
         length: int | None = None
         chunked = False
@@ -210,60 +238,135 @@ class _App(QuartTrio):
                 chunked = b"chunked" in value.lower()
             elif name == b"authorization" and authorization is None:
                 authorization = value.decode("latin-1")
-        declared = length > 0 if length is not None else chunked
-        # A reply sent before the body was read closes the connection (see create_app).
-        unread = {"Connection": "close"} if declared else {}
+        # A reply sent before an announced body was read closes the connection: hypercorn +
+        # quart-trio may otherwise never answer the next request on it, and an unauthenticated
+        # body is not worth reading.
+        unread = length > 0 if length is not None else chunked
+        path = scope["path"]
         expected = self.bearer_token
-        if expected is not None and not _bearer_ok(authorization or "", expected):
+        if (
+            expected is not None
+            and path not in PUBLIC_PATHS
+            and not _bearer_ok(authorization or "", expected)
+        ):
             detail = {"detail": _AUTH_DETAIL}
-            await _send_reply(send, 401, detail, {"WWW-Authenticate": "Bearer", **unread})
+            await self._send(send, 401, detail, {"WWW-Authenticate": "Bearer"}, unread)
             return
-        limit = self.config["MAX_CONTENT_LENGTH"]
+        route = self.post_routes.get(path)
+        if route is not None and scope["method"] != "POST":
+            allowed = self._allowed_methods(path)
+            if scope["method"] not in allowed:
+                exc = MethodNotAllowed(valid_methods=allowed)
+                await self._send(send, *error_reply(exc, scope["method"], path), unread)
+                return
+            route = None  # a method Quart serves on this path (GET /checkpoint)
+        if route is None:
+            await super().asgi_app(scope, _bodiless(receive), self._quart_send(send, unread))
+            return
+        limit = self.max_body_bytes
         too_large = {"detail": self.too_large_detail}
         if limit is not None and length is not None and length > limit:
-            await _send_reply(send, 413, too_large, unread)
+            await self._send(send, 413, too_large, None, unread)
             return
         # The body travels in a one-item list that the route empties: no frame here keeps the
         # raw bytes alive while a /verify request waits for its group.
-        box = await _receive_body(receive, limit, self.config["BODY_TIMEOUT"])
+        box = await _receive_body(receive, limit, BODY_TIMEOUT_S)
         if type(box) is int:
             if box:
                 detail = too_large if box == 413 else {"detail": "Request Timeout"}
-                await _send_reply(send, box, detail, unread)
+                await self._send(send, box, detail, None, unread)
             return  # 0: the client went away, nothing to answer
         assert type(box) is list
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
             status, body, headers = await self._run_route(route, box, scope)
-            with trio.move_on_after(self.config["RESPONSE_TIMEOUT"] or math.inf):
+            with trio.move_on_after(RESPONSE_TIMEOUT_S):
                 await _send_raw(send, status, body, headers)
             nursery.cancel_scope.cancel()
 
+    def _allowed_methods(self, path: str) -> list[str]:
+        """Every method some route serves on `path`: POST and Quart's (HEAD with GET)."""
+        allowed = self._allowed.get(path)
+        if allowed is None:
+            methods = {"POST"}
+            for rule in self.url_map.iter_rules():
+                if rule.rule == path:
+                    methods |= rule.methods or set()
+            allowed = self._allowed[path] = sorted(methods)
+        return allowed
+
     async def _run_route(
-        self, route: _FastRoute, box: list[bytes], scope: HTTPScope
-    ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-        """The route's reply, or the error handlers' reply for what it raised (as in Quart)."""
+        self, route: _Route, box: list[bytes], scope: HTTPScope
+    ) -> tuple[int, bytes, _Headers]:
+        """The route's reply, or `error_reply` for what it raised."""
         try:
             status, payload, extra = await route(box.pop())
             body = payload if type(payload) is bytes else encode_json(payload)
-        except WireError as exc:
-            status, body, extra = 422, encode_json({"detail": exc.errors}), None
-        except RequestRejected as exc:
-            status, extra = rejection_status(exc)
-            body = encode_json({"detail": exc.detail})
-        except CompareFailed as exc:
-            status, body, extra = 503, encode_json({"detail": exc.detail}), None
         except Exception as exc:
-            log.error("internal error on %s %s", scope["method"], scope["path"], exc_info=exc)
-            status, body, extra = 500, encode_json({"detail": "internal error"}), None
+            status, payload, extra = error_reply(exc, scope["method"], scope["path"])
+            body = encode_json(payload)
         return status, body, _json_headers(body, extra)
+
+    async def _send(
+        self,
+        send: ASGISendCallable,
+        status: int,
+        payload: object,
+        extra: Mapping[str, str] | None,
+        unread: bool,
+    ) -> None:
+        """A JSON reply sent before the route ran (401, 405, 408, 413)."""
+        body = encode_json(payload)
+        headers = _json_headers(body, extra)
+        if unread:
+            headers.insert(len(headers) - 2, _CLOSE)
+        with trio.move_on_after(RESPONSE_TIMEOUT_S):
+            await _send_raw(send, status, body, headers)
+
+    def _quart_send(self, send: ASGISendCallable, unread: bool) -> ASGISendCallable:
+        """`send` for Quart: the response send timeout, and `Connection: close` if a body was
+        announced (Quart never reads one). Quart's own RESPONSE_TIMEOUT is off."""
+        deadline = math.inf
+        expired = False
+
+        async def quart_send(message: ASGISendEvent) -> None:
+            nonlocal deadline, expired
+            if message["type"] == "http.response.start":
+                deadline = trio.current_time() + RESPONSE_TIMEOUT_S
+                if unread:
+                    message = {**message, "headers": [*message["headers"], _CLOSE]}
+            if expired:
+                return
+            with trio.move_on_at(deadline) as timer:
+                await send(message)
+            expired = timer.cancelled_caught
+
+        return quart_send
+
+
+def _bodiless(receive: ASGIReceiveCallable) -> ASGIReceiveCallable:
+    """`receive` for Quart's routes, which take no body: an empty body at once, then the real
+    messages with their body chunks dropped unread, until the client disconnects."""
+    given = False
+
+    async def receive_no_body() -> ASGIReceiveEvent:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return message
+
+    return receive_no_body
 
 
 async def _receive_body(
     receive: ASGIReceiveCallable, limit: int | None, within_s: float | None
 ) -> list[bytes] | int:
     """The request body in a one-item list; or 413 (over `limit`), 408 (not complete within
-    `within_s`, Quart's BODY_TIMEOUT), 0 (the client disconnected)."""
+    `within_s`), 0 (the client disconnected)."""
     chunks: list[bytes] = []
     size = 0
     with trio.move_on_after(within_s or math.inf):
@@ -281,28 +384,11 @@ async def _receive_body(
     return 408
 
 
-async def _send_raw(
-    send: ASGISendCallable, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
-) -> None:
+async def _send_raw(send: ASGISendCallable, status: int, body: bytes, headers: _Headers) -> None:
     await send(
         {"type": "http.response.start", "status": status, "headers": headers, "trailers": False}
     )
     await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _send_reply(
-    send: ASGISendCallable, status: int, payload: object, extra: Mapping[str, str] | None
-) -> None:
-    body = encode_json(payload)
-    await _send_raw(send, status, body, _json_headers(body, extra))
-
-
-def _declares_body() -> bool:
-    """Whether the current request announced a body (Content-Length > 0 or chunked)."""
-    length = request.content_length
-    if length is not None:
-        return length > 0
-    return "chunked" in request.headers.get("Transfer-Encoding", "").lower()
 
 
 def _number(value: Any) -> float | int | None:
@@ -382,6 +468,13 @@ def aggregate_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"group_level_metrics": groups, "agent_metrics": agent, "key_metrics": key_metrics}
 
 
+def _reply(status: int, payload: object, headers: Mapping[str, str] | None = None) -> Response:
+    """A Quart reply with a JSON payload."""
+    return Response(
+        encode_json(payload), status=status, headers=dict(headers or {}), content_type=_JSON
+    )
+
+
 def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
     """The HTTP application over `engine` (whose lifetime the caller owns).
 
@@ -390,73 +483,31 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
     """
     app = _App("genrm_trio")
     limit = settings.server.max_body_bytes
-    app.config.update(MAX_CONTENT_LENGTH=limit, PROVIDE_AUTOMATIC_OPTIONS=False)
+    # Quart never reads a body (_App serves every POST route) and its replies get _App's send
+    # timeout, so its own body limit and timeouts are off.
+    app.config.update(
+        MAX_CONTENT_LENGTH=None,
+        BODY_TIMEOUT=None,
+        RESPONSE_TIMEOUT=None,
+        PROVIDE_AUTOMATIC_OPTIONS=False,
+    )
     debug = settings.debug_logging
-    too_large = f"request body exceeds {limit} bytes"
 
     token: bytes | None = None
     if settings.server.api_key_env:
         secret = read_secret(settings.server.api_key_env, key="server.api_key_env")
         token = secret.encode("utf-8")
+    app.bearer_token = token
+    app.max_body_bytes = limit
+    app.too_large_detail = f"request body exceeds {limit} bytes"
 
-    if token is not None:
-        expected = token
-
-        @app.before_request
-        async def _authenticate() -> Response | None:
-            if request.path in PUBLIC_PATHS:
-                return None
-            if _bearer_ok(request.headers.get("Authorization", ""), expected):
-                return None
-            return _detail(401, _AUTH_DETAIL, {"WWW-Authenticate": "Bearer"})
-
-    async def body() -> bytes:
-        data = await request.get_data(cache=False, as_text=False, parse_form_data=False)
-        g.genrm_body_read = True
-        return data
-
-    @app.after_request
-    async def _close_if_body_unread(response: Response) -> Response:
-        # A reply sent before the request body was read (401, 404, 405, 413, a GET carrying a
-        # body) closes the connection: hypercorn + quart-trio may otherwise never answer the
-        # next request on it, and an unauthenticated body is not worth reading.
-        if not g.get("genrm_body_read", False) and _declares_body():
-            response.headers["Connection"] = "close"
-        return response
-
-    # --- error mapping ---------------------------------------------------------------------
-
+    # Errors of Quart's routes (its 404 and 405 included) get the same mapping as _App's.
     @app.errorhandler(HTTPException)
-    async def _http_error(exc: HTTPException) -> Response:
-        status = exc.code or 500
-        if isinstance(exc, RequestEntityTooLarge):
-            return _detail(413, too_large)
-        headers: dict[str, str] = {}
-        if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
-            headers["Allow"] = ", ".join(exc.valid_methods)
-        return _detail(status, exc.name, headers)
-
-    @app.errorhandler(WireError)
-    async def _wire_error(exc: WireError) -> Response:
-        return _detail(422, exc.errors)
-
-    @app.errorhandler(RequestRejected)
-    async def _rejected(exc: RequestRejected) -> Response:
-        status, headers = rejection_status(exc)
-        return _detail(status, exc.detail, headers)
-
-    @app.errorhandler(CompareFailed)
-    async def _compare_failed(exc: CompareFailed) -> Response:
-        return _detail(503, exc.detail)
-
     @app.errorhandler(Exception)
-    async def _internal(exc: Exception) -> Response:
-        log.error("internal error on %s %s", request.method, request.path, exc_info=exc)
-        return _detail(500, "internal error")
+    async def _error(exc: Exception) -> Response:
+        return _reply(*error_reply(exc, request.method, request.path))
 
-    # --- Gym routes ------------------------------------------------------------------------
-
-    # Served by _App._serve_fast for POST; the Quart routes below give other methods their 405.
+    # --- Gym routes (POST: served by _App from ASGI) ---------------------------------------
 
     async def verify_route(data: bytes) -> _Reply:
         parsed = parse_verify(decode_json(data))
@@ -505,61 +556,46 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
         }
         return 200, reply, None
 
-    app.fast_post.update({"/verify": verify_route, "/compare": compare_route})
-    app.bearer_token = token
-    app.too_large_detail = too_large
-
-    @app.post("/verify")
-    async def verify() -> Response:
-        return _reply(*await verify_route(await body()))
-
-    @app.post("/compare")
-    async def compare() -> Response:
-        return _reply(*await compare_route(await body()))
-
-    @app.post("/seed_session")
-    async def seed_session() -> Response:
-        value = decode_json(await body())
-        if type(value) is not dict:
-            raise WireError([error("dict_type", (), "Input should be a valid dictionary")])
+    async def seed_session(data: bytes) -> _Reply:
+        value = decode_json(data)
+        validate(SeedSessionRequest, value)
+        assert type(value) is dict
         if value.keys() == _ENV_SEED_KEYS:
-            return _reply(200, {"resources_session_id": value["resources_session_id"]})
-        return _reply(200, {})
+            return 200, {"resources_session_id": value["resources_session_id"]}, None
+        return 200, {}, None
 
-    @app.post("/close_session")
-    async def close_session() -> Response:
-        value = decode_json(await body())
-        if type(value) is not dict:
-            raise WireError([error("dict_type", (), "Input should be a valid dictionary")])
-        missing = [
-            error("missing", (key,), "Field required")
-            for key in ("resources_session_id", "episode_id")
-            if key not in value
-        ]
-        if missing:
-            raise WireError(missing)
-        return _reply(200, {"resources_session_id": value["resources_session_id"]})
+    async def close_session(data: bytes) -> _Reply:
+        value = decode_json(data)
+        validate(CloseSessionRequest, value)
+        assert type(value) is dict
+        return 200, {"resources_session_id": value["resources_session_id"]}, None
 
-    @app.post("/aggregate_metrics")
-    async def aggregate() -> Response:
-        value = decode_json(await body())
-        if type(value) is not dict:
-            raise WireError([error("dict_type", (), "Input should be a valid dictionary")])
-        if "verify_responses" not in value:
-            raise WireError([error("missing", ("verify_responses",), "Field required")])
-        rows = value["verify_responses"]
-        if type(rows) is not list:
-            raise WireError(
-                [error("list_type", ("verify_responses",), "Input should be a valid list")]
-            )
-        bad = [
-            error("dict_type", ("verify_responses", idx), "Input should be a valid dictionary")
-            for idx, row in enumerate(rows)
-            if type(row) is not dict
-        ]
-        if bad:
-            raise WireError(bad[:64])
-        return _reply(200, aggregate_metrics(rows))
+    async def aggregate(data: bytes) -> _Reply:
+        value = decode_json(data)
+        validate(AggregateMetricsRequest, value)  # the rows are used as decoded, not copied
+        assert type(value) is dict
+        return 200, aggregate_metrics(value["verify_responses"]), None
+
+    async def checkpoint_restore(data: bytes) -> _Reply:
+        value = decode_json(data)
+        try:
+            report = await restore(engine, value, num_rollouts=settings.num_rollouts_per_prompt)
+        except CheckpointError as exc:
+            raise RequestRejected(Rejection.INVALID, exc.message) from None
+        return 200, report_body(report), None
+
+    app.post_routes.update(
+        {
+            "/verify": verify_route,
+            "/compare": compare_route,
+            "/seed_session": seed_session,
+            "/close_session": close_session,
+            "/aggregate_metrics": aggregate,
+            "/checkpoint": checkpoint_restore,  # SPEC §17.12
+        }
+    )
+
+    # --- routes without a body (Quart) -----------------------------------------------------
 
     @app.get("/reverify_mode")
     async def reverify_mode() -> Response:
@@ -570,8 +606,6 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
 
     for path in sorted(PUBLIC_PATHS):
         app.add_url_rule(path, f"health{path}", health, methods=["GET"])
-
-    # --- operations ------------------------------------------------------------------------
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -605,20 +639,9 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
             ],
         )
 
-    # --- checkpoints (SPEC §17.12) --------------------------------------------------------
-
     @app.get("/checkpoint")
     async def checkpoint_export() -> Response:
         return _reply(200, checkpoint(engine))
-
-    @app.post("/checkpoint")
-    async def checkpoint_restore() -> Response:
-        data = decode_json(await body())
-        try:
-            report = await restore(engine, data, num_rollouts=settings.num_rollouts_per_prompt)
-        except CheckpointError as exc:
-            raise RequestRejected(Rejection.INVALID, exc.message) from None
-        return _reply(200, report_body(report))
 
     openapi: list[bytes] = []
 
