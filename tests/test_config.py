@@ -480,6 +480,7 @@ def test_cohorting(data: dict[str, Any], cohorting: bool) -> None:
 
 # --- create params, model server and judge.model -------------------------------------------------
 
+# The create-params keys docs/http-api.md lists ("Request").
 SPEC_CREATE_PARAM_KEYS = (
     "background context_management conversation include input instructions max_output_tokens "
     "max_tool_calls metadata model moderation parallel_tool_calls previous_response_id prompt "
