@@ -404,8 +404,8 @@ class Settings(_Strict):
 
     @property
     def cohorting(self) -> bool:
-        """Whether `/verify` groups requests into cohorts (docs/configuration.md, "One-worker
-        rule")."""
+        """Whether `/verify` groups requests into cohorts (docs/configuration.md, "Bind address and
+        workers")."""
         return self.num_rollouts_per_prompt > 1 or self.comparison_mode == "fixed_baseline"
 
     @property

@@ -101,7 +101,7 @@ REJECTION_STATUS: dict[Rejection, int] = {
 
 
 def rejection_status(exc: RequestRejected) -> tuple[int, dict[str, str] | None]:
-    """The HTTP status and headers of an engine rejection (docs/http-api.md, "Statuses")."""
+    """The HTTP status and headers of an engine rejection (docs/http-api.md, "Other statuses")."""
     headers = None
     if exc.retry_after_s is not None:
         headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
