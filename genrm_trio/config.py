@@ -2,8 +2,8 @@
 
 One pydantic model validates everything at load time, so a bad value fails the start with one
 line naming the file and key, never a traceback and never a failure deferred to the first cohort.
-Files are YAML: flat keys, or a Gym config file whose `resources_servers.genrm_compare` block is
-used (docs/configuration.md, "File shapes").
+Files are YAML: flat keys, or a Gym config file whose `resources_servers.genrm_trio` or
+`resources_servers.genrm_compare` block is used (docs/configuration.md, "File shapes").
 """
 
 from __future__ import annotations
