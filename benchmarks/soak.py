@@ -229,8 +229,8 @@ async def _drive(opts: Options, base: str, judge: str, pid: int) -> tuple[Tally,
     started = trio.current_time()
     end = started + opts.minutes * 60.0
     # One client per worker, each with at most N + 1 connections: one httpx client with hundreds
-    # of connections costs quadratic CPU in its pool (DESIGN.md) and would measure the load
-    # generator, not the server.
+    # of connections costs quadratic CPU in its pool (docs/benchmarks.md, "Judge client") and would
+    # measure the load generator, not the server.
     limits = httpx.Limits(
         max_connections=opts.rollouts + 1, max_keepalive_connections=opts.rollouts + 1
     )

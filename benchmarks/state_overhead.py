@@ -1,4 +1,4 @@
-"""What durable state costs: groups/s with and without ``state_path`` (SPEC §16.3).
+"""What durable state costs: groups/s with and without ``state_path`` (docs/durable-state.md).
 
     python benchmarks/state_overhead.py [--groups 3000] [--concurrency 64] [--rollouts 8]
                                         [--rounds 3] [--synchronous FULL|NORMAL] [--dir DIR]

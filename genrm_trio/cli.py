@@ -1,5 +1,5 @@
-"""The `genrm-trio` command (SPEC §16.5, §17.7): serve, sim-judge, demo, bench, checkpoint,
-gym-root.
+"""The `genrm-trio` command (docs/configuration.md, "Command line"): serve, sim-judge, demo,
+bench, checkpoint, gym-root.
 
 Exit codes: 0 after a graceful stop, 2 for a usage or config error (one stderr line
 `genrm-trio: config error: {file}: {key}: {message}`, no traceback; no command at all prints the

@@ -1,9 +1,9 @@
-"""Settings: every Gym `genrm_compare` key (SPEC §3) plus this project's own (§15, §16, §17).
+"""Settings: every Gym `genrm_compare` key plus this project's own (docs/configuration.md, "Keys").
 
 One pydantic model validates everything at load time, so a bad value fails the start with one
 line naming the file and key, never a traceback and never a failure deferred to the first cohort.
-Files are YAML: flat keys, or a Gym config file whose `resources_servers.genrm_compare` block is
-used (SPEC §17.1).
+Files are YAML: flat keys, or a Gym config file whose `resources_servers.genrm_trio` or
+`resources_servers.genrm_compare` block is used (docs/configuration.md, "File shapes").
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ DEFAULT_PRINCIPLE = (
     "to the user prompt."
 )
 
-# The shipped `genrm_responses_create_params` (SPEC §3.2 shipped YAML values).
+# The shipped `genrm_responses_create_params` (Gym's YAML; docs/configuration.md, "The judge").
 DEFAULT_JUDGE_CREATE_PARAMS: dict[str, Any] = {
     "input": [],
     "max_output_tokens": 16384,
@@ -50,7 +50,7 @@ DEFAULT_JUDGE_CREATE_PARAMS: dict[str, Any] = {
     "top_p": 0.95,
 }
 
-# OpenAI Responses create-params keys accepted inside create params (SPEC §2.2).
+# OpenAI Responses create-params keys accepted inside create params (docs/http-api.md, "Request").
 RESPONSES_CREATE_PARAM_KEYS = frozenset(
     {
         "background", "context_management", "conversation", "include", "input", "instructions",
@@ -62,7 +62,8 @@ RESPONSES_CREATE_PARAM_KEYS = frozenset(
     }
 )  # fmt: skip
 
-# Gym keys that mean nothing here: accepted, logged once, ignored (SPEC §17.1).
+# Gym keys that mean nothing here: accepted, logged once, ignored (docs/configuration.md,
+# "Accepted and ignored Gym keys").
 IGNORED_GYM_KEYS = frozenset(
     {"entrypoint", "domain", "name", "verified", "description", "value", "expose_tools_over_mcp"}
 )
@@ -73,7 +74,7 @@ ONE_WORKER_MESSAGE = (
 
 
 class ConfigError(Exception):
-    """A configuration problem, rendered as `{file}: {key}: {message}` (SPEC §17.7)."""
+    """A configuration problem, rendered as `{file}: {key}: {message}` (docs/configuration.md)."""
 
     def __init__(self, file: str, key: str, message: str) -> None:
         super().__init__(f"{file}: {key}: {message}")
@@ -158,7 +159,8 @@ EJECT_MAX_FAILURES = 3
 
 @final
 class JudgeSettings(_Strict):
-    """How to reach the judge (SPEC §16.1), and, with a list of base URLs, a fleet of replicas."""
+    """How to reach the judge, and, with a list of base URLs, a fleet of replicas
+    (docs/configuration.md, "The judge", "A judge fleet")."""
 
     base_url: str | list[str] | None = None
     api: Literal["responses", "chat_completions"] = "responses"
@@ -242,7 +244,7 @@ class JudgeSettings(_Strict):
 
 @final
 class ServerSettings(_Strict):
-    """Service limits (SPEC §17.2)."""
+    """Service limits (docs/configuration.md, "Service")."""
 
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
     max_active_cohorts: int = Field(default=4096, ge=1)
@@ -260,14 +262,14 @@ class ServerSettings(_Strict):
 
 @final
 class Settings(_Strict):
-    """Every key of SPEC §3.2, §15, §16 and §17 with its default and validation."""
+    """Every key of docs/configuration.md with its default and validation."""
 
-    # bind address and the one-worker rule (§3.1, §17.1)
+    # bind address and the one-worker rule
     host: str = "127.0.0.1"
     port: int = Field(default=8100, ge=0, le=65535)
     num_workers: int | None = None
 
-    # Gym keys (§3.2)
+    # Gym keys
     genrm_model_server: dict[str, Any] | None = None
     genrm_responses_create_params: dict[str, Any] = Field(
         default_factory=lambda: dict(DEFAULT_JUDGE_CREATE_PARAMS)
@@ -297,13 +299,13 @@ class Settings(_Strict):
     genrm_parse_retries: int = Field(default=3, ge=0)
     genrm_parse_retry_sleep_s: float = 0.2
 
-    # decisions (§15)
+    # decisions (docs/differences.md)
     validate_verdict_range: bool = True
     position_balance: Literal["none", "alternate"] = "none"
     evaluation_deadline_policy: Literal["fail_group", "mask_pending"] = "fail_group"
     retry_backoff: Literal["constant", "exponential"] = "constant"
 
-    # own features (§16, §17.2)
+    # own features
     state_path: str | None = None
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
@@ -396,12 +398,14 @@ class Settings(_Strict):
 
     @property
     def attempts(self) -> int:
-        """A: attempts per comparison, one shared budget (SPEC §4.4)."""
+        """A: attempts per comparison, one shared budget (docs/configuration.md, "Verdicts and
+        retries")."""
         return max(1, int(self.genrm_parse_retries) + 1)
 
     @property
     def cohorting(self) -> bool:
-        """Whether `/verify` groups requests into cohorts (SPEC §8)."""
+        """Whether `/verify` groups requests into cohorts (docs/configuration.md, "Bind address and
+        workers")."""
         return self.num_rollouts_per_prompt > 1 or self.comparison_mode == "fixed_baseline"
 
     @property
@@ -415,14 +419,15 @@ class Settings(_Strict):
 
     @property
     def judge_create_params(self) -> dict[str, Any]:
-        """Create params for judge requests, with `judge.model` overriding `model` (§17.2)."""
+        """Create params for judge requests, with `judge.model` overriding `model`."""
         params = dict(self.genrm_responses_create_params)
         if self.judge.model is not None:
             params["model"] = self.judge.model
         return params
 
     def startup_warnings(self) -> list[str]:
-        """The start-up warning lines of D12 and D37 (SPEC §17.10)."""
+        """The start-up warning lines of D12 and D37 (docs/configuration.md, "Start-up
+        warnings")."""
         lines: list[str] = []
         if self.judge_request_timeout_s >= self.cohort_evaluation_timeout_s:
             lines.append(

@@ -1,6 +1,6 @@
 """Prometheus metrics, one registry per engine so that engines (and tests) never share counters.
 
-Names are fixed by SPEC §17.13 and all start with `genrm_trio_`.
+The names are those of docs/http-api.md, "GET /metrics", and all start with `genrm_trio_`.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ class CompareResult:
 
 class Rejection(enum.Enum):
     """Why the engine refused a request. Only the HTTP layer knows the status each one gets
-    (docs/http-api.md, "Statuses")."""
+    (docs/http-api.md, "Other statuses")."""
 
     INVALID = "invalid"  # the request cannot be served as sent
     CONFLICT = "conflict"  # it contradicts what its group already holds

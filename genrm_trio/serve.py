@@ -1,7 +1,7 @@
 """Running the service: start-up checks, hypercorn's trio worker, signals and graceful shutdown.
 
-`serve()` is what `genrm-trio serve` runs (SPEC §17.7): it logs the start-up warnings (D12,
-D37), reads the secrets, probes the judge once (§17.5), opens the engine, and serves the app
+`serve()` is what `genrm-trio serve` runs (docs/operations.md, "Start-up"): it logs the start-up
+warnings (D12, D37), reads the secrets, probes the judge once, opens the engine, and serves the app
 with hypercorn on a socket it binds itself, so a busy port is one clear error and never a leaked
 socket. SIGINT/SIGTERM stop it gracefully (D28): stop accepting, fail the active cohorts so their
 waiters get 503 `GenRM server is shutting down`, give those replies up to
@@ -281,8 +281,8 @@ def _check_model(settings: Settings, body: bytes) -> None:
 
 
 async def probe_judge(settings: Settings, token: str | None) -> bool:
-    """The start-up probe (SPEC §17.5): one `GET {base_url}/models` per replica; a failure only
-    warns.
+    """The start-up probe (docs/configuration.md, "Command line"): one `GET {base_url}/models`
+    per replica; a failure only warns.
 
     Bounded by min(5 s, judge_request_timeout_s); a fleet's replicas are probed concurrently.
     Never POSTs and is not a judge call in any metric. Returns whether every replica answered 2xx.
@@ -477,7 +477,8 @@ async def serve(
     sim: bool = False,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the service until SIGINT or SIGTERM, then shut down gracefully (SPEC §17.7, D28).
+    """Run the service until SIGINT or SIGTERM, then shut down gracefully (docs/operations.md,
+    "Graceful shutdown"; D28).
 
     `judge`: the judge to use; None → the HTTP judge of `settings.judge` (or, with `sim`, the
     in-process simulated judge with zero latency and no faults). Reports the bound port through
@@ -545,7 +546,7 @@ async def _serve_on(
                     await probe_judge(settings, token)
                 if the_judge is None:
                     the_judge = _sim_judge() if sim else make_judge(settings)
-                # the durable store (state_path) loads before the socket listens (SPEC §17.7)
+                # the durable store (state_path) loads before the socket listens
                 async with durable_engine(settings, the_judge) as engine:
                     app = create_app(engine, settings)
                     stop_accepting = trio.Event()

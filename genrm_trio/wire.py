@@ -1,4 +1,4 @@
-"""The wire: request decoding and validation, row rendering and reply encoding (SPEC §2, §17.3).
+"""The wire: request decoding and validation, row rendering and reply encoding (docs/http-api.md).
 
 The hot path works on the decoded JSON value directly: one UTF-8 decode, one `json` parse, one
 `model_validate` of the request model over it (the declared top-level fields and the message
@@ -54,8 +54,8 @@ __all__ = [
     "validate",
 ]
 
-MAX_DEPTH = 512  # deepest accepted nesting of arrays and objects (SPEC §17.3)
-FAILSAFE_REASON_LIMIT = 2000  # failure_reason is cut to this many characters (SPEC §2.4.2)
+MAX_DEPTH = 512  # deepest accepted nesting of arrays and objects (docs/http-api.md, "422 lists")
+FAILSAFE_REASON_LIMIT = 2000  # failure_reason is cut to this many characters (docs/http-api.md)
 MAX_ERRORS = 64  # a 422 lists at most this many problems
 ROLES = frozenset({"user", "assistant", "system", "developer"})
 
@@ -318,12 +318,13 @@ class AggregateMetricsRequest(BaseModel):
     verify_responses: list[dict[str, Any]]
 
 
-# Every declared /verify field, wire name (alias) → field name (SPEC §2.2).
+# Every declared /verify field, wire name (alias) → field name (docs/http-api.md, "Request").
 VERIFY_FIELDS: dict[str, str] = {
     (field.serialization_alias or name): name for name, field in VerifyBody.model_fields.items()
 }
 _NAME_TO_ALIAS = {name: alias for alias, name in VERIFY_FIELDS.items() if name != alias}
-# Failsafe dump order: every declared field by alias except `_ng_rollout_id` (SPEC §2.4.2).
+# Failsafe dump order: every declared field by alias except `_ng_rollout_id` (docs/http-api.md,
+# "Masked member or judge failure: 200 failsafe row").
 _DUMP_FIELDS: tuple[str, ...] = (
     "responses_create_params",
     "response",
@@ -421,7 +422,8 @@ class VerifyRequest:
 
 
 def parse_verify(value: JSONValue) -> VerifyRequest:
-    """Validate a decoded `/verify` body (SPEC §2.2, §17.3) or raise WireError.
+    """Validate a decoded `/verify` body (docs/http-api.md, "Request", "Errors") or raise
+    WireError.
 
     `input`, `response` and `metadata` of the engine input are the decoded objects themselves.
     """
@@ -448,7 +450,7 @@ def parse_verify(value: JSONValue) -> VerifyRequest:
 
 
 def parse_compare(value: JSONValue) -> CompareInput:
-    """Validate a decoded `/compare` body (SPEC §2.5, §17.3) or raise WireError.
+    """Validate a decoded `/compare` body (docs/http-api.md, "POST /compare") or raise WireError.
 
     Undeclared top-level keys are ignored; `history` and `responses` are the decoded lists.
     """
@@ -466,7 +468,8 @@ def parse_compare(value: JSONValue) -> CompareInput:
 
 
 def success_row(request: VerifyRequest, outcome: Scored) -> dict[str, JSONValue]:
-    """The scored `/verify` row (SPEC §2.3, §17.9): echoes, the result keys, identity keys."""
+    """The scored `/verify` row (docs/http-api.md, "Scored member: 200"): echoes, the result
+    keys, identity keys."""
     body = request.body
     inp = request.input
     row: dict[str, JSONValue] = {
@@ -550,7 +553,7 @@ class HeldVerify:
 
 
 def failsafe_row(body: dict[str, Any], message: str) -> dict[str, JSONValue]:
-    """The judge failsafe row (SPEC §2.4.2, §17.9) for a masked member or a judge-kind failure.
+    """The judge failsafe row for a masked member or a judge-kind failure (docs/http-api.md).
 
     The request body dumped by alias (absent declared fields added: `_ng_group_attempt` 0, the
     others null; `_ng_rollout_id` removed; extra keys kept), then the failure keys. The body is
@@ -587,7 +590,7 @@ def failsafe_row(body: dict[str, Any], message: str) -> dict[str, JSONValue]:
 
 
 class VerifyRow(BaseModel):
-    """HTTP 200 for a scored member (SPEC §2.3, §17.9)."""
+    """HTTP 200 for a scored member (docs/http-api.md, "Scored member: 200")."""
 
     responses_create_params: dict[str, Any]
     response: dict[str, Any]
@@ -626,7 +629,7 @@ class VerifyRow(BaseModel):
 
 
 class FailsafeRow(_Open):
-    """HTTP 200 for a masked member or a judge-kind group failure (SPEC §2.4.2): the request
+    """HTTP 200 for a masked member or a judge-kind group failure (docs/http-api.md): the request
     dumped by alias (without `_ng_rollout_id`, extra keys kept) plus these keys."""
 
     model_config = ConfigDict(extra="allow")

@@ -1,5 +1,5 @@
-"""One comparison's shared retry budget (SPEC §4.4–§4.7, §11.7, §11.8, D13–D15, D32, §17.5,
-§17.6) through a real HttpJudge over httpx.MockTransport, in virtual time: exact judge-call
+"""One comparison's shared retry budget (docs/configuration.md, "Verdicts and retries"; D13–D15,
+D32) through a real HttpJudge over httpx.MockTransport, in virtual time: exact judge-call
 counts, exact messages and log lines, exact pacing, the concurrency slot and clean cancellation."""
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ class Rig:
         assert self.metric("genrm_trio_judge_queued") == 0
 
 
-# --- §11.8: retry budget and parsing --------------------------------------------------------
+# --- retry budget and parsing ---------------------------------------------------------------
 
 
 async def test_parse_retry_then_valid(autojump_clock: trio.testing.MockClock) -> None:
@@ -360,7 +360,7 @@ async def test_request_carries_answers_in_metadata_only(
     assert body["metadata"] == {"response_1": "four", "response_2": "4"}
 
 
-# --- §11.7: judge failures are failures, never defaults -------------------------------------
+# --- judge failures are failures, never defaults --------------------------------------------
 
 
 @pytest.mark.parametrize(("status", "calls"), [(401, 1), (429, 4), (500, 4)])
@@ -463,7 +463,7 @@ async def test_closed_port_fails_after_a_attempts_with_connect_error() -> None:
     await judge.aclose()
 
 
-# --- §4.5, §4.6: output budget, usage ------------------------------------------------------
+# --- output budget, usage ------------------------------------------------------------------
 
 
 async def test_budget_exhaustion_suffix_and_warning_lines(
@@ -562,7 +562,7 @@ async def test_failed_comparison_keeps_usage(autojump_clock: trio.testing.MockCl
     assert error.attempts == 2
 
 
-# --- rubric mode (§5.2, §4.7) --------------------------------------------------------------
+# --- rubric mode (docs/scoring.md, "Rubric mean (D11)") ------------------------------------
 
 RUBRIC = (
     '{"rubric_evaluations": ['
@@ -646,7 +646,7 @@ async def test_rubric_mode_requires_ids() -> None:
     assert rig.script.calls == 0
 
 
-# --- pacing (D13, §17.6) --------------------------------------------------------------------
+# --- pacing (D13) ---------------------------------------------------------------------------
 
 
 async def test_constant_pacing_exact_times(autojump_clock: trio.testing.MockClock) -> None:
@@ -735,7 +735,7 @@ async def test_sleep_ends_at_the_enclosing_deadline(
     rig.assert_idle()
 
 
-# --- the concurrency slot (§16.1, §17.6) ----------------------------------------------------
+# --- the concurrency slot (judge.max_concurrency, D13) --------------------------------------
 
 
 async def test_limiter_holds_calls_to_its_cap_and_queue_wait_is_not_an_attempt(

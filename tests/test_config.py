@@ -1,4 +1,5 @@
-"""Settings against SPEC §3, §11.1, §15 (D9, D12, D37), §16.1 and §17.1/§17.2/§17.5/§17.10.
+"""Settings against docs/configuration.md (keys, file shapes, start-up warnings) and the decisions
+D9, D12 and D37 of docs/differences.md.
 
 Every bad configuration must fail at load time as one `ConfigError(file, key, message)` naming
 the key, never a traceback and never a failure deferred to the first cohort.
@@ -80,7 +81,7 @@ def file_error(path: Path, **kwargs: Any) -> ConfigError:
 
 
 def test_config_defaults() -> None:
-    """§11.1 `test_config_defaults`, ported."""
+    """The defaults of docs/configuration.md's key tables."""
     s = Settings()
     assert s.comparison_strategy == "circular"
     assert s.num_judges_per_comparison == 1
@@ -206,7 +207,7 @@ def test_settings_are_frozen() -> None:
 @pytest.mark.parametrize("key", DEADLINES)
 @pytest.mark.parametrize("value", [None, 0, 0.0, -1, -0.5, math.inf, -math.inf, math.nan])
 def test_deadline_must_be_finite_positive(key: str, value: float | None) -> None:
-    """§11.1 `test_deadline_must_be_finite_positive` (×3 keys × {None, 0, −1, inf, nan})."""
+    """Each deadline must be finite and positive (×3 keys × {None, 0, −1, inf, nan})."""
     err = config_error({key: value})
     assert err.key == key
     assert err.file == "<settings>"
@@ -260,7 +261,8 @@ AT_LEAST_ONE = [
 
 
 def nested(dotted: str, value: Any) -> dict[str, Any]:
-    """`{"a": {"b": value}}` for `"a.b"`: the file shape of a dotted name (§17.1)."""
+    """`{"a": {"b": value}}` for `"a.b"`: the file shape of a dotted name (docs/configuration.md,
+    "Flat")."""
     head, _, rest = dotted.partition(".")
     return {head: nested(rest, value)} if rest else {head: value}
 
@@ -396,7 +398,7 @@ def test_scoring_floats_reject_non_finite(key: str, value: float) -> None:
 @pytest.mark.parametrize("key", FINITE_FLOATS)
 @pytest.mark.parametrize("value", [-2.5, 0, 7])
 def test_scoring_floats_accept_any_finite(key: str, value: float) -> None:
-    """The reference puts no range on bonuses, coefficients and defaults (§3.2)."""
+    """The reference puts no range on bonuses, coefficients and defaults (only finiteness)."""
     assert getattr(load({key: value}), key) == value
 
 
@@ -478,6 +480,7 @@ def test_cohorting(data: dict[str, Any], cohorting: bool) -> None:
 
 # --- create params, model server and judge.model -------------------------------------------------
 
+# The create-params keys docs/http-api.md lists ("Request").
 SPEC_CREATE_PARAM_KEYS = (
     "background context_management conversation include input instructions max_output_tokens "
     "max_tool_calls metadata model moderation parallel_tool_calls previous_response_id prompt "
@@ -558,7 +561,7 @@ def test_genrm_model_server_wrong_type_rejected() -> None:
     assert err.key == "genrm_model_server"
 
 
-# --- judge.base_url (§17.5) ----------------------------------------------------------------------
+# --- judge.base_url (docs/configuration.md, "The judge") -----------------------------------------
 
 
 def base_url_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -645,7 +648,7 @@ def test_judge_endpoint_for_error_texts(url: str, endpoint: str) -> None:
     assert load({"judge": {"base_url": url}}).judge.endpoint == endpoint
 
 
-# --- read_secret (§17.2) -------------------------------------------------------------------------
+# --- read_secret (judge.api_key_env, server.api_key_env) -----------------------------------------
 
 
 def test_read_secret_returns_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -864,7 +867,7 @@ def test_error_text_format() -> None:
     )
 
 
-# --- files (§17.1) -------------------------------------------------------------------------------
+# --- files (docs/configuration.md, "File shapes") ------------------------------------------------
 
 FLAT_FILE = """\
 host: 0.0.0.0

@@ -1,4 +1,5 @@
-"""The HTTP layer through Quart's test client: routes, statuses and templates of SPEC §2 and §17."""
+"""The HTTP layer through Quart's test client: the routes, statuses and templates of
+docs/http-api.md."""
 
 from __future__ import annotations
 
@@ -538,7 +539,7 @@ async def test_openapi_route() -> None:
     assert "VerifyBody" in doc["components"]["schemas"]
 
 
-# --- /aggregate_metrics (SPEC §17.13) ------------------------------------------------------------
+# --- /aggregate_metrics --------------------------------------------------------------------------
 
 
 async def aggregate(rows: Any) -> tuple[int, Any]:
@@ -733,7 +734,7 @@ async def test_body_at_the_limit_is_accepted() -> None:
     assert response.status_code == 200
 
 
-# --- bearer auth (SPEC §17.2) --------------------------------------------------------------------
+# --- bearer auth (docs/http-api.md, "Authentication") --------------------------------------------
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""The HTTP judges (SPEC §4.2–§4.5, §16.1, §17.5): request shapes, reply classification, usage,
-error mapping, URLs and tokens; the keep-alive pool over real sockets (reuse, interrupted bodies,
-cancellation without leaks, a closed port)."""
+"""The HTTP judges (docs/configuration.md, "Judge requests and replies"): request shapes, reply
+classification, usage, error mapping, URLs and tokens; the keep-alive pool over real sockets
+(reuse, interrupted bodies, cancellation without leaks, a closed port)."""
 
 from __future__ import annotations
 
@@ -333,7 +333,7 @@ async def test_error_body_echoing_credentials_is_redacted(
     )
 
 
-# --- reply classification (SPEC §4.4 step 2, §4.5, §17.5) -----------------------------------
+# --- reply classification -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -460,7 +460,7 @@ def test_usage_is_read_from_unusable_replies_too() -> None:
     )
 
 
-# --- status, JSON and transport errors (SPEC D14, §17.5) ------------------------------------
+# --- status, JSON and transport errors (D14) ------------------------------------------------
 
 
 async def test_json_parsed_regardless_of_content_type_and_nan_allowed() -> None:

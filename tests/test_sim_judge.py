@@ -1,4 +1,5 @@
-"""The simulated judge (SPEC §16.4): verdicts, faults, counters, both HTTP APIs, a real socket."""
+"""The simulated judge (docs/embedding.md, "A judge"): verdicts, faults, counters, both HTTP APIs,
+a real socket."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ _FENCE = re.compile(r"```\s*json\s*(.*?)```", re.IGNORECASE | re.DOTALL)
 
 
 def fenced_verdict(text: str) -> dict[str, Any]:
-    """The first fenced json block, decoded with Python json semantics (SPEC §5.1 step 3a)."""
+    """The first fenced json block, decoded with Python json semantics (docs/scoring.md,
+    "Overall verdict")."""
     blocks = _FENCE.findall(text)
     assert blocks, f"no fenced json block in {text[-200:]!r}"
     verdict = json.loads(blocks[0])

@@ -1,4 +1,4 @@
-"""The wire: JSON decoding edge cases, schema checks with exact locs, rows (SPEC §2, §17.3)."""
+"""The wire: JSON decoding edge cases, schema checks with exact locs, rows (docs/http-api.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The quart-trio application: Gym's resources-server routes over an engine (SPEC §2, §17).
+"""The quart-trio application: Gym's resources-server routes over an engine (docs/http-api.md).
 
 `create_app(engine, settings)` builds the app; the engine's lifetime belongs to the caller
 (serve.py or a test). Per request the handler reads the body once, decodes it once, validates it
@@ -101,7 +101,7 @@ REJECTION_STATUS: dict[Rejection, int] = {
 
 
 def rejection_status(exc: RequestRejected) -> tuple[int, dict[str, str] | None]:
-    """The HTTP status and headers of an engine rejection (docs/http-api.md, "Statuses")."""
+    """The HTTP status and headers of an engine rejection (docs/http-api.md, "Other statuses")."""
     headers = None
     if exc.retry_after_s is not None:
         headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
@@ -159,7 +159,8 @@ def _json_headers(body: bytes, extra: Mapping[str, str] | None) -> _Headers:
 
 
 async def _watch_disconnect(receive: ASGIReceiveCallable, scope: trio.CancelScope) -> None:
-    """Cancel the handler when the client goes away (SPEC §8.11), as quart-trio does."""
+    """Cancel the handler when the client goes away, as quart-trio does (docs/architecture.md,
+    "How cancellation flows")."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -173,14 +174,15 @@ _CLOSE: Final = (b"connection", b"close")
 class _App(QuartTrio):
     """The one HTTP layer in front of Quart: every request passes `asgi_app` first.
 
-    It strips `/ng-rollout/{id}` and sets `current_rollout_id` (SPEC §17.13); checks the bearer
-    token of every request except the health routes; serves every POST route (`post_routes`)
-    straight from ASGI: the method check (405), the body limit (413), the body timeout (408),
-    reading the body once, a watcher that cancels the handler when the client disconnects, the
-    error mapping (`error_reply`) and the response send timeout. Quart serves only routes that
-    take no body (GET and HEAD, its 404 and 405): it is handed no body (`_bodiless`), its
-    errors go through `error_reply` too, and `_quart_send` gives its replies the same send
-    timeout. A reply sent before an announced body was read carries `Connection: close`.
+    It strips `/ng-rollout/{id}` and sets `current_rollout_id` (docs/http-api.md, "Rollout
+    prefix"); checks the bearer token of every request except the health routes; serves every
+    POST route (`post_routes`) straight from ASGI: the method check (405), the body limit (413),
+    the body timeout (408), reading the body once, a watcher that cancels the handler when the
+    client disconnects, the error mapping (`error_reply`) and the response send timeout. Quart
+    serves only routes that take no body (GET and HEAD, its 404 and 405): it is handed no body
+    (`_bodiless`), its errors go through `error_reply` too, and `_quart_send` gives its replies
+    the same send timeout. A reply sent before an announced body was read carries
+    `Connection: close`.
 
     Serving the POST routes without Quart's per-request machinery (werkzeug headers and routing,
     request and response objects, contexts, two tasks and a nursery per request) saves what
@@ -418,7 +420,8 @@ def _describe(columns: Mapping[str, list[float | int]], into: dict[str, Any]) ->
 
 
 def aggregate_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Gym's reward-profile aggregation without masked rows (SPEC §17.13)."""
+    """Gym's reward-profile aggregation without masked rows (docs/http-api.md,
+    "POST /aggregate_metrics")."""
     if not rows:
         return {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}}
     overall: dict[str, list[float | int]] = {}
@@ -591,7 +594,7 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
             "/seed_session": seed_session,
             "/close_session": close_session,
             "/aggregate_metrics": aggregate,
-            "/checkpoint": checkpoint_restore,  # SPEC §17.12
+            "/checkpoint": checkpoint_restore,  # docs/durable-state.md, "Restore rules"
         }
     )
 

@@ -1,4 +1,5 @@
-"""One comparison's shared retry budget: attempts, pacing, parsing, usage (SPEC §4.4–§4.7).
+"""One comparison's shared retry budget: attempts, pacing, parsing, usage (docs/configuration.md,
+"Verdicts and retries").
 
 A `Comparator` turns one `JudgeCall` into a `ComparisonResult` or a `JudgeError`. Every attempt
 takes a `judge.max_concurrency` slot (waiting for it is never a failed attempt), runs under its
@@ -48,13 +49,13 @@ log = logging.getLogger("genrm_trio.judge")
 __all__ = ["MAX_BACKOFF_S", "Comparator", "ComparatorStatistics", "ComparisonResult"]
 
 MAX_BACKOFF_S: Final = 30.0
-"""Cap of one exponential-backoff sleep (SPEC D13)."""
+"""Cap of one exponential-backoff sleep (docs/differences.md, D13)."""
 
 
 @final
 @dataclass(frozen=True, slots=True)
 class ComparisonResult:
-    """One successful comparison (SPEC §4.7), in display orientation: the caller flips it back
+    """One successful comparison, in display orientation: the caller flips it back
     when it showed the pair swapped. A default fallback is a success with a parse flag set."""
 
     selected: Verdict  # the overall verdict, or the rubric mean under score_source=rubric_mean
@@ -194,7 +195,7 @@ class Comparator:
     # --- pacing ---------------------------------------------------------------------------
 
     def _pause(self, retry: int, retry_after: float | None) -> float:
-        """Seconds to sleep before retry number `retry` (1 = the first retry), SPEC §17.6."""
+        """Seconds to sleep before retry number `retry` (1 = the first retry; D13)."""
         if retry_after is not None:
             if trio.current_time() + retry_after < trio.current_effective_deadline():
                 return retry_after

@@ -31,7 +31,8 @@ class JudgeCall:
 
 
 class ReplyStatus(enum.Enum):
-    """How one 2xx JSON reply was classified (SPEC §4.4 step 2, §17.5 for chat completions)."""
+    """How one 2xx JSON reply was classified (docs/configuration.md, "Judge requests and
+    replies")."""
 
     COMPLETED = "completed"  # completed status and a non-blank answer text
     BUDGET_EXHAUSTED = "budget_exhausted"  # incomplete because of max_output_tokens / length
@@ -58,7 +59,7 @@ class Judge(Protocol):
 
     @property
     def endpoint(self) -> str:
-        """`host:port` of the judge, for the §4.4 message template (`{server}`)."""
+        """`host:port` of the judge, the `{server}` of the judge-error template (D14)."""
         ...
 
     @property
@@ -82,14 +83,15 @@ def one_line(text: str, limit: int = 1000) -> str:
 
 
 class JudgeAttemptError(Exception):
-    """One attempt failed. `type_name` is the `{ErrorType}` of the SPEC §17.5 template."""
+    """One attempt failed. `type_name` is the `{ErrorType}` of the judge-error template
+    (docs/differences.md, D14)."""
 
     type_name: str = "JudgeAttemptError"
     retryable: bool = False
     replica: str | None = None  # the fleet replica (its label) the attempt went to, if any
 
     def describe(self) -> str:
-        """`{ErrorType}: {message}` exactly as SPEC §17.5 fixes it (message cut at 1000 chars)."""
+        """`{ErrorType}: {message}` exactly as D14 fixes it (message cut at 1000 chars)."""
         return f"{self.type_name}: {str(self)[:1000]}"
 
 
@@ -105,7 +107,7 @@ class JudgeTransportError(JudgeAttemptError):
 
 
 class JudgeHTTPError(JudgeAttemptError):
-    """A non-2xx status. Retryable for 408, 429 and 5xx (SPEC D14)."""
+    """A non-2xx status. Retryable for 408, 429 and 5xx (docs/differences.md, D14)."""
 
     type_name = "JudgeHTTPError"
 
@@ -144,7 +146,7 @@ class JudgeBadJSON(JudgeAttemptError):
 @final
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Token usage summed over the attempts of one comparison that reported it (SPEC §4.6)."""
+    """Token usage summed over the attempts of one comparison that reported it."""
 
     input_tokens: int
     output_tokens: int
@@ -152,10 +154,11 @@ class Usage:
 
 
 class JudgeError(Exception):
-    """A comparison failed: the full §4.4 / §4.5 message, plus the usage its attempts reported.
+    """A comparison failed: its full message (docs/configuration.md, "Verdicts and retries"),
+    plus the usage its attempts reported.
 
     `usage` is None when no attempt reported usage; failed comparisons still count in the token
-    metrics (SPEC D32).
+    metrics (docs/differences.md, D32).
     """
 
     def __init__(

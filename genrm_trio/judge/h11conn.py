@@ -6,10 +6,10 @@ line, headers, Content-Length / chunked / close-delimited body, interim 1xx resp
 204/304 bodies, keep-alive (`Connection: close`, HTTP/1.0), and the validation of everything a
 server sends. This module does the I/O on a trio stream, the judge client's limits (a response
 body cap, unsolicited bytes) and the mapping of failures to the httpx exceptions the rest of the
-client speaks (SPEC §17.5): WriteError / ReadError for a broken socket, RemoteProtocolError for a
-connection closed before a complete response or a response that is not HTTP/1.x. h11 costs
-about 0.08 ms of CPU per exchange more than a hand-written parser did, on calls that last
-seconds (docs/benchmarks.md).
+client speaks (docs/differences.md, D14): WriteError / ReadError for a broken socket,
+RemoteProtocolError for a connection closed before a complete response or a response that is
+not HTTP/1.x. h11 costs about 0.08 ms of CPU per exchange more than a hand-written parser did, on
+calls that last seconds (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """HTTP judges: the Gym Responses protocol and OpenAI chat completions, over httpx on trio.
 
 One `attempt()` is one POST. Every httpx failure is mapped at this boundary to a
-`JudgeAttemptError` subclass (SPEC D14, §17.5); retries, pacing and deadlines belong to the caller
-(`judge.attempts`), so httpx runs with no timeouts and no connection retries of its own (D15).
+`JudgeAttemptError` subclass (docs/differences.md, D14); retries, pacing and deadlines belong to
+the caller (`judge.attempts`), so httpx runs with no timeouts and no connection retries of its
+own (D15). Request bodies and reply kinds: docs/configuration.md, "Judge requests and replies".
 
 Connections are kept by `KeepAlivePool`, an httpx transport with O(1) work per request, instead
 of httpx's default pool, whose bookkeeping grows quadratically with connections (measured in
@@ -75,13 +76,14 @@ KEEPALIVE_EXPIRY_S: Final = 4.0
 """An idle judge connection is closed after this long (`judge.keepalive_expiry_s`): below the
 5 s after which uvicorn (so vLLM) and hypercorn close an idle keep-alive connection."""
 
-# Transport errors that are transient (SPEC D14): connect/read/write/close failures and a
-# connection closed before a complete response. Anything else (a local protocol error, an
-# unsupported scheme, a proxy error) is a configuration or client bug and is not retried.
+# Transport errors that are transient (docs/differences.md, D14): connect/read/write/close
+# failures and a connection closed before a complete response. Anything else (a local protocol
+# error, an unsupported scheme, a proxy error) is a configuration or client bug and is not
+# retried.
 _RETRYABLE_TRANSPORT: Final = (httpx.NetworkError, httpx.RemoteProtocolError)
 
-# Responses create params that chat completions takes under the same name (§16.1). The others
-# are mapped below or dropped (input and metadata are rebuilt per call anyway).
+# Responses create params that chat completions takes under the same name. The others are
+# mapped below or dropped (input and metadata are rebuilt per call anyway).
 _CHAT_SAME_NAME: Final = frozenset(
     {
         "model",
@@ -103,7 +105,7 @@ _CHAT_REBUILT: Final = frozenset({"input", "metadata"})
 
 
 def _count(value: object) -> int | None:
-    """A token count: an int or finite float, never a bool (SPEC §4.6)."""
+    """A token count: an int or finite float, never a bool."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -132,7 +134,7 @@ def _usage(reply: Mapping[str, Any]) -> tuple[int | None, int | None]:
 
 
 def interpret_responses(reply: object) -> JudgeReply:
-    """Classify one decoded Responses reply (SPEC §4.4 step 2, §4.5)."""
+    """Classify one decoded Responses reply."""
     if not isinstance(reply, dict):
         return JudgeReply(ReplyStatus.UNUSABLE, "", None, None)
     tokens_in, tokens_out = _usage(reply)
@@ -149,7 +151,7 @@ def interpret_responses(reply: object) -> JudgeReply:
 
 
 def interpret_chat(reply: object) -> JudgeReply:
-    """Classify one decoded chat-completions reply (SPEC §17.5)."""
+    """Classify one decoded chat-completions reply."""
     if not isinstance(reply, dict):
         return JudgeReply(ReplyStatus.UNUSABLE, "", None, None)
     tokens_in, tokens_out = _usage(reply)
@@ -172,8 +174,8 @@ def interpret_chat(reply: object) -> JudgeReply:
 
 
 def responses_body(params: Mapping[str, Any], call: JudgeCall) -> dict[str, Any]:
-    """The Gym `genrm_model` request (SPEC §4.2): create params with `input` and `metadata` set,
-    and `max_output_tokens` replaced by the attempt's own budget when the call carries one.
+    """The Gym `genrm_model` request: create params with `input` and `metadata` set, and
+    `max_output_tokens` replaced by the attempt's own budget when the call carries one.
 
     `params` is never mutated and is serialised at once, so a shallow copy is as good as the
     reference's deep copy.
@@ -193,7 +195,7 @@ def responses_body(params: Mapping[str, Any], call: JudgeCall) -> dict[str, Any]
 
 
 def chat_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], str | None, list[str]]:
-    """Map Responses create params to chat-completion params (SPEC §16.1).
+    """Map Responses create params to chat-completion params.
 
     Returns (params, instructions, dropped keys). `instructions` becomes a leading system message.
     """
@@ -229,7 +231,7 @@ def chat_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], str | None, 
 def chat_body(
     params: Mapping[str, Any], instructions: str | None, call: JudgeCall
 ) -> dict[str, Any]:
-    """A chat-completions request: history, then principle, response_1, response_2 (§16.1);
+    """A chat-completions request: history, then principle, response_1, response_2;
     the attempt's own budget, when the call carries one, is sent as `max_tokens`."""
     messages: list[dict[str, str]] = []
     if instructions is not None:
@@ -408,7 +410,7 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
     is closed at once, shielded, so nothing leaks; an idle one the server closed meanwhile is
     noticed before use (it is readable) and replaced. Concurrency is bounded by the caller
     (`judge.max_concurrency`), not here, and a refused connection is one failure, never retried
-    inside (SPEC D15).
+    inside (docs/differences.md, D15).
     """
 
     def __init__(

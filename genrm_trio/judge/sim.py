@@ -1,4 +1,5 @@
-"""The simulated GenRM judge (SPEC §16.4): deterministic verdicts, scripted latency and faults.
+"""The simulated GenRM judge (docs/embedding.md, "A judge"): deterministic verdicts, scripted
+latency and faults.
 
 A test and demo tool, never a production default. One simulator core serves three ways:
 
@@ -379,7 +380,8 @@ def _verdict_prose(q1: int, q2: int, ranking: float) -> str:
 
 
 def sim_verdict_text(response_1: str, response_2: str) -> str:
-    """The judge's full answer: one line of reasoning, then a fenced json verdict (SPEC §5)."""
+    """The judge's full answer: one line of reasoning, then a fenced json verdict (parsed as
+    docs/scoring.md, "Overall verdict", says)."""
     q1, q2, ranking = sim_verdict(response_1, response_2)
     verdict = _verdict_json(q1, q2, _format_ranking(ranking))
     return f"{_verdict_prose(q1, q2, ranking)}\n\n```json\n{verdict}\n```"
