@@ -634,23 +634,10 @@ class TinyServer:
         buffer = b""
         try:
             while True:
-                while b"\r\n\r\n" not in buffer:
-                    data = await stream.receive_some()
-                    if not data:
-                        return
-                    buffer += data
-                head, _, rest = buffer.partition(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n")[1:]:
-                    key, _, value = line.partition(b":")
-                    if key.strip().lower() == b"content-length":
-                        length = int(value)
-                while len(rest) < length:
-                    data = await stream.receive_some()
-                    if not data:
-                        return
-                    rest += data
-                request, buffer = head + b"\r\n\r\n" + rest[:length], rest[length:]
+                got = await read_request(stream, buffer)
+                if got is None:
+                    return
+                request, buffer = got
                 n = len(self.requests)
                 self.requests.append(request)
                 self.got_request.set()
@@ -673,6 +660,28 @@ class TinyServer:
     async def start(self, nursery: trio.Nursery) -> None:
         listeners = await nursery.start(trio.serve_tcp, self.handle, 0)
         self.port = listeners[0].socket.getsockname()[1]
+
+
+async def read_request(stream: trio.abc.ReceiveStream, buffer: bytes) -> tuple[bytes, bytes] | None:
+    """One request with a Content-Length body (or none): (the request, what came after it), or
+    None when the peer closed first. `buffer` holds bytes already received."""
+    while b"\r\n\r\n" not in buffer:
+        data = await stream.receive_some()
+        if not data:
+            return None
+        buffer += data
+    head, _, rest = buffer.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == b"content-length":
+            length = int(value)
+    while len(rest) < length:
+        data = await stream.receive_some()
+        if not data:
+            return None
+        rest += data
+    return head + b"\r\n\r\n" + rest[:length], rest[length:]
 
 
 def response_bytes(status: int, body: bytes, *headers: str) -> bytes:
@@ -1046,16 +1055,10 @@ async def test_pool_over_tls_reuses_its_connection(tmp_path: Path) -> None:
         buffer = b""
         try:
             while True:
-                while b"\r\n\r\n" not in buffer:
-                    data = await tls.receive_some()
-                    if not data:
-                        return
-                    buffer += data
-                head, _, rest = buffer.partition(b"\r\n\r\n")
-                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                while len(rest) < length:
-                    rest += await tls.receive_some()
-                buffer = rest[length:]
+                got = await read_request(tls, buffer)
+                if got is None:
+                    return
+                buffer = got[1]
                 await tls.send_all(response_bytes(200, body))
         except trio.BrokenResourceError:
             return

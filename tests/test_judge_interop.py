@@ -25,6 +25,7 @@ import trio.testing
 from test_judge_http import (
     CALL,
     TinyServer,
+    read_request,
     real_judge,
     response_bytes,
     responses_reply,
@@ -362,21 +363,11 @@ async def _tls_judge(stream: trio.SocketStream, context: ssl.SSLContext) -> None
     buffer = b""
     try:
         while True:
-            while b"\r\n\r\n" not in buffer:
-                data = await tls.receive_some()
-                if not data:
-                    return
-                buffer += data
-            head, _, rest = buffer.partition(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            while len(rest) < length:
-                rest += await tls.receive_some()
-            buffer = rest[length:]
-            reply = b'{"data": []}' if head.startswith(b"GET ") else BODY
+            got = await read_request(tls, buffer)
+            if got is None:
+                return
+            request, buffer = got
+            reply = b'{"data": []}' if request.startswith(b"GET ") else BODY
             await tls.send_all(response_bytes(200, reply))
     except trio.BrokenResourceError:
         return
