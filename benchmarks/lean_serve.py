@@ -1,5 +1,5 @@
 """EXPERIMENT ONLY — not a way to run the service: `genrm-trio serve` with the same app served by
-the simulated judge's minimal HTTP/1.1 server (`genrm_trio/judge/h1.py`) instead of hypercorn.
+the simulated judge's minimal HTTP/1.1 server (`genrm_trio/testing/server.py`) instead of hypercorn.
 
 It sizes hypercorn's share of the server's CPU, of G=1 latency and of the G=64 memory peak
 (docs/benchmarks.md, "Session 3"). h1.py is a benchmark tool: no TLS, no chunked request bodies,
@@ -19,9 +19,9 @@ from typing import Any
 
 import trio
 
-import genrm_trio.serve as serve_module
-from genrm_trio.cli import main
-from genrm_trio.judge.h1 import serve_h1
+import genrm_trio.app.serve as serve_module
+from genrm_trio.app.cli import main
+from genrm_trio.testing.server import serve_h1
 
 
 async def serve_app_on_h1(

@@ -11,8 +11,8 @@ Per scenario it starts a fresh simulated judge (this venv, core 1) and a fresh r
 (`taskset -c 0 /tmp/ref-venv/bin/python benchmarks/reference/run_reference_server.py`), pins
 itself (the load generator) to core 1, records the server's idle RSS, runs a short pilot (which
 also warms the server up) to size the measured run to about `--target-s` seconds, runs
-`genrm_trio.bench.run_bench` with `server_pid`, and writes the BenchReport plus scenario metadata
-to benchmarks/results/reference-<scenario>.json. Every process it starts is stopped by PID.
+`genrm_trio.app.bench.run_bench` with `server_pid`, and writes the BenchReport plus scenario
+metadata to benchmarks/results/reference-<scenario>.json. Every process it starts is stopped by PID.
 Only 127.0.0.1 is used.
 """
 
@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 import trio
 
-import genrm_trio.bench as bench
+import genrm_trio.app.bench as bench
 
 ROOT = Path(__file__).resolve().parent.parent
 REF_PYTHON = os.environ.get("REF_PYTHON", "/tmp/ref-venv/bin/python")

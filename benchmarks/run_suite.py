@@ -9,7 +9,7 @@ Run from the repository root in the dev venv:
 Set-up (the reference harness, benchmarks/reference_bench.py, uses the same one): the server
 (`genrm-trio serve`, the shipped genrm_compare.yaml values, N = 16) is pinned to core 0 with
 `taskset -c 0`; the simulated judge (`genrm-trio sim-judge`) and this process, the load generator
-(`genrm_trio.bench.run_bench`), share core 1. Every scenario starts a fresh judge and a fresh
+(`genrm_trio.app.bench.run_bench`), share core 1. Every scenario starts a fresh judge and a fresh
 server on 127.0.0.1 and stops both by PID; each is bounded (a pilot sizes the measured run to
 about `--target-s` seconds, a hard limit stops it after 60 s). Other work on this box shares the
 cores, so before each scenario the suite waits (up to `--quiet-wait-s`) for the box to be quiet
@@ -56,9 +56,9 @@ import httpx
 import trio
 import yaml
 
-from genrm_trio import bench
+from genrm_trio.app import bench
 from genrm_trio.config import Settings
-from genrm_trio.judge.sim import FaultRule, SimConfig, SimJudgeApp, serve_sim_judge
+from genrm_trio.testing.sim import FaultRule, SimConfig, SimJudgeApp, serve_sim_judge
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -93,7 +93,7 @@ def _genrm_trio() -> list[str]:
     if script.exists():
         return [str(script)]
     found = shutil.which("genrm-trio")
-    return [found] if found else [sys.executable, "-m", "genrm_trio.cli"]
+    return [found] if found else [sys.executable, "-m", "genrm_trio.app.cli"]
 
 
 @dataclasses.dataclass
@@ -304,7 +304,7 @@ def _report(report: bench.BenchReport | None) -> dict[str, Any] | None:
     return None if report is None else json.loads(report.as_json())
 
 
-# --- (a), (b), (d), (f): load through `genrm_trio.bench` -----------------------------------------
+# --- (a), (b), (d), (f): load through `genrm_trio.app.bench` -------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,7 +40,7 @@ import httpx
 import trio
 import yaml
 
-from genrm_trio.bench import answer_text, verify_body
+from genrm_trio.app.bench import answer_text, verify_body
 
 PROMPT = "Explain why the sum of two even numbers is even."
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
@@ -54,7 +54,7 @@ def _command() -> list[str]:
     if script.exists():
         return [str(script)]
     found = shutil.which("genrm-trio")
-    return [found] if found else [sys.executable, "-m", "genrm_trio.cli"]
+    return [found] if found else [sys.executable, "-m", "genrm_trio.app.cli"]
 
 
 @dataclass

@@ -3,7 +3,7 @@
     python benchmarks/state_machine.py [--live 2000] [--rounds 3000]
 
 Shapes:
-- engine: the module-level ``MACHINE`` of genrm_trio.cohort.machine, driven through its typed
+- engine: the module-level ``MACHINE`` of genrm_trio.engine.machine, driven through its typed
   wrappers (``MACHINE.events[name].trigger(model)``; the chosen shape);
 - shared: one ``Machine`` with ``add_model``/``remove_model`` per cohort, measured while
   ``--live`` other cohorts are registered (both calls scan the model list);
@@ -11,7 +11,7 @@ Shapes:
 
 For each: microseconds per lifecycle (create + start_judging + publish [+ remove]) and the
 memory retained per live cohort (tracemalloc, ``--live`` cohorts left in ``collecting``).
-The numbers in genrm_trio/cohort/machine.py's docstring come from this script.
+The numbers in genrm_trio/engine/machine.py's docstring come from this script.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 from transitions import EventData, Machine
 
-from genrm_trio.cohort import machine as m
+from genrm_trio.engine import machine as m
 
 
 class _Model:

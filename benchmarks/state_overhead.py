@@ -25,10 +25,10 @@ from typing import Any
 import trio
 
 from genrm_trio.config import Settings
-from genrm_trio.engine import Engine
-from genrm_trio.judge.sim import SimConfig, SimJudge
-from genrm_trio.model import Scored, VerifyInput
-from genrm_trio.store import durable_engine, open_store, restore_from_store
+from genrm_trio.domain.model import Scored, VerifyInput
+from genrm_trio.engine.engine import Engine
+from genrm_trio.store.sqlite import durable_engine, open_store, restore_from_store
+from genrm_trio.testing.sim import SimConfig, SimJudge
 
 TARGET_PERCENT = 10.0
 
@@ -105,7 +105,7 @@ async def _round(
         async with durable_engine(settings, judge) as engine:
             elapsed, cpu = await _drive(engine, args.groups, args.concurrency, args.rollouts)
     else:
-        from genrm_trio.engine import open_engine
+        from genrm_trio.engine.engine import open_engine
 
         async with (
             open_store(path, settings, synchronous=args.synchronous) as store,

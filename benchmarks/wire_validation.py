@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import timeit
 
-from genrm_trio import bench
-from genrm_trio.wire import decode_json, encode_json, parse_verify
+from genrm_trio.app import bench
+from genrm_trio.http.wire import decode_json, encode_json, parse_verify
 
 
 def main() -> None:

@@ -19,12 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from genrm_trio.config import ConfigError, Settings, load_settings
-    from genrm_trio.engine import Engine, EngineStatistics, open_engine
-    from genrm_trio.judge.base import Judge, JudgeCall, JudgeReply, ReplyStatus
-    from genrm_trio.judge.fleet import JudgeFleet, make_judge
-    from genrm_trio.judge.http import make_http_judge
-    from genrm_trio.judge.sim import FaultRule, SimConfig, SimJudge
-    from genrm_trio.model import (
+    from genrm_trio.domain.model import (
         CohortView,
         CompareFailed,
         CompareInput,
@@ -37,6 +32,11 @@ if TYPE_CHECKING:
         Scored,
         VerifyInput,
     )
+    from genrm_trio.engine.engine import Engine, EngineStatistics, open_engine
+    from genrm_trio.judge.base import Judge, JudgeCall, JudgeReply, ReplyStatus
+    from genrm_trio.judge.fleet import JudgeFleet, make_judge
+    from genrm_trio.judge.http import make_http_judge
+    from genrm_trio.testing.sim import FaultRule, SimConfig, SimJudge
 
 __version__ = "0.1.0"
 
@@ -51,23 +51,23 @@ _EXPORTS = {
     "make_http_judge": "genrm_trio.judge.http",
     "JudgeFleet": "genrm_trio.judge.fleet",
     "make_judge": "genrm_trio.judge.fleet",
-    "FaultRule": "genrm_trio.judge.sim",
-    "SimConfig": "genrm_trio.judge.sim",
-    "SimJudge": "genrm_trio.judge.sim",
-    "Engine": "genrm_trio.engine",
-    "EngineStatistics": "genrm_trio.engine",
-    "open_engine": "genrm_trio.engine",
-    "CohortView": "genrm_trio.model",
-    "CompareFailed": "genrm_trio.model",
-    "CompareInput": "genrm_trio.model",
-    "CompareResult": "genrm_trio.model",
-    "GroupFailed": "genrm_trio.model",
-    "Masked": "genrm_trio.model",
-    "MemberOutcome": "genrm_trio.model",
-    "Rejection": "genrm_trio.model",
-    "RequestRejected": "genrm_trio.model",
-    "Scored": "genrm_trio.model",
-    "VerifyInput": "genrm_trio.model",
+    "FaultRule": "genrm_trio.testing.sim",
+    "SimConfig": "genrm_trio.testing.sim",
+    "SimJudge": "genrm_trio.testing.sim",
+    "Engine": "genrm_trio.engine.engine",
+    "EngineStatistics": "genrm_trio.engine.engine",
+    "open_engine": "genrm_trio.engine.engine",
+    "CohortView": "genrm_trio.domain.model",
+    "CompareFailed": "genrm_trio.domain.model",
+    "CompareInput": "genrm_trio.domain.model",
+    "CompareResult": "genrm_trio.domain.model",
+    "GroupFailed": "genrm_trio.domain.model",
+    "Masked": "genrm_trio.domain.model",
+    "MemberOutcome": "genrm_trio.domain.model",
+    "Rejection": "genrm_trio.domain.model",
+    "RequestRejected": "genrm_trio.domain.model",
+    "Scored": "genrm_trio.domain.model",
+    "VerifyInput": "genrm_trio.domain.model",
 }
 
 __all__ = [

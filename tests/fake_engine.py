@@ -1,14 +1,11 @@
-"""A stand-in for `genrm_trio.engine.Engine` with scripted outcomes, for HTTP-layer tests."""
+"""A stand-in for `genrm_trio.engine.engine.Engine` with scripted outcomes, for HTTP-layer tests."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from genrm_trio.http.app import current_rollout_id
-from genrm_trio.judge.base import ReplicaStats
-from genrm_trio.metrics import Metrics
-from genrm_trio.model import (
+from genrm_trio.domain.model import (
     CohortView,
     CompareInput,
     CompareResult,
@@ -17,6 +14,9 @@ from genrm_trio.model import (
     Scored,
     VerifyInput,
 )
+from genrm_trio.http.app import current_rollout_id
+from genrm_trio.judge.base import ReplicaStats
+from genrm_trio.metrics import Metrics
 
 Outcome = Scored | Masked | GroupFailed
 

@@ -19,21 +19,21 @@ from typing import Any
 import trio
 
 from genrm_trio.config import Settings
-from genrm_trio.engine import Engine, open_engine
-from genrm_trio.judge.base import (
-    JudgeCall,
-    JudgeHTTPError,
-    JudgeReply,
-    JudgeTransportError,
-    ReplyStatus,
-)
-from genrm_trio.model import (
+from genrm_trio.domain.model import (
     CompareFailed,
     CompareInput,
     CompareResult,
     MemberOutcome,
     RequestRejected,
     VerifyInput,
+)
+from genrm_trio.engine.engine import Engine, open_engine
+from genrm_trio.judge.base import (
+    JudgeCall,
+    JudgeHTTPError,
+    JudgeReply,
+    JudgeTransportError,
+    ReplyStatus,
 )
 
 probe: ContextVar[str | None] = ContextVar("tests_probe", default=None)

@@ -26,7 +26,7 @@ import httpx
 import trio
 import yaml
 
-from genrm_trio.bench import verify_body
+from genrm_trio.app.bench import verify_body
 
 SHUTTING_DOWN = "GenRM server is shutting down"
 PROMPT = "Why is ice slippery?"
@@ -39,7 +39,7 @@ def command() -> list[str]:
     if script.exists():
         return [str(script)]
     found = shutil.which("genrm-trio")
-    return [found] if found else [sys.executable, "-m", "genrm_trio.cli"]
+    return [found] if found else [sys.executable, "-m", "genrm_trio.app.cli"]
 
 
 @dataclass

@@ -17,11 +17,11 @@ import trio
 import trio.testing
 
 from genrm_trio.config import Settings, settings_from_mapping
+from genrm_trio.domain.verdict import Verdict
 from genrm_trio.judge.attempts import MAX_BACKOFF_S, Comparator, ComparisonResult
 from genrm_trio.judge.base import JudgeCall, JudgeError, Usage
 from genrm_trio.judge.http import HttpJudge, make_http_judge
 from genrm_trio.metrics import Metrics
-from genrm_trio.verdict import Verdict
 
 HISTORY = [{"role": "user", "content": "What is 2+2?"}]
 CALL = JudgeCall(HISTORY, "four", "4", None)

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from genrm_trio.bench import (
+from genrm_trio.app.bench import (
     BenchConfig,
     BenchError,
     BenchReport,
@@ -25,10 +25,10 @@ from genrm_trio.bench import (
     no_group_hint,
     run_bench,
 )
-from genrm_trio.cli import main
+from genrm_trio.app.cli import main
+from genrm_trio.app.serve import serve
 from genrm_trio.config import settings_from_mapping
-from genrm_trio.judge.sim import SimConfig, serve_sim_judge, sim_asgi_app
-from genrm_trio.serve import serve
+from genrm_trio.testing.sim import SimConfig, serve_sim_judge, sim_asgi_app
 
 
 async def _read(*chunks: bytes, close: bool = False) -> tuple[int, bytes, bool]:
@@ -216,7 +216,7 @@ def test_a_run_whose_groups_all_timed_out_asks_about_the_group_size() -> None:
 def test_bench_command_prints_why_it_stopped_in_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import genrm_trio.bench as bench
+    import genrm_trio.app.bench as bench
 
     async def mismatched(cfg: BenchConfig, **_: Any) -> BenchReport:
         raise BenchError(bench.rollouts_mismatch(16, cfg.rollouts))

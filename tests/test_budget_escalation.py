@@ -34,13 +34,13 @@ from test_attempts import (
 )
 
 from genrm_trio.config import Settings
-from genrm_trio.engine import open_engine
+from genrm_trio.domain.model import CompareFailed, Scored
+from genrm_trio.domain.scoring import ESCALATION_RATE, ComparisonStats, group_metrics
+from genrm_trio.domain.verdict import Verdict
+from genrm_trio.engine.engine import open_engine
 from genrm_trio.judge.base import JudgeCall, Usage
 from genrm_trio.judge.http import chat_body, chat_params, make_http_judge, responses_body
-from genrm_trio.judge.sim import SimConfig, SimJudge, SimJudgeApp, sim_asgi_app, sim_verdict_text
-from genrm_trio.model import CompareFailed, Scored
-from genrm_trio.scoring import ESCALATION_RATE, ComparisonStats, group_metrics
-from genrm_trio.verdict import Verdict
+from genrm_trio.testing.sim import SimConfig, SimJudge, SimJudgeApp, sim_asgi_app, sim_verdict_text
 
 BOUND = 1000
 APIS = ["responses", "chat_completions"]

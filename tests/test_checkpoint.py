@@ -24,7 +24,7 @@ from judges import (
 )
 from trio.testing import MockClock
 
-from genrm_trio.checkpoint import (
+from genrm_trio.domain.checkpoint import (
     CheckpointError,
     checkpoint,
     export_checkpoint,
@@ -32,10 +32,10 @@ from genrm_trio.checkpoint import (
     report_body,
     restore,
 )
-from genrm_trio.cohort.records import MemberRecord, TerminalRecord, WatermarkRecord
-from genrm_trio.engine import Engine
-from genrm_trio.model import Rejection, RequestRejected, Scored
-from genrm_trio.wire import decode_json, encode_json
+from genrm_trio.domain.model import Rejection, RequestRejected, Scored
+from genrm_trio.domain.records import MemberRecord, TerminalRecord, WatermarkRecord
+from genrm_trio.engine.engine import Engine
+from genrm_trio.http.wire import decode_json, encode_json
 
 N = 4
 P = "a" * 64

@@ -28,11 +28,11 @@ import pytest
 import trio
 from rich.console import Console
 
-from genrm_trio.cli import main
+from genrm_trio.app.cli import main
+from genrm_trio.app.demo import run_demo
+from genrm_trio.app.serve import bind_socket, probe_judge, serve
 from genrm_trio.config import settings_from_mapping
-from genrm_trio.demo import run_demo
-from genrm_trio.judge.sim import SimConfig, serve_sim_judge
-from genrm_trio.serve import bind_socket, probe_judge, serve
+from genrm_trio.testing.sim import SimConfig, serve_sim_judge
 
 SHUTTING_DOWN = "GenRM server is shutting down"
 
@@ -124,7 +124,7 @@ def test_no_command_is_a_usage_error_with_the_usage_line(
 
 
 def test_sim_judge_sticky_faults_flag_reaches_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    import genrm_trio.judge.sim as sim
+    import genrm_trio.testing.sim as sim
 
     seen: dict[str, Any] = {}
 
@@ -143,7 +143,7 @@ def test_sim_judge_sticky_faults_flag_reaches_the_config(monkeypatch: pytest.Mon
 def test_tuned_gc_sets_and_restores_the_collector() -> None:
     import gc
 
-    from genrm_trio.serve import GC_THRESHOLDS, tuned_gc
+    from genrm_trio.app.serve import GC_THRESHOLDS, tuned_gc
 
     before = gc.get_threshold()
     with tuned_gc():
@@ -154,7 +154,7 @@ def test_tuned_gc_sets_and_restores_the_collector() -> None:
 
 
 def test_listen_backlog_holds_a_burst_of_connections() -> None:
-    from genrm_trio.serve import LISTEN_BACKLOG, hypercorn_config
+    from genrm_trio.app.serve import LISTEN_BACKLOG, hypercorn_config
 
     sock = bind_socket("127.0.0.1", 0)
     clients: list[socket.socket] = []
@@ -372,7 +372,7 @@ async def test_probe_warns_when_the_judge_does_not_serve_the_configured_model(
 def test_the_model_warning_names_a_bounded_number_of_ids(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from genrm_trio.serve import PROBE_IDS_SHOWN, _check_model
+    from genrm_trio.app.serve import PROBE_IDS_SHOWN, _check_model
 
     settings = settings_from_mapping({"judge": {"base_url": "http://j/v1", "model": "m"}})
     served = [f"model-{i}-" + "x" * 200 for i in range(PROBE_IDS_SHOWN + 3)]
@@ -396,7 +396,7 @@ def _command() -> list[str]:
     if script.exists():
         return [str(script)]
     found = shutil.which("genrm-trio")
-    return [found] if found else [sys.executable, "-m", "genrm_trio.cli"]
+    return [found] if found else [sys.executable, "-m", "genrm_trio.app.cli"]
 
 
 def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:

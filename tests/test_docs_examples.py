@@ -19,7 +19,7 @@ import trio
 
 import genrm_trio
 from genrm_trio import GroupFailed, Masked, Scored
-from genrm_trio.cohort.machine import render_mermaid
+from genrm_trio.engine.machine import render_mermaid
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "embedding.md"

@@ -18,9 +18,9 @@ from judges import (
 )
 from trio.testing import MockClock
 
-from genrm_trio.cohort.evaluation import NON_FINITE_MESSAGE
+from genrm_trio.domain.model import CompareFailed, CompareResult, Rejection, RequestRejected
+from genrm_trio.engine.evaluation import NON_FINITE_MESSAGE
 from genrm_trio.judge.base import ReplyStatus
-from genrm_trio.model import CompareFailed, CompareResult, Rejection, RequestRejected
 
 JUDGE_500 = (
     "GenRM judge judge.test:8000 /v1/responses pair=(0, 1) deadline=0.2s: "

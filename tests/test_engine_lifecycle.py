@@ -23,10 +23,10 @@ from judges import (
 )
 from trio.testing import MockClock
 
-from genrm_trio import engine as engine_module
-from genrm_trio.cohort.records import OpenRecord, TerminalRecord, WatermarkRecord
-from genrm_trio.engine import open_engine
-from genrm_trio.model import GroupFailed, Rejection, RequestRejected, Scored
+from genrm_trio.domain.model import GroupFailed, Rejection, RequestRejected, Scored
+from genrm_trio.domain.records import OpenRecord, TerminalRecord, WatermarkRecord
+from genrm_trio.engine import engine as engine_module
+from genrm_trio.engine.engine import open_engine
 
 KEY = "group_id::g::group_attempt::0"
 
@@ -274,8 +274,9 @@ async def test_evaluation_cancellation_releases_every_waiter(autojump_clock: Moc
 async def test_non_finite_rewards_fail_the_cohort(
     autojump_clock: MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from genrm_trio.cohort import evaluation
-    from genrm_trio.scoring import aggregate
+    from genrm_trio.engine import evaluation
+
+    from genrm_trio.domain.scoring import aggregate
 
     def poisoned(*args: Any, **kwargs: Any) -> Any:
         result = aggregate(*args, **kwargs)

@@ -25,9 +25,9 @@ from judges import (
 )
 from trio.testing import MockClock
 
-from genrm_trio.engine import open_engine
+from genrm_trio.domain.model import GroupFailed, Masked, Rejection, RequestRejected, Scored
+from genrm_trio.engine.engine import open_engine
 from genrm_trio.judge.base import JudgeHTTPError, ReplyStatus
-from genrm_trio.model import GroupFailed, Masked, Rejection, RequestRejected, Scored
 
 HTTP_500 = (
     "GenRM judge judge.test:8000 /v1/responses pair={pair} deadline=0.2s: "

@@ -17,8 +17,8 @@ import trio.testing
 from judges import ScriptedJudge, member, response, running, settings
 from trio.testing import MockClock
 
-from genrm_trio.cohort.cohort import Member
-from genrm_trio.model import Scored, VerifyInput
+from genrm_trio.domain.model import Scored, VerifyInput
+from genrm_trio.engine.cohort import Member
 
 
 class Body(dict[str, Any]):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from judges import ScriptedJudge, Step, gather, member, running, settings
 from trio.testing import MockClock
 
-from genrm_trio.model import GroupFailed
+from genrm_trio.domain.model import GroupFailed
 
 NON_FINITE = "GenRM cohort evaluation failed: ValueError: GenRM returned non-finite cohort rewards"
 HUGE = '{"score_1": 1e308, "score_2": 1e308, "ranking": 1}'

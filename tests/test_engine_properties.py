@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from judges import ScriptedJudge, assert_no_leaks, http_error, member, settings, verify
 from trio.testing import MockClock
 
-from genrm_trio.engine import open_engine
-from genrm_trio.model import GroupFailed, Masked, Scored
-from genrm_trio.scoring import plan_comparisons
+from genrm_trio.domain.model import GroupFailed, Masked, Scored
+from genrm_trio.domain.scoring import plan_comparisons
+from genrm_trio.engine.engine import open_engine
 
 
 @st.composite

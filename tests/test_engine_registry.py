@@ -8,9 +8,9 @@ from judges import ScriptedJudge, gather, member, running, settings, verify
 from trio.testing import MockClock
 
 from genrm_trio import EngineStatistics, Scored
-from genrm_trio.cohort.cohort import Cohort
-from genrm_trio.cohort.records import MemberRecord, TerminalRecord, WatermarkRecord
-from genrm_trio.model import Rejection, RequestRejected
+from genrm_trio.domain.model import Rejection, RequestRejected
+from genrm_trio.domain.records import MemberRecord, TerminalRecord, WatermarkRecord
+from genrm_trio.engine.cohort import Cohort
 
 
 async def complete(engine: object, group: str) -> None:
@@ -165,13 +165,13 @@ async def test_restored_failed_fence_answers_without_judging(autojump_clock: Moc
 
 
 def engine_digest() -> str:
-    from genrm_trio.text import prompt_digest
+    from genrm_trio.domain.text import prompt_digest
 
     return prompt_digest("Hello", None)
 
 
 def fence_outcome(record: TerminalRecord) -> object:
-    from genrm_trio.model import GroupFailed
+    from genrm_trio.domain.model import GroupFailed
 
     assert record.failure is not None and record.failure_kind is not None
     return GroupFailed(record.failure_kind, record.failure)

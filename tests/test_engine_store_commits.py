@@ -18,7 +18,8 @@ import trio.testing
 from judges import ScriptedJudge, gather, member, running, settings, verify
 from trio.testing import MockClock
 
-from genrm_trio.cohort.records import (
+from genrm_trio.domain.model import GroupFailed, Rejection, RequestRejected, Scored
+from genrm_trio.domain.records import (
     CommitsBySubmit,
     MemberRecord,
     OpenRecord,
@@ -28,7 +29,6 @@ from genrm_trio.cohort.records import (
     WatermarkRecord,
     queued,
 )
-from genrm_trio.model import GroupFailed, Rejection, RequestRejected, Scored
 
 DIGEST = "d" * 64
 

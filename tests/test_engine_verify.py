@@ -18,8 +18,8 @@ from judges import (
 )
 from trio.testing import MockClock
 
-from genrm_trio import engine as engine_module
-from genrm_trio.model import GroupFailed, Masked, Rejection, RequestRejected, Scored
+from genrm_trio.domain.model import GroupFailed, Masked, Rejection, RequestRejected, Scored
+from genrm_trio.engine import engine as engine_module
 
 
 def rewards(replies: list[object]) -> list[float]:
@@ -146,7 +146,7 @@ async def test_bad_history_role_is_422_and_touches_nothing(autojump_clock: MockC
 
 
 async def test_cohort_key_formats_and_group_id_wins(autojump_clock: MockClock) -> None:
-    from genrm_trio.text import prompt_digest
+    from genrm_trio.domain.text import prompt_digest
 
     judge = ScriptedJudge()
     digest = prompt_digest("Hello", None)
@@ -170,7 +170,7 @@ async def test_cohort_key_formats_and_group_id_wins(autojump_clock: MockClock) -
 
 
 async def test_key_suffixes_for_baseline_and_rubrics(autojump_clock: MockClock) -> None:
-    from genrm_trio.text import digest_text
+    from genrm_trio.domain.text import digest_text
 
     judge = ScriptedJudge()
     config = settings(comparison_mode="fixed_baseline", num_rollouts_per_prompt=2)

@@ -19,7 +19,8 @@ import trio.testing
 from judges import default_verdict, gather, member, verdict_text
 
 from genrm_trio.config import Settings, settings_from_mapping
-from genrm_trio.engine import open_engine
+from genrm_trio.domain.model import Masked, Scored
+from genrm_trio.engine.engine import open_engine
 from genrm_trio.judge.base import (
     JudgeCall,
     JudgeHTTPError,
@@ -29,7 +30,6 @@ from genrm_trio.judge.base import (
 )
 from genrm_trio.judge.fleet import JudgeFleet, make_judge
 from genrm_trio.judge.http import HttpJudge
-from genrm_trio.model import Masked, Scored
 
 CALL = JudgeCall([{"role": "user", "content": "q"}], "a1", "a2", None)
 

@@ -1,4 +1,4 @@
-"""The simulated judge's minimal HTTP/1.1 server (genrm_trio.judge.h1), on real sockets."""
+"""The simulated judge's minimal HTTP/1.1 server (genrm_trio.testing.server), on real sockets."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import httpx
 import pytest
 import trio
 
-from genrm_trio.judge.h1 import serve_h1
+from genrm_trio.testing.server import serve_h1
 
 pytestmark = pytest.mark.slow
 LIMIT_S = 10

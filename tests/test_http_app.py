@@ -18,11 +18,7 @@ from quart import request
 from quart_trio import QuartTrio
 
 from genrm_trio.config import ConfigError, Settings
-from genrm_trio.engine import open_engine
-from genrm_trio.http.app import create_app, current_rollout_id
-from genrm_trio.judge.base import ReplicaStats
-from genrm_trio.judge.sim import FaultRule, SimConfig, SimJudge
-from genrm_trio.model import (
+from genrm_trio.domain.model import (
     CohortView,
     CompareFailed,
     CompareInput,
@@ -34,6 +30,10 @@ from genrm_trio.model import (
     Scored,
     VerifyInput,
 )
+from genrm_trio.engine.engine import open_engine
+from genrm_trio.http.app import create_app, current_rollout_id
+from genrm_trio.judge.base import ReplicaStats
+from genrm_trio.testing.sim import FaultRule, SimConfig, SimJudge
 
 TOKEN = "t0ken-for-tests"
 

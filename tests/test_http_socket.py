@@ -20,9 +20,9 @@ import httpx
 import pytest
 import trio
 
+from genrm_trio.app.serve import serve
 from genrm_trio.config import Settings, settings_from_mapping
-from genrm_trio.judge.sim import FaultRule, SimConfig, SimJudgeApp, serve_sim_judge, sim_asgi_app
-from genrm_trio.serve import serve
+from genrm_trio.testing.sim import FaultRule, SimConfig, SimJudgeApp, serve_sim_judge, sim_asgi_app
 
 SHUTTING_DOWN = "GenRM server is shutting down"
 

@@ -31,7 +31,9 @@ from test_judge_http import (
     responses_reply,
 )
 
+from genrm_trio.app.serve import log_proxy_use, probe_judge
 from genrm_trio.config import Settings, settings_from_mapping
+from genrm_trio.domain.model import Scored
 from genrm_trio.judge.base import (
     JudgeCall,
     JudgeHTTPError,
@@ -41,8 +43,6 @@ from genrm_trio.judge.base import (
     one_line,
 )
 from genrm_trio.judge.http import KeepAlivePool, StaleConnectionError, make_http_judge
-from genrm_trio.model import Scored
-from genrm_trio.serve import log_proxy_use, probe_judge
 
 BODY = json.dumps(responses_reply()).encode()
 

@@ -23,11 +23,11 @@ from judges import verdict_text
 
 import genrm_trio.judge.http as http_module
 from genrm_trio.config import Settings, settings_from_mapping
-from genrm_trio.engine import open_engine
+from genrm_trio.domain.model import Scored, VerifyInput
+from genrm_trio.engine.engine import open_engine
 from genrm_trio.judge.base import JudgeCall, ReplyStatus
 from genrm_trio.judge.fleet import JudgeFleet, make_judge
 from genrm_trio.judge.http import HttpJudge, make_http_judge
-from genrm_trio.model import Scored, VerifyInput
 
 pytestmark = pytest.mark.slow
 

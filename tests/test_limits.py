@@ -20,9 +20,9 @@ import pytest
 import trio
 from procs import Reply, answers, assert_scored, bodies, client, post, run_group
 
-from genrm_trio import serve as serve_module
+from genrm_trio.app import serve as serve_module
+from genrm_trio.app.serve import FD_RESERVE, check_fd_headroom, fds_needed, serve
 from genrm_trio.config import settings_from_mapping
-from genrm_trio.serve import FD_RESERVE, check_fd_headroom, fds_needed, serve
 
 CAPACITY = 2
 

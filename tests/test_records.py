@@ -8,7 +8,7 @@ import tracemalloc
 
 import pytest
 
-from genrm_trio.cohort.records import (
+from genrm_trio.domain.records import (
     MemberRecord,
     PackedMembers,
     PackedResult,

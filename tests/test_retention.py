@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from genrm_trio.config import Settings
-from genrm_trio.retention import Retention
+from genrm_trio.domain.retention import Retention
 
 
 def test_of_settings() -> None:

@@ -1,4 +1,4 @@
-"""genrm_trio.scoring: pair plans, tie-break aggregation, adjustments, style control, metrics.
+"""genrm_trio.domain.scoring: pair plans, tie-breaks, adjustments, style control, metrics.
 
 Covers docs/scoring.md sections 1-5 (pairs, style control, aggregation, masking, metrics), D1,
 D7, D32.
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genrm_trio.scoring import (
+from genrm_trio.domain.scoring import (
     Aggregation,
     ComparisonStats,
     JudgedComparison,

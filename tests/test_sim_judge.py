@@ -25,7 +25,7 @@ from genrm_trio.judge.base import (
     JudgeTransportError,
     ReplyStatus,
 )
-from genrm_trio.judge.sim import (
+from genrm_trio.testing.sim import (
     FAULT_KINDS,
     FaultRule,
     SimConfig,

@@ -13,9 +13,9 @@ import trio
 import trio.testing
 from test_sim_judge import chat_body, client, responses_body, responses_text
 
-from genrm_trio.cli import main
+from genrm_trio.app.cli import main
 from genrm_trio.judge.base import JudgeCall, ReplyStatus
-from genrm_trio.judge.sim import (
+from genrm_trio.testing.sim import (
     LENGTH_PRESETS,
     FaultRule,
     LengthModel,
@@ -194,7 +194,7 @@ def test_sim_config_from_args_length_model() -> None:
 
 
 def test_sim_judge_length_model_flag_reaches_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    import genrm_trio.judge.sim as sim
+    import genrm_trio.testing.sim as sim
 
     seen: dict[str, Any] = {}
 

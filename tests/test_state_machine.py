@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from transitions import EventData
 
-from genrm_trio.cohort import machine
+from genrm_trio.engine import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,10 +126,10 @@ def test_wire_vocabulary() -> None:
 
 def test_docs_diagram_is_current() -> None:
     """docs/state-machine.md is generated from the machine definition; regenerate with
-    `python -m genrm_trio.cohort.machine` when this fails."""
+    `python -m genrm_trio.engine.machine` when this fails."""
     current = (ROOT / "docs" / "state-machine.md").read_text(encoding="utf-8")
     assert current == machine.render_markdown(), (
-        "docs/state-machine.md is stale: run `python -m genrm_trio.cohort.machine`"
+        "docs/state-machine.md is stale: run `python -m genrm_trio.engine.machine`"
     )
 
 
@@ -146,7 +146,7 @@ def test_diagram_comes_from_transitions_mermaid() -> None:
 def test_regenerate_command(tmp_path: Path) -> None:
     out = tmp_path / "state-machine.md"
     subprocess.run(
-        [sys.executable, "-m", "genrm_trio.cohort.machine", str(out)],
+        [sys.executable, "-m", "genrm_trio.engine.machine", str(out)],
         check=True,
         capture_output=True,
         cwd=ROOT,

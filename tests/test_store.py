@@ -30,17 +30,17 @@ from judges import (
 )
 from procs import command
 
-from genrm_trio.cohort.records import (
+from genrm_trio.config import Settings
+from genrm_trio.domain.model import GroupFailed, Masked, Rejection, RequestRejected, Scored
+from genrm_trio.domain.records import (
     MemberRecord,
     OpenRecord,
     QueuedCohortStore,
     TerminalRecord,
     WatermarkRecord,
 )
-from genrm_trio.config import Settings
-from genrm_trio.engine import Engine, open_engine
-from genrm_trio.model import GroupFailed, Masked, Rejection, RequestRejected, Scored
-from genrm_trio.store import (
+from genrm_trio.engine.engine import Engine, open_engine
+from genrm_trio.store.sqlite import (
     INTERRUPTED_TEMPLATE,
     SCHEMA_VERSION,
     StoreError,
@@ -915,7 +915,7 @@ async def test_every_reply_sent_before_sigkill_replays_after_restart(tmp_path: P
 
     import httpx
 
-    from genrm_trio.bench import verify_body
+    from genrm_trio.app.bench import verify_body
 
     path, log = tmp_path / "state.db", tmp_path / "server.log"
     groups, n = 16, 4

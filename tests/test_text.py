@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from genrm_trio.text import (
+from genrm_trio.domain.text import (
     ALLOWED_ROLES,
     HistoryError,
     answer_text,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genrm_trio.verdict import (
+from genrm_trio.domain.verdict import (
     Verdict,
     VerdictParseError,
     find_json_spans,

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genrm_trio.cohort.records import MemberRecord, PackedResult
 from genrm_trio.config import RESPONSES_CREATE_PARAM_KEYS
-from genrm_trio.model import Scored
-from genrm_trio.wire import (
+from genrm_trio.domain.model import Scored
+from genrm_trio.domain.records import MemberRecord, PackedResult
+from genrm_trio.http.wire import (
     FAILSAFE_REASON_LIMIT,
     VERIFY_FIELDS,
     HeldVerify,
@@ -618,7 +618,7 @@ def test_a_held_request_replies_as_the_decoded_one(raw: dict[str, Any]) -> None:
 def test_a_held_request_keeps_far_less_than_the_decoded_body() -> None:
     import tracemalloc
 
-    from genrm_trio import bench
+    from genrm_trio.app import bench
 
     # shaped like NeMo Gym's simple agent's body: many keys, most of them null
     raw = encode_json(
@@ -643,7 +643,7 @@ def test_a_held_request_keeps_far_less_than_the_decoded_body() -> None:
 def test_a_long_echo_is_held_compressed_and_replies_byte_for_byte() -> None:
     import tracemalloc
 
-    from genrm_trio import bench
+    from genrm_trio.app import bench
 
     words = [f"w{(i * 7919) % 1013}" for i in range(3000)]  # ~16 KB of varied text
     answer = " ".join(words) + " \udc80 café"

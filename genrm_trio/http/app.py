@@ -30,12 +30,16 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from .. import __version__
-from ..checkpoint import CheckpointError, RecordsEngine, checkpoint, report_body, restore
-from ..config import Settings, read_secret
-from ..judge.base import ReplicaStats
-from ..metrics import Metrics
-from ..model import (
+from genrm_trio import __version__
+from genrm_trio.config import Settings, read_secret
+from genrm_trio.domain.checkpoint import (
+    CheckpointError,
+    RecordsEngine,
+    checkpoint,
+    report_body,
+    restore,
+)
+from genrm_trio.domain.model import (
     CohortView,
     CompareFailed,
     CompareInput,
@@ -47,7 +51,7 @@ from ..model import (
     Scored,
     VerifyInput,
 )
-from ..wire import (
+from genrm_trio.http.wire import (
     AggregateMetricsRequest,
     CloseSessionRequest,
     HeldVerify,
@@ -61,6 +65,8 @@ from ..wire import (
     parse_verify,
     validate,
 )
+from genrm_trio.judge.base import ReplicaStats
+from genrm_trio.metrics import Metrics
 
 __all__ = ["PUBLIC_PATHS", "EngineLike", "create_app", "current_rollout_id"]
 
@@ -79,7 +85,7 @@ _AUTH_DETAIL = "missing or invalid bearer token"
 
 
 class EngineLike(RecordsEngine, Protocol):
-    """What the app needs of `genrm_trio.engine.Engine` (checkpoints: `RecordsEngine`)."""
+    """What the app needs of `genrm_trio.engine.engine.Engine` (checkpoints: `RecordsEngine`)."""
 
     @property
     def metrics(self) -> Metrics: ...

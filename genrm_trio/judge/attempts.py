@@ -27,6 +27,7 @@ from typing import Final, final
 import trio
 
 from genrm_trio.config import Settings
+from genrm_trio.domain.verdict import Verdict, VerdictParseError, parse_overall, parse_rubric
 from genrm_trio.judge.base import (
     Judge,
     JudgeAttemptError,
@@ -42,7 +43,6 @@ from genrm_trio.judge.base import (
     one_line,
 )
 from genrm_trio.metrics import Metrics
-from genrm_trio.verdict import Verdict, VerdictParseError, parse_overall, parse_rubric
 
 log = logging.getLogger("genrm_trio.judge")
 

@@ -34,6 +34,7 @@ import httpx
 import trio
 
 from genrm_trio.config import ConfigError, Settings, endpoint_of, read_secret
+from genrm_trio.domain.text import answer_text
 from genrm_trio.judge.base import (
     JudgeBadJSON,
     JudgeCall,
@@ -49,7 +50,6 @@ from genrm_trio.judge.h11conn import (
     cause,
     too_large,
 )
-from genrm_trio.text import answer_text
 
 log = logging.getLogger("genrm_trio.judge")
 

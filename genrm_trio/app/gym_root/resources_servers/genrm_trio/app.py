@@ -6,7 +6,7 @@
 
 import sys
 
-from genrm_trio.cli import gym_main
+from genrm_trio.app.cli import gym_main
 
 if __name__ == "__main__":
     sys.exit(gym_main())

@@ -3,8 +3,8 @@
 The format and the restore rules are docs/durable-state.md, "Checkpoint format, version 1".
 
 ``export_checkpoint`` and ``parse_checkpoint`` are pure functions over
-:class:`~genrm_trio.cohort.records.TerminalRecord` and
-:class:`~genrm_trio.cohort.records.WatermarkRecord`. The parser accepts exactly the v1 shape and
+:class:`~genrm_trio.domain.records.TerminalRecord` and
+:class:`~genrm_trio.domain.records.WatermarkRecord`. The parser accepts exactly the v1 shape and
 checks every record for internal consistency (keys against their group id, attempt and prompt
 digest; one outcome per member; indices in ``[0, N)``); any problem is a
 :class:`CheckpointError` (HTTP 422) and nothing is returned, so nothing is applied.
@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, final
 
-from genrm_trio.cohort.records import MemberRecord, TerminalRecord, WatermarkRecord, result_dict
+from genrm_trio.domain.records import MemberRecord, TerminalRecord, WatermarkRecord, result_dict
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -99,7 +99,7 @@ class CheckpointError(ValueError):
 
 
 class RecordsEngine(Protocol):
-    """What checkpoints need of :class:`genrm_trio.engine.Engine`."""
+    """What checkpoints need of :class:`genrm_trio.engine.engine.Engine`."""
 
     def terminal_records(self) -> list[TerminalRecord]: ...
 

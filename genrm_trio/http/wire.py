@@ -33,8 +33,8 @@ from pydantic import (
 )
 from pydantic.json_schema import models_json_schema
 
-from .cohort.records import compact_json, compressed, result_dict, result_json
-from .model import CompareInput, JSONValue, Scored, VerifyInput
+from genrm_trio.domain.model import CompareInput, JSONValue, Scored, VerifyInput
+from genrm_trio.domain.records import compact_json, compressed, result_dict, result_json
 
 __all__ = [
     "FAILSAFE_REASON_LIMIT",

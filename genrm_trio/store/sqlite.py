@@ -1,6 +1,6 @@
 """Durable cohort state in SQLite (docs/durable-state.md): terminal records, fences, watermarks.
 
-:class:`SqliteStore` implements the engine's :class:`~genrm_trio.cohort.records.CohortStore`
+:class:`SqliteStore` implements the engine's :class:`~genrm_trio.domain.records.CohortStore`
 commit hooks on one stdlib ``sqlite3`` connection in WAL mode. The connection is only ever used
 from one long-lived worker thread, so the trio loop never blocks on disk I/O; WAL fsyncs run in a
 second thread, beside new transactions. Commits that arrive while a transaction is in flight are
@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, final
 
 import trio
 
-from genrm_trio.cohort.records import (
+from genrm_trio.config import Settings
+from genrm_trio.domain.records import (
     CommitsBySubmit,
     MemberRecord,
     OpenRecord,
@@ -43,12 +44,11 @@ from genrm_trio.cohort.records import (
     members_from_json,
     members_json,
 )
-from genrm_trio.config import Settings
-from genrm_trio.retention import Retention
+from genrm_trio.domain.retention import Retention
 
 if TYPE_CHECKING:
-    from genrm_trio.checkpoint import RestoreReport
-    from genrm_trio.engine import Engine
+    from genrm_trio.domain.checkpoint import RestoreReport
+    from genrm_trio.engine.engine import Engine
     from genrm_trio.judge.base import Judge
     from genrm_trio.metrics import Metrics
 
@@ -253,7 +253,7 @@ class _Call:
 
 @final
 class _Commit:
-    """A queued commit of :class:`SqliteStore` (the :class:`~genrm_trio.cohort.records.Commit`
+    """A queued commit of :class:`SqliteStore` (the :class:`~genrm_trio.domain.records.Commit`
     protocol); ``_NOTHING`` is the one that had nothing to write."""
 
     __slots__ = ("_pending", "_store", "_sync")
@@ -334,10 +334,10 @@ class _Pending:
 
 @final
 class SqliteStore(CommitsBySubmit):
-    """The engine's durable :class:`~genrm_trio.cohort.records.CohortStore` (SQLite, WAL).
+    """The engine's durable :class:`~genrm_trio.domain.records.CohortStore` (SQLite, WAL).
 
     Create it with :func:`open_store`. It is a
-    :class:`~genrm_trio.cohort.records.QueuedCohortStore`: ``submit_*`` queues a commit at once
+    :class:`~genrm_trio.domain.records.QueuedCohortStore`: ``submit_*`` queues a commit at once
     (FIFO) and returns a handle whose ``wait()`` returns once its transaction is committed; the
     ``commit_*`` hooks do both.
     """
@@ -1076,7 +1076,7 @@ async def durable_engine(
     The state loads before the engine is yielded; on exit the engine closes first (its last
     terminal commits land), then the store.
     """
-    from genrm_trio.engine import open_engine
+    from genrm_trio.engine.engine import open_engine
 
     if settings.state_path is None:
         async with open_engine(settings, judge, metrics=metrics) as engine:

@@ -464,7 +464,7 @@ def check_fd_headroom(settings: Settings) -> FdHeadroom:
 
 
 def _sim_judge() -> Judge:
-    from genrm_trio.judge.sim import SimConfig, SimJudge
+    from genrm_trio.testing.sim import SimConfig, SimJudge
 
     judge: Judge = SimJudge(SimConfig())
     return judge
@@ -518,7 +518,7 @@ async def _serve_on(
     # Imported here so that `bind_socket` and `serve_app` (used by sim-judge) stay light.
     from genrm_trio.http.app import create_app
     from genrm_trio.judge.fleet import make_judge
-    from genrm_trio.store import durable_engine
+    from genrm_trio.store.sqlite import durable_engine
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         stop = trio.Event()

@@ -1,10 +1,10 @@
 """One cohort: its compact members, their waiters, and the state machine's callbacks.
 
-A cohort is a model of the shared :data:`~genrm_trio.cohort.machine.MACHINE`. It keeps only what
+A cohort is a model of the shared :data:`~genrm_trio.engine.machine.MACHINE`. It keeps only what
 scoring and replay need (docs/differences.md, D22): per member the answer and reasoning texts,
 the response digest, the rubric ids and the baseline digest; the request bodies stay with their
 HTTP handlers.
-Once terminal, the members are dropped and the :class:`~genrm_trio.cohort.records.TerminalRecord`
+Once terminal, the members are dropped and the :class:`~genrm_trio.domain.records.TerminalRecord`
 is the only source of replies.
 
 A waiter is a token in its member's list (counted, and removed when its request goes away);
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Final, Protocol, final
 import trio
 from transitions import EventData
 
-from genrm_trio.cohort import machine
-from genrm_trio.cohort.records import COMPRESS_FROM, MemberRecord, TerminalRecord, compressed
-from genrm_trio.model import GroupFailed, Masked, MemberOutcome, Scored
+from genrm_trio.domain.model import GroupFailed, Masked, MemberOutcome, Scored
+from genrm_trio.domain.records import COMPRESS_FROM, MemberRecord, TerminalRecord, compressed
+from genrm_trio.engine import machine
 
 if TYPE_CHECKING:
-    from genrm_trio.cohort.machine import State
+    from genrm_trio.engine.machine import State
 
 __all__ = [
     "LEGACY_SUFFIX",

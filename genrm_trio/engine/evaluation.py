@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, final
 
 from genrm_trio.config import Settings
-from genrm_trio.judge.base import JudgeCall, Usage
-from genrm_trio.model import CompareResult, JSONValue, Masked, Scored
-from genrm_trio.scoring import (
+from genrm_trio.domain.model import CompareResult, JSONValue, Masked, Scored
+from genrm_trio.domain.scoring import (
     Aggregation,
     ComparisonStats,
     JudgedComparison,
@@ -26,6 +25,7 @@ from genrm_trio.scoring import (
     group_metrics,
     position_disagreement_rate,
 )
+from genrm_trio.judge.base import JudgeCall, Usage
 
 if TYPE_CHECKING:
     from genrm_trio.judge.attempts import ComparisonResult

@@ -20,12 +20,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final, final
 
-from genrm_trio.cohort.cohort import Cohort
-from genrm_trio.cohort.machine import ACTIVE_STATES
 from genrm_trio.config import Settings
+from genrm_trio.domain.model import CohortView
+from genrm_trio.domain.retention import Retention
+from genrm_trio.engine.cohort import Cohort
+from genrm_trio.engine.machine import ACTIVE_STATES
 from genrm_trio.metrics import Metrics
-from genrm_trio.model import CohortView
-from genrm_trio.retention import Retention
 
 __all__ = ["Registry", "RegistryStatistics", "Watermark"]
 

@@ -25,9 +25,9 @@ from typing import Any, Final, NoReturn, TypeVar, final
 import trio
 
 from genrm_trio import __version__
-from genrm_trio.checkpoint_cli import add_checkpoint_arguments
+from genrm_trio.app.checkpoint_cli import add_checkpoint_arguments
+from genrm_trio.app.logs import configure_logging
 from genrm_trio.config import ConfigError, Settings, load_settings
-from genrm_trio.logs import configure_logging
 
 PROG: Final = "genrm-trio"
 COMMANDS: Final = "serve, demo, sim-judge, bench, checkpoint or gym-root"
@@ -163,8 +163,8 @@ def _run_serve(args: argparse.Namespace) -> int:
 def run_service(load: Callable[[], Settings], *, sim: bool = False) -> int:
     """Load the settings and serve until SIGINT/SIGTERM; the exit code. What `genrm-trio serve`
     and NeMo Gym's app.py run (a config error is one stderr line and exit 2)."""
-    from genrm_trio.serve import ListenError, serve, tuned_gc
-    from genrm_trio.store import StoreError
+    from genrm_trio.app.serve import ListenError, serve, tuned_gc
+    from genrm_trio.store.sqlite import StoreError
 
     try:
         settings = load()
@@ -172,7 +172,7 @@ def run_service(load: Callable[[], Settings], *, sim: bool = False) -> int:
         return _config_error(exc)
 
     # What serving runs, imported before the collector is tuned (serve() imports it lazily).
-    import genrm_trio.engine
+    import genrm_trio.engine.engine
     import genrm_trio.http.app
     import genrm_trio.judge.http  # noqa: F401
 
@@ -245,7 +245,7 @@ def _add_serve(sub: Any) -> None:
 
 
 async def _sim_judge_main(config: Any, host: str, port: int) -> None:
-    from genrm_trio.judge.sim import serve_sim_judge
+    from genrm_trio.testing.sim import serve_sim_judge
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
@@ -259,8 +259,8 @@ async def _sim_judge_main(config: Any, host: str, port: int) -> None:
 
 
 def _run_sim_judge(args: argparse.Namespace) -> int:
-    from genrm_trio.judge.sim import sim_config_from_args
-    from genrm_trio.serve import ListenError, bind_socket, tuned_gc
+    from genrm_trio.app.serve import ListenError, bind_socket, tuned_gc
+    from genrm_trio.testing.sim import sim_config_from_args
 
     api_key: str | None = None
     if args.api_key_env:
@@ -304,7 +304,7 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
 
 
 def _add_sim_judge(sub: Any) -> None:
-    from genrm_trio.judge.sim import FAULT_KINDS, LENGTH_PRESETS
+    from genrm_trio.testing.sim import FAULT_KINDS, LENGTH_PRESETS
 
     parser = sub.add_parser(
         "sim-judge",
@@ -364,7 +364,7 @@ def _add_sim_judge(sub: Any) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from genrm_trio.demo import run_demo
+    from genrm_trio.app.demo import run_demo
 
     return run_demo(verbose=args.verbose)
 
@@ -383,7 +383,7 @@ def _add_demo(sub: Any) -> None:
 
 
 def _run_gym_root(args: argparse.Namespace) -> int:
-    from genrm_trio.gym import gym_root
+    from genrm_trio.app.gym import gym_root
 
     print(gym_root())
     return 0
@@ -391,7 +391,7 @@ def _run_gym_root(args: argparse.Namespace) -> int:
 
 def gym_main() -> int:
     """What NeMo Gym's app.py runs: serve the launched instance until Gym's SIGINT."""
-    from genrm_trio.gym import settings_from_gym_env
+    from genrm_trio.app.gym import settings_from_gym_env
 
     # Gym shows (and may tee to its log directory) what its servers print on stdout.
     configure_logging(logging.INFO, stdout=True)
@@ -413,7 +413,7 @@ def _add_gym_root(sub: Any) -> None:
 
 
 def _add_bench(sub: Any) -> None:
-    from genrm_trio.bench import BENCH_DESCRIPTION, add_bench_arguments, run_bench_command
+    from genrm_trio.app.bench import BENCH_DESCRIPTION, add_bench_arguments, run_bench_command
 
     parser = sub.add_parser(
         "bench",

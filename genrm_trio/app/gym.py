@@ -5,7 +5,7 @@
 `--search-dir` (then the working directory, then its own install root), with the whole resolved
 config in `NEMO_GYM_CONFIG_DICT` (every server's host and port filled in) and the instance's name
 in `NEMO_GYM_CONFIG_PATH`. `genrm-trio gym-root` prints the directory holding genrm-trio's
-`resources_servers/genrm_trio/`. Its `app.py` calls `genrm_trio.cli.gym_main()`, which serves
+`resources_servers/genrm_trio/`. Its `app.py` calls `genrm_trio.app.cli.gym_main()`, which serves
 the instance's `genrm_trio` block (`settings_from_gym_env` here) on the host and port Gym
 resolved for it (docs/operations.md, "NeMo Gym launches genrm-trio").
 """

@@ -27,11 +27,11 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from genrm_trio.app.serve import bind_socket, serve_app
 from genrm_trio.config import Settings, settings_from_mapping
-from genrm_trio.engine import open_engine
+from genrm_trio.engine.engine import open_engine
 from genrm_trio.http.app import create_app
-from genrm_trio.judge.sim import FaultRule, SimConfig, SimJudge
-from genrm_trio.serve import bind_socket, serve_app
+from genrm_trio.testing.sim import FaultRule, SimConfig, SimJudge
 
 ROLLOUTS: Final = 16
 FAULT_MARKER: Final = "[judge-trips-here]"
@@ -386,7 +386,7 @@ def run_demo(*, verbose: bool = False, console: Console | None = None) -> int:
     logger.setLevel(logging.INFO if verbose else logging.WARNING)
     logger.propagate = verbose
     if verbose:
-        from genrm_trio.logs import configure_logging
+        from genrm_trio.app.logs import configure_logging
 
         configure_logging(logging.INFO)
     console.print(

@@ -32,32 +32,9 @@ from typing import Any, Final, final
 
 import trio
 
-from genrm_trio.checkpoint import RestoreReport, checkpoint, restore
-from genrm_trio.cohort import machine
-from genrm_trio.cohort.cohort import Cohort, Member, Waiter
-from genrm_trio.cohort.evaluation import (
-    AllMasked,
-    Evaluation,
-    MemberText,
-    compare_result,
-    default_result,
-    score_cohort,
-)
-from genrm_trio.cohort.records import (
-    CohortStore,
-    Commit,
-    OpenRecord,
-    QueuedCohortStore,
-    TerminalRecord,
-    WatermarkRecord,
-    queued,
-)
-from genrm_trio.cohort.registry import KEY_LOG_LIMIT, Registry
 from genrm_trio.config import Settings
-from genrm_trio.judge.attempts import Comparator, ComparatorStatistics
-from genrm_trio.judge.base import Judge, JudgeError, ReplicaReporting, ReplicaStats, Usage, one_line
-from genrm_trio.metrics import Metrics
-from genrm_trio.model import (
+from genrm_trio.domain.checkpoint import RestoreReport, checkpoint, restore
+from genrm_trio.domain.model import (
     CohortView,
     CompareFailed,
     CompareInput,
@@ -70,8 +47,17 @@ from genrm_trio.model import (
     Scored,
     VerifyInput,
 )
-from genrm_trio.scoring import PlannedComparison, plan_comparisons, plan_fixed_baseline
-from genrm_trio.text import (
+from genrm_trio.domain.records import (
+    CohortStore,
+    Commit,
+    OpenRecord,
+    QueuedCohortStore,
+    TerminalRecord,
+    WatermarkRecord,
+    queued,
+)
+from genrm_trio.domain.scoring import PlannedComparison, plan_comparisons, plan_fixed_baseline
+from genrm_trio.domain.text import (
     HistoryError,
     answer_text,
     digest_text,
@@ -81,6 +67,20 @@ from genrm_trio.text import (
     reasoning_text,
     response_digest,
 )
+from genrm_trio.engine import machine
+from genrm_trio.engine.cohort import Cohort, Member, Waiter
+from genrm_trio.engine.evaluation import (
+    AllMasked,
+    Evaluation,
+    MemberText,
+    compare_result,
+    default_result,
+    score_cohort,
+)
+from genrm_trio.engine.registry import KEY_LOG_LIMIT, Registry
+from genrm_trio.judge.attempts import Comparator, ComparatorStatistics
+from genrm_trio.judge.base import Judge, JudgeError, ReplicaReporting, ReplicaStats, Usage, one_line
+from genrm_trio.metrics import Metrics
 
 __all__ = ["Engine", "EngineStatistics", "open_engine"]
 

@@ -27,7 +27,7 @@ from typing import Any, Final, Literal, Protocol, final, runtime_checkable
 
 import trio
 
-from genrm_trio.model import FailureKind, JSONValue
+from genrm_trio.domain.model import FailureKind, JSONValue
 
 __all__ = [
     "COMPRESS_FROM",

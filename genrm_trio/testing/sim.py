@@ -1079,14 +1079,14 @@ async def serve_sim_judge(
     port: int = 0,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the simulated judge until cancelled, on :mod:`genrm_trio.judge.h1` (a minimal
+    """Serve the simulated judge until cancelled, on :mod:`genrm_trio.testing.server` (a minimal
     HTTP/1.1 server: the judge's own CPU per call must not stretch the latencies a benchmark
     measures).
 
     `task_status.started()` reports the bound port (useful with `port=0`). Pass a `SimJudgeApp`
     instead of a config to keep a handle on its calls and counters.
     """
-    from genrm_trio.judge.h1 import serve_h1
+    from genrm_trio.testing.server import serve_h1
 
     app = config if isinstance(config, SimJudgeApp) else SimJudgeApp(config)
     async with trio.open_nursery() as nursery:

@@ -1,0 +1,1 @@
+"""The application: command line, service composition, logging, demo, bench, the Gym entry."""

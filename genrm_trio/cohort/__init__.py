@@ -1,1 +1,0 @@
-"""Cohorts of `/verify`: the state machine, the cohort model, the registry and evaluation."""

@@ -1,0 +1,1 @@
+"""The cohort engine: `open_engine`, cohorts and their state machine, the registry, evaluation."""
