@@ -96,6 +96,12 @@ def _genrm_trio() -> list[str]:
     return [found] if found else [sys.executable, "-m", "genrm_trio.app.cli"]
 
 
+def _cli_module(source: Path) -> str:
+    """The command line's module in a checkout: the installed `genrm-trio` script names today's,
+    which an older checkout (before the layer folders) does not have."""
+    return "genrm_trio.app.cli" if (source / "genrm_trio/app/cli.py").exists() else "genrm_trio.cli"
+
+
 @dataclasses.dataclass
 class Proc:
     popen: subprocess.Popen[bytes]
@@ -188,6 +194,8 @@ def start_server(
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     args = ["serve", "--config", str(path), "--port", "0", "--judge-url", judge_url, *extra]
     lean = [sys.executable, str(ROOT / "benchmarks" / "lean_serve.py")] if LEAN_SERVER else None
+    if lean is None and SERVER_PYTHONPATH is not None:
+        lean = [sys.executable, "-m", _cli_module(Path(SERVER_PYTHONPATH))]
     return start(
         args,
         log_dir / f"{name}.server.log",
