@@ -244,6 +244,39 @@ async def test_cancelled_attempt_is_neither_answer_nor_failure(
     assert stats.latency_count == 0
 
 
+async def test_a_replica_that_never_answers_is_ejected_by_its_hung_attempts(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    hung, healthy = Replica("a", latency=math.inf), Replica("b", latency=1.0)
+    judge = fleet(hung, healthy, eject_after_failures=2, hang_after_s=10.0)
+    outcomes = []
+    with caplog.at_level(logging.WARNING, "genrm_trio.judge"):
+        for _ in range(6):  # each under its 10 s attempt deadline, as the Comparator runs them
+            with trio.move_on_after(10.0) as scope:
+                await judge.attempt(CALL)
+            outcomes.append("timeout" if scope.cancelled_caught else "ok")
+    # Round robin a, b, a: the second hung attempt ejects a, and b takes every later call.
+    assert outcomes == ["timeout", "ok", "timeout", "ok", "ok", "ok"]
+    assert trio.current_time() == 10 + 1 + 10 + 1 + 1 + 1
+    a, b = judge.replica_stats()
+    assert (a.calls, a.failures, a.ejected, a.in_flight, a.latency_count) == (2, 2, True, 0, 0)
+    assert (b.calls, b.failures, b.ejected) == (4, 0, False)
+    assert a.last_error == "TimeoutError: judge attempt exceeded 10.0s"
+    [line] = [r.getMessage() for r in caplog.records if "ejected" in r.getMessage()]
+    assert "a:8000 ejected after 2 consecutive failed attempts (last: TimeoutError" in line
+
+
+async def test_an_attempt_cancelled_before_the_hang_limit_is_not_a_failure(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    a = Replica("a", latency=math.inf)
+    judge = fleet(a, eject_after_failures=1, hang_after_s=10.0)
+    with trio.move_on_after(9.5):  # the group's deadline, a disconnect: not the replica's fault
+        await judge.attempt(CALL)
+    (stats,) = judge.replica_stats()
+    assert (stats.calls, stats.failures, stats.ejected) == (1, 0, False)
+
+
 # --- configuration ------------------------------------------------------------------------------
 
 
@@ -460,6 +493,7 @@ def test_replica_settings_reach_the_fleet_and_its_judges() -> None:
     judge = make_judge(config)
     assert isinstance(judge, JudgeFleet)
     assert (judge._cap, judge._threshold, judge._backoff) == (7, 2, 1.5)
+    assert judge._hang_after == config.judge_request_timeout_s  # a hung attempt ejects too
     pools = [replica.judge._pool for replica in judge._replicas]  # type: ignore[attr-defined]
     assert [pool._keepalive_expiry for pool in pools] == [2.5, 2.5]
     assert [pool._max_body for pool in pools] == [4096, 4096]

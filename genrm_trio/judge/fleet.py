@@ -13,10 +13,13 @@ its own keep-alive pool). Every attempt goes to one replica:
   (capped at `EJECT_BACKOFF_MAX_S`). While ejected it gets no traffic, however few attempts it
   has in flight, so a replica that fails fast cannot attract calls. When every replica is ejected,
   attempts still go out, to the least recently failed replica, rather than failing untried.
+  An attempt that hung for the whole `judge_request_timeout_s` (`hang_after_s`) counts as a failed
+  one here, so a replica that accepts calls and never answers is ejected like one that refuses
+  them (the timed-out comparison itself is still not retried, D14).
 
 Retries, pacing and deadlines stay in `judge.attempts` (one shared budget per comparison); the
-fleet adds no attempts of its own. An attempt cancelled by its deadline or by its group counts
-neither as an answer nor as a failure (the deadline already ends the comparison, D14).
+fleet adds no attempts of its own. An attempt cancelled before `hang_after_s` (by its group, by a
+group deadline, by a disconnect) counts neither as an answer nor as a failure.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from genrm_trio.judge.base import (
     JudgeAttemptError,
     JudgeCall,
     JudgeReply,
+    JudgeTimeout,
     ReplicaStats,
     one_line,
 )
@@ -109,6 +113,7 @@ class JudgeFleet:
         max_in_flight_per_replica: int | None = None,
         eject_after_failures: int = 3,
         eject_backoff_s: float = 5.0,
+        hang_after_s: float | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("a judge fleet needs at least one replica")
@@ -121,6 +126,7 @@ class JudgeFleet:
         self._cap = max_in_flight_per_replica
         self._threshold = eject_after_failures
         self._backoff = eject_backoff_s
+        self._hang_after = hang_after_s  # an attempt cancelled this late never answered
         self._next = 0  # where the round robin starts looking
         self._lot = trio.lowlevel.ParkingLot()
         self._path = replicas[0][1].path
@@ -210,9 +216,13 @@ class JudgeFleet:
                 self._answered(replica, trial)
             raise
         except BaseException:
-            replica.in_flight -= 1  # cancelled: neither an answer nor a failure
+            replica.in_flight -= 1
             self._lot.unpark_all()
-            raise
+            hang = self._hang_after
+            if hang is not None and trio.current_time() - started >= hang:
+                # Cancelled by the attempt's own deadline: the replica took every second of it.
+                self._failed(replica, trial, JudgeTimeout(hang))
+            raise  # else cancelled early: neither an answer nor a failure
         self._finished(replica, started)
         self._answered(replica, trial)
         return reply
@@ -310,4 +320,5 @@ def make_judge(settings: Settings) -> Judge:
         max_in_flight_per_replica=judge.max_concurrency_per_replica,
         eject_after_failures=judge.eject_after_failures,
         eject_backoff_s=judge.eject_backoff_s,
+        hang_after_s=settings.judge_request_timeout_s,
     )
