@@ -28,7 +28,7 @@ import pytest
 import trio
 from rich.console import Console
 
-from genrm_trio.app.cli import main
+from genrm_trio.app.cli import _serve_settings, build_parser, main
 from genrm_trio.app.demo import run_demo
 from genrm_trio.app.serve import bind_socket, probe_judge, serve
 from genrm_trio.config import settings_from_mapping
@@ -106,6 +106,17 @@ def test_usage_errors_are_one_line_exit_2(
     captured = capsys.readouterr()
     assert _one_line(captured.err).startswith(expected)
     assert captured.out == ""
+
+
+def test_judge_url_once_is_a_url_and_repeated_is_a_fleet() -> None:
+    one = _serve_settings(build_parser().parse_args(["serve", "--judge-url", "http://a:1/v1"]))
+    assert one.judge.base_url == "http://a:1/v1"
+    assert not one.judge.fleet
+    argv = ["serve", "--judge-url", "http://a:1/v1", "--judge-url", "http://b:2/v1"]
+    two = _serve_settings(build_parser().parse_args(argv))
+    assert two.judge.base_url == ["http://a:1/v1", "http://b:2/v1"]
+    assert two.judge.fleet
+    assert two.judge.base_urls == ("http://a:1/v1", "http://b:2/v1")
 
 
 def test_no_command_is_a_usage_error_with_the_usage_line(

@@ -130,8 +130,9 @@ def _serve_settings(args: argparse.Namespace) -> Settings:
         overrides["host"] = args.host
     if args.port is not None:
         overrides["port"] = args.port
-    if args.judge_url is not None:
-        overrides["judge.base_url"] = args.judge_url
+    if args.judge_url is not None:  # once: a URL as before; repeated: the replicas of a fleet
+        urls: list[str] = args.judge_url
+        overrides["judge.base_url"] = urls[0] if len(urls) == 1 else urls
     if args.state is not None:
         overrides["state_path"] = args.state
     settings = load_settings(args.config, instance=args.instance, overrides=overrides)
@@ -229,7 +230,12 @@ def _add_serve(sub: Any) -> None:
         "--port", metavar="P", type=_port, help="bind port (default 8100; 0 picks a free port)"
     )
     judge = parser.add_mutually_exclusive_group()
-    judge.add_argument("--judge-url", metavar="URL", help="judge base URL ending in /v1")
+    judge.add_argument(
+        "--judge-url",
+        metavar="URL",
+        action="append",
+        help="judge base URL ending in /v1; repeat it for a fleet of judge replicas",
+    )
     judge.add_argument(
         "--judge",
         choices=["sim"],
