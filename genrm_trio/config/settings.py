@@ -1,9 +1,9 @@
-"""Settings: every Gym `genrm_compare` key plus this project's own (docs/configuration.md, "Keys").
+"""The settings schema: every Gym `genrm_compare` key plus this project's own, each with its
+default and its check (docs/configuration.md, "Keys").
 
 One pydantic model validates everything at load time, so a bad value fails the start with one
 line naming the file and key, never a traceback and never a failure deferred to the first cohort.
-Files are YAML: flat keys, or a Gym config file whose `resources_servers.genrm_trio` or
-`resources_servers.genrm_compare` block is used (docs/configuration.md, "File shapes").
+Where settings come from (files, Gym config files, flags) is `genrm_trio.config.sources`.
 """
 
 from __future__ import annotations
@@ -12,15 +12,14 @@ import difflib
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, Final, Literal, final
+from collections.abc import Sequence
+from typing import Any, Literal, final
 from urllib.parse import urlsplit
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-log = logging.getLogger("genrm_trio.config")
+log = logging.getLogger("genrm_trio.config")  # one logger name for every config module
+
 
 # NeMo Gym's default principle, verbatim, so a judge sees the same prompt from either server
 # (resources_servers/genrm_compare/app.py in NeMo Gym 0.7.0; Copyright (c) 2025 NVIDIA
@@ -71,6 +70,15 @@ IGNORED_GYM_KEYS = frozenset(
 ONE_WORKER_MESSAGE = (
     "GenRM cohort verification requires one HTTP worker because group state is process-local"
 )
+
+
+def did_you_mean(word: str, candidates: Sequence[str]) -> list[str]:
+    """The one candidate close to `word` (difflib ratio >= 0.75), else the one it begins."""
+    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.75)
+    if close:
+        return close
+    started = [candidate for candidate in candidates if candidate.startswith(word)]
+    return started if len(word) >= 4 and len(started) == 1 else []
 
 
 class ConfigError(Exception):
@@ -363,7 +371,7 @@ class Settings(_Strict):
     def _create_params(cls, value: dict[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(value) - RESPONSES_CREATE_PARAM_KEYS)
         if unknown:
-            close = _did_you_mean(unknown[0], sorted(RESPONSES_CREATE_PARAM_KEYS))
+            close = did_you_mean(unknown[0], sorted(RESPONSES_CREATE_PARAM_KEYS))
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"unknown create-params key {unknown[0]!r}{hint}")
         if "input" not in value:
@@ -441,302 +449,3 @@ class Settings(_Strict):
             "mask_sample_rules that exclude failure_kind judge_failed)"
         )
         return lines
-
-
-def read_secret(env_name: str, *, key: str, file: str = "environment") -> str:
-    """The bearer token held by `env_name`; unset or empty is a start-up error naming it."""
-    value = os.environ.get(env_name, "")
-    if not value:
-        raise ConfigError(file, key, f"environment variable {env_name} is unset or empty")
-    return value
-
-
-# --- loading ------------------------------------------------------------------------------------
-
-
-def _find_interpolation(value: object, path: str) -> str | None:
-    """The dotted path of the first string holding `${` (OmegaConf interpolation), if any."""
-    if isinstance(value, str):
-        return path if "${" in value else None
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            found = _find_interpolation(v, f"{path}.{k}" if path else str(k))
-            if found:
-                return found
-    if isinstance(value, list):
-        for idx, v in enumerate(value):
-            found = _find_interpolation(v, f"{path}[{idx}]")
-            if found:
-                return found
-    return None
-
-
-GYM_BLOCK_NAMES: Final = ("genrm_trio", "genrm_compare")
-"""The `resources_servers` keys whose block configures this server in a Gym config file:
-`genrm_trio` when Gym launches genrm-trio itself (docs/operations.md), `genrm_compare` for a
-file written for Gym's own server."""
-
-
-def gym_instances(data: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    """(instance name, block) of every genrm_trio / genrm_compare block of a Gym config."""
-    found: list[tuple[str, Mapping[str, Any]]] = []
-    for name, value in data.items():
-        if not isinstance(value, Mapping):
-            continue
-        servers = value.get("resources_servers")
-        if not isinstance(servers, Mapping):
-            continue
-        for block_name in GYM_BLOCK_NAMES:
-            block = servers.get(block_name)
-            if isinstance(block, Mapping):
-                found.append((str(name), block))
-                break
-    return found
-
-
-def _is_gym_file(data: Mapping[str, Any]) -> bool:
-    """Whether a mapping looks like a Gym config (`<instance>: {<server type>: {<name>: …}}`)."""
-    return any(
-        isinstance(value, Mapping)
-        and any(str(kind).endswith(("_servers", "_models", "_agents")) for kind in value)
-        for value in data.values()
-    )
-
-
-def _named(names: list[str]) -> str:
-    return ", ".join(repr(name) for name in names) if names else "none"
-
-
-def _gym_block(data: Mapping[str, Any], instance: str | None) -> Mapping[str, Any] | None:
-    """The genrm_trio / genrm_compare block of a Gym config file, or None for a flat file."""
-    blocks = gym_instances(data)
-    if instance is not None:
-        for name, block in blocks:
-            if name == instance:
-                return block
-        raise ConfigError(
-            "",
-            "--instance",
-            f"no genrm_trio or genrm_compare instance named {instance!r} "
-            f"(instances found: {_named([name for name, _ in blocks])})",
-        )
-    if blocks:
-        return blocks[0][1]
-    if _is_gym_file(data):
-        raise ConfigError(
-            "",
-            "file",
-            "a Gym config file without a resources_servers.genrm_trio or .genrm_compare block "
-            f"(instances in it: {_named([str(name) for name in data])})",
-        )
-    return None
-
-
-def judge_from_gym(data: Mapping[str, Any], block: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The `judge` block that Gym's genrm_compare implies: its `genrm_model_server` reference
-    followed through the (resolved) config to that model server's host and port, called with
-    the Responses API at `/v1/responses` as Gym's server does.
-
-    None when the block has its own `judge:` (it wins), no reference, or a reference to a server
-    that has no host/port yet (an unresolved file: give `--judge-url`). A reference to a server
-    the config does not define is a ConfigError naming it.
-    """
-    reference = block.get("genrm_model_server")
-    if "judge" in block or not isinstance(reference, Mapping):
-        return None
-    kind = reference.get("type", "responses_api_models")
-    name = reference.get("name")
-    if not isinstance(name, str) or not name:
-        raise ConfigError("", "genrm_model_server.name", "must name a Gym model server")
-    instance = data.get(name)
-    servers = instance.get(kind) if isinstance(instance, Mapping) else None
-    if not isinstance(servers, Mapping) or not servers:
-        raise ConfigError(
-            "",
-            "genrm_model_server",
-            f"references {kind}/{name!r}, which the Gym config does not define "
-            "(define that server, or give the judge in a judge: block)",
-        )
-    server = next(iter(servers.values()))
-    host = server.get("host") if isinstance(server, Mapping) else None
-    port = server.get("port") if isinstance(server, Mapping) else None
-    if not host or not isinstance(port, int) or isinstance(port, bool) or port <= 0:
-        return None
-    shown = f"[{host}]" if ":" in str(host) else str(host)
-    return {"base_url": f"http://{shown}:{port}/v1", "api": "responses", "probe": False}
-
-
-def _did_you_mean(word: str, candidates: Sequence[str]) -> list[str]:
-    """The one candidate close to `word` (difflib ratio >= 0.75), else the one it begins."""
-    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.75)
-    if close:
-        return close
-    started = [candidate for candidate in candidates if candidate.startswith(word)]
-    return started if len(word) >= 4 and len(started) == 1 else []
-
-
-def _unknown_key_hint(loc: tuple[str, ...]) -> str:
-    """` (did you mean 'num_rollouts_per_prompt'?)` for an unknown key close to a known one.
-
-    Candidates are the keys of the block the unknown key is in (`judge.`, `server.` or the top
-    level). At the top level a key of a nested block counts too (`max_concurency` suggests
-    `judge.max_concurrency`) and a dotted key naming a nested one is told to nest instead; in a
-    block, a top-level key is told so.
-    """
-    *parents, name = loc
-    model: type[BaseModel] = Settings
-    for parent in parents:
-        annotation = model.model_fields[parent].annotation
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return ""
-        model = annotation
-    prefix = "".join(f"{parent}." for parent in parents)
-    if parents and name in Settings.model_fields:
-        return f" ({name!r} is a top-level key, not one inside {parents[-1]!r})"
-    here = sorted(model.model_fields)
-    if not parents:
-        here = sorted({*here, *IGNORED_GYM_KEYS})
-    suggestions = [prefix + key for key in _did_you_mean(name, here)]
-    if not parents:
-        nested = _nested_keys()
-        block, dot, leaf = name.partition(".")
-        if dot and name in nested:
-            return f" (write it nested: {leaf!r} inside a {block!r} block)"
-        if not suggestions:
-            leaves = sorted({key.partition(".")[2] for key in nested})
-            for match in _did_you_mean(name, leaves):
-                suggestions = [key for key in nested if key.partition(".")[2] == match]
-        if not suggestions:
-            suggestions = _did_you_mean(name, nested)
-    if not suggestions:
-        return ""
-    return " (did you mean " + " or ".join(repr(key) for key in suggestions) + "?)"
-
-
-def _nested_keys() -> list[str]:
-    """`judge.base_url`, `server.max_body_bytes`, …: every key of a nested block."""
-    keys: list[str] = []
-    for block, field in Settings.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            keys.extend(f"{block}.{key}" for key in annotation.model_fields)
-    return sorted(keys)
-
-
-def settings_from_mapping(
-    data: Mapping[str, Any],
-    *,
-    file: str = "<settings>",
-    overrides: Mapping[str, Any] | None = None,
-    model_server_used: bool = False,
-) -> Settings:
-    """Validate a flat mapping plus dotted-path `overrides` into Settings, or raise ConfigError.
-
-    `model_server_used`: the judge was found through `genrm_model_server` (`settings_from_gym`).
-    """
-    flat: dict[str, Any] = {}
-    ignored: list[str] = []
-    for key, value in data.items():
-        if not isinstance(key, str):
-            raise ConfigError(file, str(key), "keys must be strings")
-        if key in IGNORED_GYM_KEYS:
-            ignored.append(key)
-            continue
-        flat[key] = value
-    if ignored:
-        log.info("ignoring Gym-only config keys: %s", ", ".join(sorted(ignored)))
-    if "genrm_model_server" in flat and not model_server_used:
-        log.info("genrm_model_server is not used: the judge is reached through judge.base_url")
-    found = _find_interpolation(flat, "")
-    if found:
-        raise ConfigError(file, found, "OmegaConf interpolation (${...}) is not supported")
-    for dotted, value in (overrides or {}).items():
-        target = flat
-        *parents, leaf = dotted.split(".")
-        for parent in parents:
-            child = target.get(parent)
-            child = dict(child) if isinstance(child, Mapping) else {}
-            target[parent] = child
-            target = child
-        target[leaf] = value
-    try:
-        return Settings.model_validate(flat)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        key = ".".join(str(part) for part in error["loc"]) or "settings"
-        message = str(error["msg"]).removeprefix("Value error, ")
-        cause = error.get("ctx", {}).get("error")
-        if isinstance(cause, _KeyedError):
-            key, message = cause.key, str(cause)
-        if error["type"] == "extra_forbidden":
-            message = "unknown key" + _unknown_key_hint(tuple(str(part) for part in error["loc"]))
-        if message == ONE_WORKER_MESSAGE:
-            key = "num_workers"
-        raise ConfigError(file, key, message) from None
-
-
-def load_settings(
-    path: str | os.PathLike[str] | None,
-    *,
-    instance: str | None = None,
-    overrides: Mapping[str, Any] | None = None,
-) -> Settings:
-    """Load a flat YAML file or a Gym config file; `overrides` are dotted keys from flags."""
-    if path is None:
-        return settings_from_mapping({}, file="<flags>", overrides=overrides)
-    file = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(file, "file", f"cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(file, "file", "not UTF-8 text") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "yaml"
-        raise ConfigError(file, where, f"invalid YAML: {getattr(exc, 'problem', exc)}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise ConfigError(file, "file", "the top level must be a mapping")
-    try:
-        block = _gym_block(data, instance)
-    except ConfigError as exc:
-        raise ConfigError(file, exc.key, exc.message) from None
-    if block is None:
-        if instance is not None:
-            raise ConfigError(
-                file, "--instance", "not a Gym config file (no genrm_trio or genrm_compare block)"
-            )
-        return settings_from_mapping(data, file=file, overrides=overrides)
-    return settings_from_gym(data, block, file=file, overrides=overrides)
-
-
-def settings_from_gym(
-    data: Mapping[str, Any],
-    block: Mapping[str, Any],
-    *,
-    file: str,
-    overrides: Mapping[str, Any] | None = None,
-) -> Settings:
-    """Settings from one genrm block of a Gym config: its keys, and without a `judge:` key the
-    judge that its `genrm_model_server` names (`judge_from_gym`), unless a flag gives one."""
-    flat = dict(block)
-    judge: dict[str, Any] | None = None
-    if "judge.base_url" not in (overrides or {}):
-        try:
-            judge = judge_from_gym(data, block)
-        except ConfigError as exc:
-            raise ConfigError(file, exc.key, exc.message) from None
-        if judge is not None:
-            flat["judge"] = judge
-            log.info(
-                "judge: Gym model server %s at %s (Responses API)",
-                block["genrm_model_server"]["name"],
-                judge["base_url"],
-            )
-    return settings_from_mapping(
-        flat, file=file, overrides=overrides, model_server_used=judge is not None
-    )
