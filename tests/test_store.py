@@ -32,14 +32,9 @@ from procs import command
 
 from genrm_trio.config import Settings
 from genrm_trio.domain.model import GroupFailed, Masked, Rejection, RequestRejected, Scored
-from genrm_trio.domain.records import (
-    MemberRecord,
-    OpenRecord,
-    QueuedCohortStore,
-    TerminalRecord,
-    WatermarkRecord,
-)
+from genrm_trio.domain.records import MemberRecord, OpenRecord, TerminalRecord, WatermarkRecord
 from genrm_trio.engine.engine import Engine, open_engine
+from genrm_trio.store.protocol import QueuedCohortStore
 from genrm_trio.store.sqlite import (
     INTERRUPTED_TEMPLATE,
     SCHEMA_VERSION,

@@ -1,9 +1,10 @@
 """Durable cohort state in SQLite (docs/durable-state.md): terminal records, fences, watermarks.
 
-:class:`SqliteStore` implements the engine's :class:`~genrm_trio.domain.records.CohortStore`
-commit hooks on one stdlib ``sqlite3`` connection in WAL mode. The connection is only ever used
-from one long-lived worker thread, so the trio loop never blocks on disk I/O; WAL fsyncs run in a
-second thread, beside new transactions. Commits that arrive while a transaction is in flight are
+:class:`SqliteStore` implements the engine's
+:class:`~genrm_trio.store.protocol.CohortStore` commit hooks on one stdlib ``sqlite3``
+connection in WAL mode. The connection is only ever used from one long-lived worker thread, so
+the trio loop never blocks on disk I/O; WAL fsyncs run in a second thread, beside new
+transactions. Commits that arrive while a transaction is in flight are
 grouped into the next one, and fsyncs likewise (group commit): concurrent cohorts share them.
 
 What is stored is exactly what a replay reads: a terminal record is one ``cohorts`` row whose
@@ -36,7 +37,6 @@ import trio
 
 from genrm_trio.config import Settings
 from genrm_trio.domain.records import (
-    CommitsBySubmit,
     MemberRecord,
     OpenRecord,
     TerminalRecord,
@@ -45,6 +45,7 @@ from genrm_trio.domain.records import (
     members_json,
 )
 from genrm_trio.domain.retention import Retention
+from genrm_trio.store.protocol import CommitsBySubmit
 
 if TYPE_CHECKING:
     from genrm_trio.domain.checkpoint import RestoreReport
@@ -253,7 +254,7 @@ class _Call:
 
 @final
 class _Commit:
-    """A queued commit of :class:`SqliteStore` (the :class:`~genrm_trio.domain.records.Commit`
+    """A queued commit of :class:`SqliteStore` (the :class:`~genrm_trio.store.protocol.Commit`
     protocol); ``_NOTHING`` is the one that had nothing to write."""
 
     __slots__ = ("_pending", "_store", "_sync")
@@ -334,10 +335,10 @@ class _Pending:
 
 @final
 class SqliteStore(CommitsBySubmit):
-    """The engine's durable :class:`~genrm_trio.domain.records.CohortStore` (SQLite, WAL).
+    """The engine's durable :class:`~genrm_trio.store.protocol.CohortStore` (SQLite, WAL).
 
     Create it with :func:`open_store`. It is a
-    :class:`~genrm_trio.domain.records.QueuedCohortStore`: ``submit_*`` queues a commit at once
+    :class:`~genrm_trio.store.protocol.QueuedCohortStore`: ``submit_*`` queues a commit at once
     (FIFO) and returns a handle whose ``wait()`` returns once its transaction is committed; the
     ``commit_*`` hooks do both.
     """
