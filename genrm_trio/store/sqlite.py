@@ -31,7 +31,7 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, final
+from typing import Any, Final, Literal, TypeVar, final
 
 import trio
 
@@ -47,12 +47,6 @@ from genrm_trio.domain.records import (
 from genrm_trio.domain.retention import Retention
 from genrm_trio.store.protocol import CommitsBySubmit
 
-if TYPE_CHECKING:
-    from genrm_trio.domain.checkpoint import RestoreReport
-    from genrm_trio.engine.engine import Engine
-    from genrm_trio.judge.base import Judge
-    from genrm_trio.metrics import Metrics
-
 __all__ = [
     "INTERRUPTED_TEMPLATE",
     "SCHEMA_VERSION",
@@ -60,9 +54,7 @@ __all__ = [
     "SqliteStore",
     "StoreError",
     "StoreStatistics",
-    "durable_engine",
     "open_store",
-    "restore_from_store",
 ]
 
 log = logging.getLogger("genrm_trio.store")
@@ -381,7 +373,7 @@ class SqliteStore(CommitsBySubmit):
         self._operations = 0
         self._last_ttl_prune = -math.inf
         # Records handed to the engine by load(): re-committing an identical one is a no-op, so
-        # that restoring them keeps their stored timestamps (see restore_from_store).
+        # that restoring them keeps their stored timestamps (see genrm_trio.app.compose).
         self._adopted: dict[str, TerminalRecord] = {}
         self._adopted_marks: dict[str, WatermarkRecord] = {}
 
@@ -1031,61 +1023,3 @@ async def open_store(
         yield store
     finally:
         await store.aclose()
-
-
-# --- the engine side ---------------------------------------------------------------------------
-
-
-async def restore_from_store(engine: Engine, store: SqliteStore) -> RestoreReport:
-    """Load ``store`` (docs/durable-state.md) and restore its records into a fresh ``engine``.
-
-    Restoring records the store itself handed out writes nothing back: they keep their stored
-    timestamps, so retention continues across restarts.
-    """
-    state = await store.load()
-    try:
-        report = await engine.restore_records(
-            state.records,
-            state.watermarks,
-            age_s=state.record_ages,
-            watermark_age_s=state.watermark_ages,
-        )
-    finally:
-        store.end_adoption()
-    log.info(
-        "durable state %s: restored %d cohort records (%d interrupted by the restart) and %d "
-        "watermarks; discarded %d expired, %d over the cap, %d unfinished legacy cohorts",
-        store.path,
-        report.added,
-        state.interrupted,
-        len(state.watermarks),
-        state.expired,
-        state.evicted,
-        state.dropped_open,
-    )
-    for conflict in report.conflicts:
-        log.warning("durable state %s: not restored: %s", store.path, conflict)
-    return report
-
-
-@asynccontextmanager
-async def durable_engine(
-    settings: Settings, judge: Judge, *, metrics: Metrics | None = None
-) -> AsyncIterator[Engine]:
-    """``open_engine`` with the durable store of ``settings.state_path`` (none when unset).
-
-    The state loads before the engine is yielded; on exit the engine closes first (its last
-    terminal commits land), then the store.
-    """
-    from genrm_trio.engine.engine import open_engine
-
-    if settings.state_path is None:
-        async with open_engine(settings, judge, metrics=metrics) as engine:
-            yield engine
-        return
-    async with (
-        open_store(settings.state_path, settings) as store,
-        open_engine(settings, judge, metrics=metrics, store=store) as engine,
-    ):
-        await restore_from_store(engine, store)
-        yield engine
