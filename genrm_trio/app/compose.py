@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["durable_engine", "restore_from_store"]
 
-# The store's logger, as before this moved here: operators filter on it.
+# The store's logger: these lines are the store's start-up report, and operators filter on it.
 log = logging.getLogger("genrm_trio.store")
 
 
