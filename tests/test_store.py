@@ -36,7 +36,8 @@ from genrm_trio.domain.model import GroupFailed, Masked, Rejection, RequestRejec
 from genrm_trio.domain.records import MemberRecord, OpenRecord, TerminalRecord, WatermarkRecord
 from genrm_trio.engine.engine import Engine, open_engine
 from genrm_trio.store.protocol import QueuedCohortStore
-from genrm_trio.store.sqlite import INTERRUPTED_TEMPLATE, SCHEMA_VERSION, StoreError, open_store
+from genrm_trio.store.schema import SCHEMA_VERSION
+from genrm_trio.store.sqlite import INTERRUPTED_TEMPLATE, StoreError, open_store
 
 LIMIT_S = 20.0  # real seconds; every test finishes far sooner
 DIGEST = "d" * 64
