@@ -24,10 +24,11 @@ from typing import Any
 
 import trio
 
+from genrm_trio.app.compose import durable_engine, restore_from_store
 from genrm_trio.config import Settings
 from genrm_trio.domain.model import Scored, VerifyInput
 from genrm_trio.engine.engine import Engine
-from genrm_trio.store.sqlite import durable_engine, open_store, restore_from_store
+from genrm_trio.store.sqlite import open_store
 from genrm_trio.testing.sim import SimConfig, SimJudge
 
 TARGET_PERCENT = 10.0

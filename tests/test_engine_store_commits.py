@@ -19,16 +19,8 @@ from judges import ScriptedJudge, gather, member, running, settings, verify
 from trio.testing import MockClock
 
 from genrm_trio.domain.model import GroupFailed, Rejection, RequestRejected, Scored
-from genrm_trio.domain.records import (
-    CommitsBySubmit,
-    MemberRecord,
-    OpenRecord,
-    QueuedCohortStore,
-    SerialCommits,
-    TerminalRecord,
-    WatermarkRecord,
-    queued,
-)
+from genrm_trio.domain.records import MemberRecord, OpenRecord, TerminalRecord, WatermarkRecord
+from genrm_trio.store.protocol import CommitsBySubmit, QueuedCohortStore, SerialCommits, queued
 
 DIGEST = "d" * 64
 

@@ -29,11 +29,11 @@ import yaml
 
 from genrm_trio import __version__
 from genrm_trio.app.cli import main as cli_main
+from genrm_trio.app.compose import durable_engine
 from genrm_trio.app.gym import CONFIG_ENV, INSTANCE_ENV, gym_root, settings_from_gym_env
 from genrm_trio.app.serve import bind_socket, serve_app
 from genrm_trio.config import DEFAULT_PRINCIPLE, ConfigError, Settings, load_settings
 from genrm_trio.http.app import create_app
-from genrm_trio.store.sqlite import durable_engine
 from genrm_trio.testing.sim import SimConfig, SimJudge
 
 INSTANCE = "genrm_compare_resources_server"

@@ -27,11 +27,11 @@ from trio.testing import MockClock
 
 from genrm_trio.app.bench import verify_body
 from genrm_trio.app.checkpoint_cli import add_checkpoint_arguments, checkpoint_url
+from genrm_trio.app.compose import durable_engine
 from genrm_trio.app.serve import bind_socket, serve_app
 from genrm_trio.config import Settings
 from genrm_trio.engine.engine import Engine, open_engine
 from genrm_trio.http.app import create_app
-from genrm_trio.store.sqlite import durable_engine
 
 N = 4
 TOKEN = "checkpoint-token"

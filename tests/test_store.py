@@ -30,24 +30,14 @@ from judges import (
 )
 from procs import command
 
+from genrm_trio.app.compose import durable_engine, restore_from_store
 from genrm_trio.config import Settings
 from genrm_trio.domain.model import GroupFailed, Masked, Rejection, RequestRejected, Scored
-from genrm_trio.domain.records import (
-    MemberRecord,
-    OpenRecord,
-    QueuedCohortStore,
-    TerminalRecord,
-    WatermarkRecord,
-)
+from genrm_trio.domain.records import MemberRecord, OpenRecord, TerminalRecord, WatermarkRecord
 from genrm_trio.engine.engine import Engine, open_engine
-from genrm_trio.store.sqlite import (
-    INTERRUPTED_TEMPLATE,
-    SCHEMA_VERSION,
-    StoreError,
-    durable_engine,
-    open_store,
-    restore_from_store,
-)
+from genrm_trio.store.protocol import QueuedCohortStore
+from genrm_trio.store.schema import SCHEMA_VERSION
+from genrm_trio.store.sqlite import INTERRUPTED_TEMPLATE, StoreError, open_store
 
 LIMIT_S = 20.0  # real seconds; every test finishes far sooner
 DIGEST = "d" * 64

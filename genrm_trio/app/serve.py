@@ -516,9 +516,9 @@ async def _serve_on(
     task_status: trio.TaskStatus[int],
 ) -> None:
     # Imported here so that `bind_socket` and `serve_app` (used by sim-judge) stay light.
+    from genrm_trio.app.compose import durable_engine
     from genrm_trio.http.app import create_app
     from genrm_trio.judge.fleet import make_judge
-    from genrm_trio.store.sqlite import durable_engine
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         stop = trio.Event()

@@ -47,15 +47,7 @@ from genrm_trio.domain.model import (
     Scored,
     VerifyInput,
 )
-from genrm_trio.domain.records import (
-    CohortStore,
-    Commit,
-    OpenRecord,
-    QueuedCohortStore,
-    TerminalRecord,
-    WatermarkRecord,
-    queued,
-)
+from genrm_trio.domain.records import OpenRecord, TerminalRecord, WatermarkRecord
 from genrm_trio.domain.scoring import PlannedComparison, plan_comparisons, plan_fixed_baseline
 from genrm_trio.domain.text import (
     HistoryError,
@@ -81,6 +73,7 @@ from genrm_trio.engine.registry import KEY_LOG_LIMIT, Registry
 from genrm_trio.judge.attempts import Comparator, ComparatorStatistics
 from genrm_trio.judge.base import Judge, JudgeError, ReplicaReporting, ReplicaStats, Usage, one_line
 from genrm_trio.metrics import Metrics
+from genrm_trio.store.protocol import CohortStore, Commit, QueuedCohortStore, queued
 
 __all__ = ["Engine", "EngineStatistics", "open_engine"]
 

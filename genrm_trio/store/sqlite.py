@@ -1,9 +1,10 @@
 """Durable cohort state in SQLite (docs/durable-state.md): terminal records, fences, watermarks.
 
-:class:`SqliteStore` implements the engine's :class:`~genrm_trio.domain.records.CohortStore`
-commit hooks on one stdlib ``sqlite3`` connection in WAL mode. The connection is only ever used
-from one long-lived worker thread, so the trio loop never blocks on disk I/O; WAL fsyncs run in a
-second thread, beside new transactions. Commits that arrive while a transaction is in flight are
+:class:`SqliteStore` implements the engine's
+:class:`~genrm_trio.store.protocol.CohortStore` commit hooks on one stdlib ``sqlite3``
+connection in WAL mode. The connection is only ever used from one long-lived worker thread, so
+the trio loop never blocks on disk I/O; WAL fsyncs run in a second thread, beside new
+transactions. Commits that arrive while a transaction is in flight are
 grouped into the next one, and fsyncs likewise (group commit): concurrent cohorts share them.
 
 What is stored is exactly what a replay reads: a terminal record is one ``cohorts`` row whose
@@ -12,62 +13,57 @@ to the same IEEE doubles, lone surrogates survive as ``\\uXXXX`` escapes) and
 texts that may hold lone surrogates (keys, group ids, failure messages) as UTF-8 BLOBs encoded
 with ``surrogatepass``. Nothing is recomputed on load. Timestamps are wall-clock seconds; the
 engine's clocks are monotonic, so :meth:`SqliteStore.load` reports each record's *age*.
+
+This module is the store itself: the group-commit pipeline, load, retention and statistics. The
+schema and its upgrades are :mod:`genrm_trio.store.schema`, the column encodings
+:mod:`genrm_trio.store.codec`, the worker thread :mod:`genrm_trio.store.worker`.
 """
 
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import math
 import os
-import queue
 import sqlite3
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, final
+from typing import Any, Final, Literal, final
 
 import trio
 
 from genrm_trio.config import Settings
-from genrm_trio.domain.records import (
-    CommitsBySubmit,
-    MemberRecord,
-    OpenRecord,
-    TerminalRecord,
-    WatermarkRecord,
-    members_from_json,
-    members_json,
-)
+from genrm_trio.domain.records import OpenRecord, TerminalRecord, WatermarkRecord, members_json
 from genrm_trio.domain.retention import Retention
-
-if TYPE_CHECKING:
-    from genrm_trio.domain.checkpoint import RestoreReport
-    from genrm_trio.engine.engine import Engine
-    from genrm_trio.judge.base import Judge
-    from genrm_trio.metrics import Metrics
+from genrm_trio.store.codec import (
+    _blob,
+    _int_read,
+    _int_value,
+    _members_read,
+    _opt_blob,
+    _opt_text,
+    _text,
+)
+from genrm_trio.store.errors import StoreError
+from genrm_trio.store.protocol import CommitsBySubmit
+from genrm_trio.store.schema import _prepare, _present
+from genrm_trio.store.worker import _Worker
 
 __all__ = [
     "INTERRUPTED_TEMPLATE",
-    "SCHEMA_VERSION",
     "LoadedState",
     "SqliteStore",
     "StoreError",
     "StoreStatistics",
-    "durable_engine",
     "open_store",
-    "restore_from_store",
 ]
 
 log = logging.getLogger("genrm_trio.store")
 
-SCHEMA_VERSION: Final = 2
-APPLICATION: Final = "genrm-trio"
 INTERRUPTED_TEMPLATE: Final = (
     "GenRM cohort {key!r} was interrupted by a server restart; retry the whole group with a new "
     "_ng_group_attempt"
@@ -77,46 +73,10 @@ INTERRUPTED_TEMPLATE: Final = (
 # (docs/durable-state.md, "What happens at start") instead of
 # answering "shutting down" forever.
 _SHUTTING_DOWN: Final = "GenRM server is shutting down"
-_INT64_MAX: Final = 2**63 - 1
 # The TTL pass runs at most this often (wall seconds); the count cap is checked on every commit.
 _TTL_PRUNE_INTERVAL_S: Final = 1.0
 _KEY_LOG_LIMIT: Final = 160
 Synchronous = Literal["NORMAL", "FULL"]
-
-_SCHEMA: Final = (
-    "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
-    # group_attempt has no type affinity: an int64 as INTEGER, a larger int as its decimal text.
-    """CREATE TABLE cohorts (
-        key BLOB PRIMARY KEY,
-        group_id BLOB,
-        group_attempt NOT NULL,
-        legacy INTEGER NOT NULL,
-        prompt_digest TEXT NOT NULL,
-        phase TEXT NOT NULL CHECK (phase IN ('open', 'completed', 'failed')),
-        failure BLOB,
-        failure_kind TEXT CHECK (failure_kind IN ('judge', 'cohort')),
-        terminal_at REAL,
-        members TEXT
-    ) WITHOUT ROWID""",
-    "CREATE INDEX cohorts_by_terminal_at ON cohorts (terminal_at) WHERE terminal_at IS NOT NULL",
-    "CREATE INDEX cohorts_open_groups ON cohorts (group_id) WHERE phase = 'open'",
-    """CREATE TABLE watermarks (
-        group_id BLOB PRIMARY KEY,
-        latest_attempt NOT NULL,
-        prompt_digest TEXT NOT NULL,
-        updated_at REAL NOT NULL
-    ) WITHOUT ROWID""",
-    "CREATE INDEX watermarks_by_updated_at ON watermarks (updated_at)",
-)
-
-
-class StoreError(Exception):
-    """The state file cannot be used: unreadable, corrupt, foreign, newer, locked or closed."""
-
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"state file {path}: {message}")
-        self.path = path
-        self.message = message
 
 
 @final
@@ -151,109 +111,12 @@ class StoreStatistics:
     queued: int  # operations waiting for the next transaction
 
 
-# --- encoding ----------------------------------------------------------------------------------
-
-
-def _blob(text: str) -> bytes:
-    return text.encode("utf-8", "surrogatepass")
-
-
-def _text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "surrogatepass")
-    if isinstance(value, str):
-        return value
-    raise TypeError(f"expected text, got {type(value).__name__}")
-
-
-def _opt_blob(text: str | None) -> bytes | None:
-    return None if text is None else _blob(text)
-
-
-def _opt_text(value: object) -> str | None:
-    return None if value is None else _text(value)
-
-
-def _int_value(number: int) -> int | str:
-    """An attempt as SQLite can hold it: beyond int64 as its exact decimal text."""
-    return number if -_INT64_MAX - 1 <= number <= _INT64_MAX else str(number)
-
-
-def _int_read(value: object) -> int:
-    if type(value) is int:
-        return value
-    if isinstance(value, str | bytes) and _text(value).lstrip("-").isdigit():
-        return int(_text(value))
-    raise TypeError(f"expected an integer, got {value!r}")
-
-
-def _members_read(text: object) -> dict[int, MemberRecord]:
-    """A ``members`` column (see :func:`members_json`); raises ValueError or TypeError."""
-    if text is None:
-        return {}
-    return members_from_json(_text(text))
-
-
 # --- the store ---------------------------------------------------------------------------------
-
-
-_T = TypeVar("_T")
-
-
-@final
-class _Worker:
-    """One long-lived thread that runs blocking calls for trio, one at a time, in order.
-
-    About half the cost of ``trio.to_thread.run_sync`` per call (no limiter, no thread cache
-    handoff), which matters at three commits per group. A call, once queued, always runs to
-    completion: the caller waits shielded.
-    """
-
-    def __init__(self, name: str) -> None:
-        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while (call := self._calls.get()) is not None:
-            try:
-                call.result = call.fn()
-            except BaseException as exc:
-                call.error = exc
-            call.token.run_sync_soon(call.done.set)
-
-    async def run(self, fn: Callable[[], _T]) -> _T:
-        call = _Call(fn, trio.lowlevel.current_trio_token())
-        self._calls.put(call)
-        with trio.CancelScope(shield=True):
-            await call.done.wait()
-        if call.error is not None:
-            raise call.error
-        return call.result  # type: ignore[no-any-return]
-
-    async def stop(self) -> None:
-        if self._thread.is_alive():
-            self._calls.put(None)
-            await trio.to_thread.run_sync(self._thread.join)
-
-
-@final
-class _Call:
-    __slots__ = ("done", "error", "fn", "result", "token")
-
-    def __init__(self, fn: Callable[[], Any], token: trio.lowlevel.TrioToken) -> None:
-        self.fn = fn
-        self.token = token
-        self.done = trio.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
 
 
 @final
 class _Commit:
-    """A queued commit of :class:`SqliteStore` (the :class:`~genrm_trio.domain.records.Commit`
+    """A queued commit of :class:`SqliteStore` (the :class:`~genrm_trio.store.protocol.Commit`
     protocol); ``_NOTHING`` is the one that had nothing to write."""
 
     __slots__ = ("_pending", "_store", "_sync")
@@ -334,10 +197,10 @@ class _Pending:
 
 @final
 class SqliteStore(CommitsBySubmit):
-    """The engine's durable :class:`~genrm_trio.domain.records.CohortStore` (SQLite, WAL).
+    """The engine's durable :class:`~genrm_trio.store.protocol.CohortStore` (SQLite, WAL).
 
     Create it with :func:`open_store`. It is a
-    :class:`~genrm_trio.domain.records.QueuedCohortStore`: ``submit_*`` queues a commit at once
+    :class:`~genrm_trio.store.protocol.QueuedCohortStore`: ``submit_*`` queues a commit at once
     (FIFO) and returns a handle whose ``wait()`` returns once its transaction is committed; the
     ``commit_*`` hooks do both.
     """
@@ -380,7 +243,7 @@ class SqliteStore(CommitsBySubmit):
         self._operations = 0
         self._last_ttl_prune = -math.inf
         # Records handed to the engine by load(): re-committing an identical one is a no-op, so
-        # that restoring them keeps their stored timestamps (see restore_from_store).
+        # that restoring them keeps their stored timestamps (see genrm_trio.app.compose).
         self._adopted: dict[str, TerminalRecord] = {}
         self._adopted_marks: dict[str, WatermarkRecord] = {}
 
@@ -908,98 +771,6 @@ def _open_sync(
         raise
 
 
-def _present(cur: sqlite3.Cursor | sqlite3.Connection) -> tuple[set[bytes], set[bytes]]:
-    """The keys that hold a terminal record, and the groups that hold a watermark."""
-    terminal = {
-        bytes(key) for (key,) in cur.execute("SELECT key FROM cohorts WHERE terminal_at NOT NULL")
-    }
-    return terminal, {bytes(gid) for (gid,) in cur.execute("SELECT group_id FROM watermarks")}
-
-
-def _migrate_v1(db: sqlite3.Connection) -> None:
-    """Schema 1 → 2 in one transaction: each cohort's ``members`` rows become its ``members``
-    column (one row per terminal record instead of one per member)."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        db.execute("ALTER TABLE cohorts ADD COLUMN members TEXT")
-        packed: dict[bytes, dict[int, MemberRecord]] = {}
-        for key, index, digest, result, masked, reason in db.execute(
-            "SELECT key, rollout_index, response_digest, result, masked_alone, failure_reason "
-            "FROM members"
-        ):
-            decoded = None if result is None else json.loads(result)
-            if decoded is not None and type(decoded) is not dict:
-                raise ValueError(f"member {index} of key {_text(key)!r}: result is not an object")
-            packed.setdefault(bytes(key), {})[int(index)] = MemberRecord(
-                response_digest=str(digest),
-                result=decoded,
-                masked_alone=bool(masked),
-                failure_reason=_opt_text(reason),
-            )
-        db.executemany(
-            "UPDATE cohorts SET members = ? WHERE key = ?",
-            [(members_json(members), key) for key, members in packed.items()],
-        )
-        db.execute("DROP TABLE members")
-        db.execute(
-            "UPDATE meta SET value = ? WHERE name = 'schema_version'", (str(SCHEMA_VERSION),)
-        )
-        db.execute("COMMIT")
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-
-
-def _prepare(db: sqlite3.Connection, path: str) -> tuple[set[bytes], set[bytes]]:
-    """Check, create or upgrade the schema; returns :func:`_present`."""
-    tables = {
-        str(name) for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-    }
-    mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-    if str(mode).lower() != "wal":
-        raise StoreError(path, f"cannot switch to WAL mode (journal_mode={mode})")
-    db.execute("PRAGMA synchronous = NORMAL")
-    db.execute("PRAGMA busy_timeout = 5000")
-    if not tables:
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            for statement in _SCHEMA:
-                db.execute(statement)
-            db.executemany(
-                "INSERT INTO meta (name, value) VALUES (?, ?)",
-                [("application", APPLICATION), ("schema_version", str(SCHEMA_VERSION))],
-            )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        return set(), set()
-    if "meta" not in tables:
-        raise StoreError(path, "not a genrm-trio state file (no meta table)")
-    meta = {str(k): str(v) for k, v in db.execute("SELECT name, value FROM meta")}
-    if meta.get("application") != APPLICATION:
-        raise StoreError(
-            path, f"not a genrm-trio state file (application={meta.get('application')!r})"
-        )
-    version = meta.get("schema_version")
-    if version not in ("1", str(SCHEMA_VERSION)):
-        raise StoreError(
-            path,
-            f"schema version {version} is not supported by this genrm-trio (it reads version "
-            f"{SCHEMA_VERSION}); use the genrm-trio that wrote it, or start with a new file",
-        )
-    problems = [str(row[0]) for row in db.execute("PRAGMA quick_check")]
-    if problems != ["ok"]:
-        raise StoreError(path, "the database is corrupt: " + "; ".join(problems[:5]))
-    if version == "1":
-        try:
-            _migrate_v1(db)
-        except (ValueError, TypeError) as exc:
-            raise StoreError(path, f"cannot upgrade schema 1 to {SCHEMA_VERSION}: {exc}") from exc
-        log.info("durable state %s: upgraded schema 1 to %d", path, SCHEMA_VERSION)
-    return _present(db)
-
-
 @asynccontextmanager
 async def open_store(
     path: str | os.PathLike[str],
@@ -1030,61 +801,3 @@ async def open_store(
         yield store
     finally:
         await store.aclose()
-
-
-# --- the engine side ---------------------------------------------------------------------------
-
-
-async def restore_from_store(engine: Engine, store: SqliteStore) -> RestoreReport:
-    """Load ``store`` (docs/durable-state.md) and restore its records into a fresh ``engine``.
-
-    Restoring records the store itself handed out writes nothing back: they keep their stored
-    timestamps, so retention continues across restarts.
-    """
-    state = await store.load()
-    try:
-        report = await engine.restore_records(
-            state.records,
-            state.watermarks,
-            age_s=state.record_ages,
-            watermark_age_s=state.watermark_ages,
-        )
-    finally:
-        store.end_adoption()
-    log.info(
-        "durable state %s: restored %d cohort records (%d interrupted by the restart) and %d "
-        "watermarks; discarded %d expired, %d over the cap, %d unfinished legacy cohorts",
-        store.path,
-        report.added,
-        state.interrupted,
-        len(state.watermarks),
-        state.expired,
-        state.evicted,
-        state.dropped_open,
-    )
-    for conflict in report.conflicts:
-        log.warning("durable state %s: not restored: %s", store.path, conflict)
-    return report
-
-
-@asynccontextmanager
-async def durable_engine(
-    settings: Settings, judge: Judge, *, metrics: Metrics | None = None
-) -> AsyncIterator[Engine]:
-    """``open_engine`` with the durable store of ``settings.state_path`` (none when unset).
-
-    The state loads before the engine is yielded; on exit the engine closes first (its last
-    terminal commits land), then the store.
-    """
-    from genrm_trio.engine.engine import open_engine
-
-    if settings.state_path is None:
-        async with open_engine(settings, judge, metrics=metrics) as engine:
-            yield engine
-        return
-    async with (
-        open_store(settings.state_path, settings) as store,
-        open_engine(settings, judge, metrics=metrics, store=store) as engine,
-    ):
-        await restore_from_store(engine, store)
-        yield engine
