@@ -39,6 +39,7 @@ from genrm_trio.domain.checkpoint import (
     report_body,
     restore,
 )
+from genrm_trio.domain.codec import encode_json
 from genrm_trio.domain.model import (
     CohortView,
     CompareFailed,
@@ -51,16 +52,15 @@ from genrm_trio.domain.model import (
     Scored,
     VerifyInput,
 )
-from genrm_trio.http.wire import (
+from genrm_trio.http.openapi import openapi_document
+from genrm_trio.http.rows import HeldVerify
+from genrm_trio.http.schema import (
     AggregateMetricsRequest,
     CloseSessionRequest,
-    HeldVerify,
     SeedSessionRequest,
     WireError,
-    decode_json,
-    encode_json,
+    decode_body,
     error,
-    openapi_document,
     parse_compare,
     parse_verify,
     validate,
@@ -519,7 +519,7 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
     # --- Gym routes (POST: served by _App from ASGI) ---------------------------------------
 
     async def verify_route(data: bytes) -> _Reply:
-        parsed = parse_verify(decode_json(data))
+        parsed = parse_verify(decode_body(data))
         del data
         # While the request waits for its group it keeps only what its reply needs, encoded
         # (HeldVerify); the decoded body goes now.
@@ -551,7 +551,7 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
         return 200, row, None
 
     async def compare_route(data: bytes) -> _Reply:
-        item = parse_compare(decode_json(data))
+        item = parse_compare(decode_body(data))
         if debug:
             log.info("compare: %d bytes, %d responses", len(data), len(item.responses))
         del data
@@ -566,7 +566,7 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
         return 200, reply, None
 
     async def seed_session(data: bytes) -> _Reply:
-        value = decode_json(data)
+        value = decode_body(data)
         validate(SeedSessionRequest, value)
         assert type(value) is dict
         if value.keys() == _ENV_SEED_KEYS:
@@ -574,19 +574,19 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
         return 200, {}, None
 
     async def close_session(data: bytes) -> _Reply:
-        value = decode_json(data)
+        value = decode_body(data)
         validate(CloseSessionRequest, value)
         assert type(value) is dict
         return 200, {"resources_session_id": value["resources_session_id"]}, None
 
     async def aggregate(data: bytes) -> _Reply:
-        value = decode_json(data)
+        value = decode_body(data)
         validate(AggregateMetricsRequest, value)  # the rows are used as decoded, not copied
         assert type(value) is dict
         return 200, aggregate_metrics(value["verify_responses"]), None
 
     async def checkpoint_restore(data: bytes) -> _Reply:
-        value = decode_json(data)
+        value = decode_body(data)
         try:
             report = await restore(engine, value, num_rollouts=settings.num_rollouts_per_prompt)
         except CheckpointError as exc:
