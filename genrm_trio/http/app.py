@@ -189,7 +189,7 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
         assert type(value) is dict
         try:
             reply = aggregate_metrics(value["verify_responses"])
-        except NumberTooLarge as exc:
+        except NumberTooLarge as exc:  # the statistics are pure; the 422 item is HTTP's
             loc = ("verify_responses",)
             raise WireError([error("number_too_large", loc, str(exc))]) from None
         return 200, reply, None
