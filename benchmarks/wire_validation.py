@@ -4,7 +4,7 @@
 
 The body is the load generator's (`bench.verify_body`: NeMo Gym's simple agent's shape, all 30
 create-params keys sent, a 1,000-character answer; 2,258 bytes). Prints the best time per call
-of `parse_verify` on the decoded body and of `decode_json` + `parse_verify` on the bytes. The
+of `parse_verify` on the decoded body and of `decode_body` + `parse_verify` on the bytes. The
 numbers in docs/http-api.md ("Per-request cost") come from this script.
 """
 
@@ -14,7 +14,8 @@ import argparse
 import timeit
 
 from genrm_trio.app import bench
-from genrm_trio.http.wire import decode_json, encode_json, parse_verify
+from genrm_trio.domain.codec import encode_json
+from genrm_trio.http.schema import decode_body, parse_verify
 
 
 def main() -> None:
@@ -26,10 +27,10 @@ def main() -> None:
         task=1, rollout=2, group_id="g", attempt=0, prompt="What is 2+2?", answer="x" * 1000
     )
     raw = encode_json(body)
-    value = decode_json(raw)
+    value = decode_body(raw)
     for name, call in (
         ("parse_verify", lambda: parse_verify(value)),
-        ("decode_json + parse_verify", lambda: parse_verify(decode_json(raw))),
+        ("decode_body + parse_verify", lambda: parse_verify(decode_body(raw))),
     ):
         best = min(timeit.repeat(call, number=args.number, repeat=args.repeat)) / args.number
         print(f"{name}: {best * 1e6:.2f} us ({len(raw)} bytes)")

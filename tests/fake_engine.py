@@ -14,7 +14,7 @@ from genrm_trio.domain.model import (
     Scored,
     VerifyInput,
 )
-from genrm_trio.http.app import current_rollout_id
+from genrm_trio.http.asgi import current_rollout_id
 from genrm_trio.judge.base import ReplicaStats
 from genrm_trio.metrics import Metrics
 

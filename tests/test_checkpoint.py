@@ -32,10 +32,10 @@ from genrm_trio.domain.checkpoint import (
     report_body,
     restore,
 )
+from genrm_trio.domain.codec import decode_json, encode_json
 from genrm_trio.domain.model import Rejection, RequestRejected, Scored
 from genrm_trio.domain.records import MemberRecord, TerminalRecord, WatermarkRecord
 from genrm_trio.engine.engine import Engine
-from genrm_trio.http.wire import decode_json, encode_json
 
 N = 4
 P = "a" * 64

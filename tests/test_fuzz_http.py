@@ -31,9 +31,9 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from genrm_trio.config import Settings, settings_from_mapping
+from genrm_trio.domain.codec import MAX_DEPTH
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.http.app import create_app
-from genrm_trio.http.wire import MAX_DEPTH
 from genrm_trio.testing.sim import SimConfig, SimJudge
 
 LIMIT = 16_384

@@ -31,7 +31,8 @@ from genrm_trio.domain.model import (
     VerifyInput,
 )
 from genrm_trio.engine.engine import open_engine
-from genrm_trio.http.app import create_app, current_rollout_id
+from genrm_trio.http.app import create_app
+from genrm_trio.http.asgi import current_rollout_id
 from genrm_trio.judge.base import ReplicaStats
 from genrm_trio.testing.sim import FaultRule, SimConfig, SimJudge
 

@@ -1,4 +1,4 @@
-"""The ASGI layer in front of Quart and its POST routes (genrm_trio/http/app.py `_App`).
+"""The ASGI layer in front of Quart and its POST routes (genrm_trio/http/asgi.py `App`).
 
 Its replies are covered route by route in test_http_app.py (Quart's test client goes through
 it); here: what it keeps alive while a request waits, its body-reading outcomes, and that it is
@@ -13,7 +13,8 @@ import trio
 from fake_engine import FakeEngine
 
 from genrm_trio.config import Settings
-from genrm_trio.http.app import _receive_body, create_app
+from genrm_trio.http.app import create_app
+from genrm_trio.http.asgi import _receive_body
 
 
 async def test_the_raw_body_is_not_held_while_the_route_runs() -> None:
@@ -120,7 +121,7 @@ async def test_quart_replies_get_the_send_timeout_and_close(
 
 
 async def test_quart_is_handed_no_body() -> None:
-    from genrm_trio.http.app import _bodiless
+    from genrm_trio.http.asgi import _bodiless
 
     part = {"type": "http.request", "body": b"ab", "more_body": True}
     last = {"type": "http.request", "body": b"c", "more_body": False}

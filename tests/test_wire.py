@@ -11,22 +11,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from genrm_trio.config import RESPONSES_CREATE_PARAM_KEYS
+from genrm_trio.domain.codec import encode_json
 from genrm_trio.domain.model import Scored
 from genrm_trio.domain.records import MemberRecord, PackedResult
-from genrm_trio.http.wire import (
-    FAILSAFE_REASON_LIMIT,
+from genrm_trio.http.openapi import openapi_document
+from genrm_trio.http.rows import FAILSAFE_REASON_LIMIT, HeldVerify, failsafe_row, success_row
+from genrm_trio.http.schema import (
     VERIFY_FIELDS,
-    HeldVerify,
     ResponsesCreateParams,
     WireError,
-    decode_json,
-    encode_json,
-    failsafe_row,
-    openapi_document,
     parse_compare,
     parse_verify,
-    success_row,
 )
+
+# The request-body decoder: the codec's refusals as the 422 items these tests read.
+from genrm_trio.http.schema import decode_body as decode_json
 
 SECRET = "s3cr3t-value-never-echoed"
 

@@ -1,0 +1,310 @@
+"""`GET /openapi.json`: the reply models and the OpenAPI 3.1 document of every route, generated
+from them and the request models of `http/schema.py` (docs/http-api.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic.json_schema import models_json_schema
+
+from genrm_trio.http.rows import FAILSAFE_REASON_LIMIT
+from genrm_trio.http.schema import (
+    AggregateMetricsRequest,
+    CloseSessionRequest,
+    CompareBody,
+    SeedSessionRequest,
+    VerifyBody,
+)
+
+__all__ = ["openapi_document"]
+
+# --- reply models (OpenAPI only) ----------------------------------------------------------------
+#
+# Replies are rendered without them (`http/rows.py`, the routes); these describe their shapes.
+
+
+class VerifyRow(BaseModel):
+    """HTTP 200 for a scored member (docs/http-api.md, "Scored member: 200")."""
+
+    responses_create_params: dict[str, Any]
+    response: dict[str, Any]
+    reward: float
+    mask_sample: Literal[False]
+    failure_kind: None
+    failure_reason: None
+    reasoning_text: str
+    answer_text: str
+    reward_score_raw: float
+    reward_rubric_aggregate_valid: float | None
+    reward_overall_score_raw: float
+    reward_overall_score: float
+    reward_length_adjustment: float
+    genrm_parse_failure_rate_per_group: float
+    genrm_rubric_parse_failure_rate_per_group: float
+    genrm_input_tokens_per_comparison_mean: float | None
+    genrm_input_tokens_per_comparison_p50: float | None
+    genrm_input_tokens_per_comparison_p95: float | None
+    genrm_output_tokens_per_comparison_mean: float | None
+    genrm_output_tokens_per_comparison_p50: float | None
+    genrm_output_tokens_per_comparison_p95: float | None
+    genrm_output_tokens_total_per_group: float | None
+    genrm_max_output_tokens_hit_rate_per_group: float | None
+    genrm_failed_comparison_rate_per_group: float
+    genrm_masked_rollout_rate_per_group: float
+    genrm_position_disagreement_rate_per_group: float | None = Field(
+        default=None, description="Only under position_balance: alternate"
+    )
+    genrm_budget_escalation_rate_per_group: float | None = Field(
+        default=None, description="Only with judge.budget_escalation set"
+    )
+    ng_group_id: str | None = Field(alias="_ng_group_id")
+    ng_group_attempt: int = Field(alias="_ng_group_attempt")
+    ng_rollout_index: int | None = Field(alias="_ng_rollout_index")
+
+
+class FailsafeRow(BaseModel):
+    """HTTP 200 for a masked member or a judge-kind group failure (docs/http-api.md): the request
+    dumped by alias (without `_ng_rollout_id`, extra keys kept) plus these keys."""
+
+    model_config = ConfigDict(extra="allow")
+
+    responses_create_params: dict[str, Any]
+    response: dict[str, Any]
+    principle: str | None
+    prompt_id: str | None
+    ng_task_index: int | None = Field(alias="_ng_task_index")
+    ng_group_id: str | None = Field(alias="_ng_group_id")
+    ng_group_attempt: int = Field(alias="_ng_group_attempt")
+    ng_rollout_index: int | None = Field(alias="_ng_rollout_index")
+    expected_rubric_ids: list[int] | None
+    reward: float = Field(description="Always 0.0: a placeholder, never a score")
+    mask_sample: Literal[True]
+    failure_kind: Literal["judge_failed"]
+    failure_reason: str = Field(max_length=FAILSAFE_REASON_LIMIT)
+    instance_config: dict[str, Any]
+    ng_failure_class: Literal["judge_failed"] = Field(alias="_ng_failure_class")
+    ng_failure_judge_error: str = Field(alias="_ng_failure_judge_error")
+
+
+class ComparisonResult(BaseModel):
+    response_i: int
+    response_j: int
+    judge_idx: int
+    score_1: float
+    score_2: float
+    ranking: float
+
+
+class CompareReply(BaseModel):
+    rewards: list[float]
+    comparison_results: list[ComparisonResult] | None
+    metrics: dict[str, float | None] | None
+
+
+class ErrorDetail(BaseModel):
+    """Every non-200 reply except 422."""
+
+    detail: str
+
+
+class ValidationItem(BaseModel):
+    type: str
+    loc: list[str | int]
+    msg: str
+
+
+class ValidationErrorReply(BaseModel):
+    """HTTP 422 for a body that is not JSON or does not match the schema."""
+
+    detail: list[ValidationItem] | str
+
+
+class SeedSessionResponse(BaseModel):
+    resources_session_id: Any = Field(default=None, description="Only for the env-server form")
+
+
+class CloseSessionResponse(BaseModel):
+    resources_session_id: Any
+
+
+class AggregateMetricsResponse(BaseModel):
+    group_level_metrics: list[dict[str, StrictInt | StrictFloat]]
+    agent_metrics: dict[str, StrictInt | StrictFloat]
+    key_metrics: dict[str, StrictInt | StrictFloat]
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"]
+
+
+class CohortInfo(BaseModel):
+    key: str
+    group_id: str | None
+    group_attempt: int
+    state: Literal["collecting", "judging"]
+    members_present: int
+    members_expected: int
+    requests_waiting: int
+    comparisons_total: int
+    comparisons_done: int
+    comparisons_failed: int
+    comparisons_pending: int
+    deadline: Literal["collection", "evaluation"]
+    deadline_s_left: float
+
+
+_SCHEMA_MODELS: tuple[tuple[type[BaseModel], Literal["validation", "serialization"]], ...] = (
+    (VerifyBody, "validation"),
+    (VerifyRow, "serialization"),
+    (FailsafeRow, "serialization"),
+    (CompareBody, "validation"),
+    (CompareReply, "serialization"),
+    (ErrorDetail, "serialization"),
+    (ValidationErrorReply, "serialization"),
+    (SeedSessionRequest, "validation"),
+    (SeedSessionResponse, "serialization"),
+    (CloseSessionRequest, "validation"),
+    (CloseSessionResponse, "serialization"),
+    (AggregateMetricsRequest, "validation"),
+    (AggregateMetricsResponse, "serialization"),
+    (HealthResponse, "serialization"),
+    (CohortInfo, "serialization"),
+)
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json_content(schema: Mapping[str, Any]) -> dict[str, Any]:
+    return {"application/json": {"schema": dict(schema)}}
+
+
+def _reply(description: str, schema: Mapping[str, Any]) -> dict[str, Any]:
+    return {"description": description, "content": _json_content(schema)}
+
+
+def openapi_document(*, title: str, version: str, auth: bool) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of every route, generated from the models above."""
+    keys, defs = models_json_schema(_SCHEMA_MODELS, ref_template="#/components/schemas/{model}")
+    names = {model: schema["$ref"].rsplit("/", 1)[-1] for (model, _), schema in keys.items()}
+
+    def ref(model: type[BaseModel]) -> dict[str, str]:
+        return _ref(names[model])
+
+    plain = _reply("Error", ref(ErrorDetail))
+    invalid = _reply("Invalid JSON or schema", ref(ValidationErrorReply))
+    too_large = _reply("Request body exceeds server.max_body_bytes", ref(ErrorDetail))
+    common: dict[str, Any] = {"404": _reply("Not Found", ref(ErrorDetail))}
+    if auth:
+        common["401"] = _reply("Missing or invalid bearer token", ref(ErrorDetail))
+
+    def post(
+        summary: str, body: type[BaseModel], ok: Mapping[str, Any], **extra: Any
+    ) -> dict[str, Any]:
+        responses: dict[str, Any] = {"200": _reply("OK", ok), "413": too_large, "422": invalid}
+        responses.update(extra)
+        responses.update(common)
+        return {
+            "post": {
+                "summary": summary,
+                "requestBody": {"required": True, "content": _json_content(ref(body))},
+                "responses": responses,
+            }
+        }
+
+    def get(summary: str, ok: Mapping[str, Any], *, public: bool = False) -> dict[str, Any]:
+        responses: dict[str, Any] = {"200": _reply("OK", ok)}
+        if not public:
+            responses.update(common)
+        op: dict[str, Any] = {"summary": summary, "responses": responses}
+        if public and auth:
+            op["security"] = []
+        return {"get": op}
+
+    health = ref(HealthResponse)
+    _OBJECT: dict[str, Any] = {"type": "object"}
+    paths: dict[str, Any] = {
+        "/verify": post(
+            "Reward one rollout of a cohort (buffers until the group is complete)",
+            VerifyBody,
+            {"oneOf": [ref(VerifyRow), ref(FailsafeRow)]},
+            **{"409": plain, "503": plain},
+        ),
+        "/compare": post(
+            "Judge a batch of answers pairwise",
+            CompareBody,
+            ref(CompareReply),
+            **{"503": plain},
+        ),
+        "/seed_session": post("No-op session seed", SeedSessionRequest, ref(SeedSessionResponse)),
+        "/close_session": post(
+            "No-op session close", CloseSessionRequest, ref(CloseSessionResponse)
+        ),
+        "/aggregate_metrics": post(
+            "Reward-profile statistics over verify rows",
+            AggregateMetricsRequest,
+            ref(AggregateMetricsResponse),
+        ),
+        "/reverify_mode": get('Always "unsupported"', {"type": "string", "const": "unsupported"}),
+        "/cohorts": get(
+            "Active cohorts, oldest first", {"type": "array", "items": ref(CohortInfo)}
+        ),
+        "/judge/replicas": get(
+            "Per-replica counters of a judge fleet ([] for one judge)",
+            {"type": "array", "items": {"type": "object"}},
+        ),
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    **common,
+                },
+            }
+        },
+        "/openapi.json": get("This document", {"type": "object"}),
+        "/checkpoint": {
+            "get": get("Checkpoint v1 export of terminal cohorts and watermarks", _OBJECT)["get"],
+            "post": {
+                "summary": "Merge a checkpoint v1 body (added, unchanged, watermarks, conflicts)",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _OBJECT}},
+                },
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {"application/json": {"schema": _OBJECT}},
+                    },
+                    **common,
+                },
+            },
+        },
+    }
+    for path in ("/", "/health", "/healthz", "/readyz", "/livez"):
+        paths[path] = get("Liveness", health, public=True)
+
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": title,
+            "version": version,
+            "description": (
+                "GenRM pairwise-comparison rewards, wire-compatible with NeMo Gym's genrm_compare "
+                "resources server. Every route is also served under /ng-rollout/{rollout_id}/."
+            ),
+        },
+        "paths": paths,
+        "components": {"schemas": defs.get("$defs", {})},
+    }
+    if auth:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        doc["security"] = [{"bearer": []}]
+    return doc
