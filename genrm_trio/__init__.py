@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from genrm_trio.judge.base import Judge, JudgeCall, JudgeReply, ReplyStatus
     from genrm_trio.judge.fleet import JudgeFleet, make_judge
     from genrm_trio.judge.http import make_http_judge
-    from genrm_trio.testing.sim import FaultRule, SimConfig, SimJudge
+    from genrm_trio.testing import FaultRule, SimConfig, SimJudge
 
 __version__ = "0.1.0"
 
@@ -51,9 +51,9 @@ _EXPORTS = {
     "make_http_judge": "genrm_trio.judge.http",
     "JudgeFleet": "genrm_trio.judge.fleet",
     "make_judge": "genrm_trio.judge.fleet",
-    "FaultRule": "genrm_trio.testing.sim",
-    "SimConfig": "genrm_trio.testing.sim",
-    "SimJudge": "genrm_trio.testing.sim",
+    "FaultRule": "genrm_trio.testing",
+    "SimConfig": "genrm_trio.testing",
+    "SimJudge": "genrm_trio.testing",
     "Engine": "genrm_trio.engine.engine",
     "EngineStatistics": "genrm_trio.engine.engine",
     "open_engine": "genrm_trio.engine.engine",
