@@ -44,7 +44,8 @@ import trio.testing
 from genrm_trio import GroupFailed, Masked, Scored, Settings, VerifyInput, open_engine
 from genrm_trio.domain.scoring import percentile
 from genrm_trio.judge.base import JudgeCall, JudgeReply, ReplyStatus
-from genrm_trio.testing.sim import LENGTH_PRESETS, SimConfig, SimJudge
+from genrm_trio.testing import SimConfig, SimJudge
+from genrm_trio.testing.verdicts import LENGTH_PRESETS
 
 SIZE: Final = 16
 PROMPT: Final = "Compare the two answers to the user's question and decide which is better."

@@ -38,8 +38,9 @@ from typing import Any
 import trio
 import trio.testing
 
-from genrm_trio import Scored, Settings, SimConfig, SimJudge, VerifyInput, open_engine
+from genrm_trio import Scored, Settings, VerifyInput, open_engine
 from genrm_trio.judge.base import JudgeCall
+from genrm_trio.testing import SimConfig, SimJudge
 
 PROMPT = (
     "Solve the following problem and explain your reasoning step by step. A train leaves the "

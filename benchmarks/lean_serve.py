@@ -2,9 +2,9 @@
 the simulated judge's minimal HTTP/1.1 server (`genrm_trio/testing/server.py`) instead of hypercorn.
 
 It sizes hypercorn's share of the server's CPU, of G=1 latency and of the G=64 memory peak
-(docs/benchmarks.md, "Session 3"). h1.py is a benchmark tool: no TLS, no chunked request bodies,
-no `Expect: 100-continue`, no graceful drain of requests in flight; production serving is
-hypercorn's.
+(docs/benchmarks.md, "Session 3"). That server is a benchmark tool: no TLS, no chunked request
+bodies, no `Expect: 100-continue`, no graceful drain of requests in flight; production serving
+is hypercorn's.
 
     python benchmarks/lean_serve.py serve --config CONFIG --judge-url URL [serve flags...]
     python benchmarks/run_suite.py --lean-server --only a:verify-G1-lat200ms

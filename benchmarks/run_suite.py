@@ -58,7 +58,8 @@ import yaml
 
 from genrm_trio.app import bench
 from genrm_trio.config import Settings
-from genrm_trio.testing.sim import FaultRule, SimConfig, SimJudgeApp, serve_sim_judge
+from genrm_trio.testing import FaultRule, SimConfig, serve_sim_judge
+from genrm_trio.testing.asgi import SimJudgeApp
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

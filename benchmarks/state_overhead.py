@@ -29,7 +29,7 @@ from genrm_trio.config import Settings
 from genrm_trio.domain.model import Scored, VerifyInput
 from genrm_trio.engine.engine import Engine
 from genrm_trio.store.sqlite import open_store
-from genrm_trio.testing.sim import SimConfig, SimJudge
+from genrm_trio.testing import SimConfig, SimJudge
 
 TARGET_PERCENT = 10.0
 

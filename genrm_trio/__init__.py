@@ -3,7 +3,7 @@
 The library surface: open an engine on a judge and feed it `/verify` and `/compare` inputs::
 
     settings = load_settings("genrm.yaml")             # or Settings.model_validate({...})
-    judge = make_judge(settings)                       # or SimJudge(SimConfig(...)) in tests
+    judge = make_judge(settings)                       # or genrm_trio.testing.SimJudge() in tests
     async with open_engine(settings, judge) as engine:
         outcome = await engine.verify(VerifyInput(...))   # Scored | Masked | GroupFailed
     await judge.aclose()                               # the engine never closes the judge
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from genrm_trio.judge.base import Judge, JudgeCall, JudgeReply, ReplyStatus
     from genrm_trio.judge.fleet import JudgeFleet, make_judge
     from genrm_trio.judge.http import make_http_judge
-    from genrm_trio.testing.sim import FaultRule, SimConfig, SimJudge
 
 __version__ = "0.1.0"
 
@@ -51,9 +50,6 @@ _EXPORTS = {
     "make_http_judge": "genrm_trio.judge.http",
     "JudgeFleet": "genrm_trio.judge.fleet",
     "make_judge": "genrm_trio.judge.fleet",
-    "FaultRule": "genrm_trio.testing.sim",
-    "SimConfig": "genrm_trio.testing.sim",
-    "SimJudge": "genrm_trio.testing.sim",
     "Engine": "genrm_trio.engine.engine",
     "EngineStatistics": "genrm_trio.engine.engine",
     "open_engine": "genrm_trio.engine.engine",
@@ -78,7 +74,6 @@ __all__ = [
     "ConfigError",
     "Engine",
     "EngineStatistics",
-    "FaultRule",
     "GroupFailed",
     "Judge",
     "JudgeCall",
@@ -91,8 +86,6 @@ __all__ = [
     "RequestRejected",
     "Scored",
     "Settings",
-    "SimConfig",
-    "SimJudge",
     "VerifyInput",
     "__version__",
     "load_settings",

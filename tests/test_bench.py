@@ -28,7 +28,7 @@ from genrm_trio.app.bench import (
 from genrm_trio.app.cli import main
 from genrm_trio.app.serve import serve
 from genrm_trio.config import settings_from_mapping
-from genrm_trio.testing.sim import SimConfig, serve_sim_judge, sim_asgi_app
+from genrm_trio.testing import SimConfig, serve_sim_judge, sim_asgi_app
 
 
 async def _read(*chunks: bytes, close: bool = False) -> tuple[int, bytes, bool]:

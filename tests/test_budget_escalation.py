@@ -40,7 +40,9 @@ from genrm_trio.domain.verdict import Verdict
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.judge.base import JudgeCall, Usage
 from genrm_trio.judge.http import chat_body, chat_params, make_http_judge, responses_body
-from genrm_trio.testing.sim import SimConfig, SimJudge, SimJudgeApp, sim_asgi_app, sim_verdict_text
+from genrm_trio.testing import SimConfig, SimJudge, sim_asgi_app
+from genrm_trio.testing.asgi import SimJudgeApp
+from genrm_trio.testing.verdicts import sim_verdict_text
 
 BOUND = 1000
 APIS = ["responses", "chat_completions"]

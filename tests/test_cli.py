@@ -32,7 +32,7 @@ from genrm_trio.app.cli import _serve_settings, build_parser, main
 from genrm_trio.app.demo import run_demo
 from genrm_trio.app.serve import bind_socket, probe_judge, serve
 from genrm_trio.config import settings_from_mapping
-from genrm_trio.testing.sim import SimConfig, serve_sim_judge
+from genrm_trio.testing import SimConfig, serve_sim_judge
 
 SHUTTING_DOWN = "GenRM server is shutting down"
 
@@ -135,7 +135,7 @@ def test_no_command_is_a_usage_error_with_the_usage_line(
 
 
 def test_sim_judge_sticky_faults_flag_reaches_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    import genrm_trio.testing.sim as sim
+    import genrm_trio.testing.flags as flags
 
     seen: dict[str, Any] = {}
 
@@ -143,7 +143,7 @@ def test_sim_judge_sticky_faults_flag_reaches_the_config(monkeypatch: pytest.Mon
         seen.update(kwargs)
         raise ValueError("stop here")  # reported as a usage error: no server starts
 
-    monkeypatch.setattr(sim, "sim_config_from_args", capture)
+    monkeypatch.setattr(flags, "sim_config_from_args", capture)
     assert main(["sim-judge", "--fault-rate", "0.01", "--sticky-faults"]) == 2
     assert seen["sticky_faults"] is True and seen["fault_rate"] == 0.01
     seen.clear()

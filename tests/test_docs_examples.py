@@ -18,6 +18,7 @@ import pytest
 import trio
 
 import genrm_trio
+import genrm_trio.testing
 from genrm_trio import GroupFailed, Masked, Scored
 from genrm_trio.engine.machine import render_mermaid
 
@@ -82,9 +83,6 @@ def test_the_embedding_names_are_exported() -> None:
         "Scored",
         "Masked",
         "GroupFailed",
-        "SimJudge",
-        "SimConfig",
-        "FaultRule",
         "make_http_judge",
         "Settings",
         "load_settings",
@@ -99,6 +97,13 @@ def test_the_embedding_names_are_exported() -> None:
     assert sorted(genrm_trio.__all__) == sorted(set(genrm_trio.__all__))
     for name in genrm_trio.__all__:
         getattr(genrm_trio, name)  # every listed name resolves
+    # the simulated judge is a test tool: genrm_trio.testing, not the top-level package
+    for name in ("SimJudge", "SimConfig", "FaultRule"):
+        assert name in genrm_trio.testing.__all__, name
+        assert getattr(genrm_trio.testing, name) is not None
+        assert name not in genrm_trio.__all__, name
+        with pytest.raises(AttributeError):
+            getattr(genrm_trio, name)
 
 
 def test_architecture_state_diagram_is_the_machine() -> None:

@@ -54,7 +54,7 @@ LATENCY_S = 0.02  # the shared judge's base latency
 GROUP_S = 1.5  # cohort_evaluation_timeout_s of the deadline servers
 COLLECT_S = 1.0  # cohort_collection_timeout_s of the deadline servers
 
-# Faults of the shared judge, each selected by a tag in the answers (genrm_trio/testing/sim.py).
+# Faults of the shared judge, each selected by a tag in the answers (genrm_trio/testing/faults.py).
 JUDGE_FAULTS = (
     "slow,match=[stall],position=both,delay=30",
     "slow,match=[slowish],delay=1.5",  # judging that lasts, within the attempt deadline

@@ -34,7 +34,7 @@ from genrm_trio.config import Settings, settings_from_mapping
 from genrm_trio.domain.codec import MAX_DEPTH
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.http.app import create_app
-from genrm_trio.testing.sim import SimConfig, SimJudge
+from genrm_trio.testing import SimConfig, SimJudge
 
 LIMIT = 16_384
 N = 2

@@ -34,7 +34,7 @@ from genrm_trio.app.gym import CONFIG_ENV, INSTANCE_ENV, gym_root, settings_from
 from genrm_trio.app.serve import bind_socket, serve_app
 from genrm_trio.config import DEFAULT_PRINCIPLE, ConfigError, Settings, load_settings
 from genrm_trio.http.app import create_app
-from genrm_trio.testing.sim import SimConfig, SimJudge
+from genrm_trio.testing import SimConfig, SimJudge
 
 INSTANCE = "genrm_compare_resources_server"
 SERVER_DIR = gym_root() / "resources_servers" / "genrm_trio"

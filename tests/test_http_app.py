@@ -34,7 +34,7 @@ from genrm_trio.engine.engine import open_engine
 from genrm_trio.http.app import create_app
 from genrm_trio.http.asgi import current_rollout_id
 from genrm_trio.judge.base import ReplicaStats
-from genrm_trio.testing.sim import FaultRule, SimConfig, SimJudge
+from genrm_trio.testing import FaultRule, SimConfig, SimJudge
 
 TOKEN = "t0ken-for-tests"
 

@@ -22,7 +22,8 @@ import trio
 
 from genrm_trio.app.serve import serve
 from genrm_trio.config import Settings, settings_from_mapping
-from genrm_trio.testing.sim import FaultRule, SimConfig, SimJudgeApp, serve_sim_judge, sim_asgi_app
+from genrm_trio.testing import FaultRule, SimConfig, serve_sim_judge, sim_asgi_app
+from genrm_trio.testing.asgi import SimJudgeApp
 
 SHUTTING_DOWN = "GenRM server is shutting down"
 

@@ -25,20 +25,11 @@ from genrm_trio.judge.base import (
     JudgeTransportError,
     ReplyStatus,
 )
-from genrm_trio.testing.sim import (
-    FAULT_KINDS,
-    FaultRule,
-    SimConfig,
-    SimJudge,
-    SimJudgeApp,
-    answer_quality,
-    parse_fault_rule,
-    serve_sim_judge,
-    sim_asgi_app,
-    sim_config_from_args,
-    sim_verdict,
-    sim_verdict_text,
-)
+from genrm_trio.testing import FaultRule, SimConfig, SimJudge, serve_sim_judge, sim_asgi_app
+from genrm_trio.testing.asgi import SimJudgeApp
+from genrm_trio.testing.faults import FAULT_KINDS
+from genrm_trio.testing.flags import parse_fault_rule, sim_config_from_args
+from genrm_trio.testing.verdicts import answer_quality, sim_verdict, sim_verdict_text
 
 HISTORY = [{"role": "system", "content": "Be fair."}, {"role": "user", "content": "What is 2+2?"}]
 

@@ -15,16 +15,9 @@ from test_sim_judge import chat_body, client, responses_body, responses_text
 
 from genrm_trio.app.cli import main
 from genrm_trio.judge.base import JudgeCall, ReplyStatus
-from genrm_trio.testing.sim import (
-    LENGTH_PRESETS,
-    FaultRule,
-    LengthModel,
-    SimConfig,
-    SimJudge,
-    forced_need,
-    sim_asgi_app,
-    sim_config_from_args,
-)
+from genrm_trio.testing import FaultRule, LengthModel, SimConfig, SimJudge, sim_asgi_app
+from genrm_trio.testing.flags import sim_config_from_args
+from genrm_trio.testing.verdicts import LENGTH_PRESETS, forced_need
 
 HISTORY = [{"role": "user", "content": "Which answer is better?"}]
 VALIDATION = LENGTH_PRESETS["validation"]
@@ -194,7 +187,7 @@ def test_sim_config_from_args_length_model() -> None:
 
 
 def test_sim_judge_length_model_flag_reaches_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    import genrm_trio.testing.sim as sim
+    import genrm_trio.testing.flags as flags
 
     seen: dict[str, Any] = {}
 
@@ -202,7 +195,7 @@ def test_sim_judge_length_model_flag_reaches_the_config(monkeypatch: pytest.Monk
         seen.update(kwargs)
         raise ValueError("stop here")  # reported as a usage error: no server starts
 
-    monkeypatch.setattr(sim, "sim_config_from_args", capture)
+    monkeypatch.setattr(flags, "sim_config_from_args", capture)
     assert main(["sim-judge", "--length-model", "long_tail"]) == 2
     assert seen["length_model"] == "long_tail"
     seen.clear()

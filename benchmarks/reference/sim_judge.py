@@ -17,7 +17,7 @@ import os
 
 import trio
 
-from genrm_trio.testing.sim import SimConfig, serve_sim_judge
+from genrm_trio.testing import SimConfig, serve_sim_judge
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,17 +14,15 @@ import trio
 
 from genrm_trio import (
     CompareInput,
-    FaultRule,
     GroupFailed,
     Masked,
     MemberOutcome,
     Scored,
     Settings,
-    SimConfig,
-    SimJudge,
     VerifyInput,
     open_engine,
 )
+from genrm_trio.testing import FaultRule, SimConfig, SimJudge
 
 SETTINGS = Settings.model_validate(
     {

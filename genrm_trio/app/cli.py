@@ -251,7 +251,7 @@ def _add_serve(sub: Any) -> None:
 
 
 async def _sim_judge_main(config: Any, host: str, port: int) -> None:
-    from genrm_trio.testing.sim import serve_sim_judge
+    from genrm_trio.testing import serve_sim_judge
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
@@ -266,7 +266,7 @@ async def _sim_judge_main(config: Any, host: str, port: int) -> None:
 
 def _run_sim_judge(args: argparse.Namespace) -> int:
     from genrm_trio.app.serve import ListenError, bind_socket, tuned_gc
-    from genrm_trio.testing.sim import sim_config_from_args
+    from genrm_trio.testing.flags import sim_config_from_args
 
     api_key: str | None = None
     if args.api_key_env:
@@ -310,7 +310,8 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
 
 
 def _add_sim_judge(sub: Any) -> None:
-    from genrm_trio.testing.sim import FAULT_KINDS, LENGTH_PRESETS
+    from genrm_trio.testing.faults import FAULT_KINDS
+    from genrm_trio.testing.verdicts import LENGTH_PRESETS
 
     parser = sub.add_parser(
         "sim-judge",

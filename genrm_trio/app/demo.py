@@ -31,7 +31,7 @@ from genrm_trio.app.serve import bind_socket, serve_app
 from genrm_trio.config import Settings, settings_from_mapping
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.http.app import create_app
-from genrm_trio.testing.sim import FaultRule, SimConfig, SimJudge
+from genrm_trio.testing import FaultRule, SimConfig, SimJudge
 
 ROLLOUTS: Final = 16
 FAULT_MARKER: Final = "[judge-trips-here]"

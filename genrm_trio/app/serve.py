@@ -464,7 +464,7 @@ def check_fd_headroom(settings: Settings) -> FdHeadroom:
 
 
 def _sim_judge() -> Judge:
-    from genrm_trio.testing.sim import SimConfig, SimJudge
+    from genrm_trio.testing import SimConfig, SimJudge
 
     judge: Judge = SimJudge(SimConfig())
     return judge

@@ -22,8 +22,6 @@ from typing import Any, Final
 
 import trio
 
-from genrm_trio.judge.http import keeps_alive
-
 __all__ = ["serve_h1"]
 
 log = logging.getLogger("genrm_trio.sim_judge.h1")
@@ -218,6 +216,15 @@ class _Connection:
             await self.stream.send_all(head + body)
 
 
+def _keeps_alive(connection: bytes, default: bool) -> bool:
+    """Whether a request's `Connection` header value keeps the connection open (else
+    ``default``, which is HTTP/1.1's yes and HTTP/1.0's no)."""
+    tokens = {token.strip() for token in connection.lower().split(b",")}
+    if b"close" in tokens:
+        return False
+    return True if b"keep-alive" in tokens else default
+
+
 def _parse_head(
     head: bytes,
 ) -> tuple[str, bytes, str, list[tuple[bytes, bytes]], int, bool]:
@@ -246,7 +253,7 @@ def _parse_head(
         elif name == b"transfer-encoding":
             raise _Reject(411)
         elif name == b"connection":
-            close = not keeps_alive(value, not close)
+            close = not _keeps_alive(value, not close)
     return method.decode("ascii"), target, protocol[5:].decode("ascii"), headers, length, close
 
 

@@ -1,0 +1,466 @@
+"""The simulated judge over HTTP: a plain ASGI3 app speaking both judge APIs (`POST
+/v1/responses`, `POST /v1/chat/completions`) plus `GET /v1/models`, `GET /health` and `GET
+/stats`, and `serve_sim_judge`, that app on `genrm_trio.testing.server`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from functools import partial
+from typing import Any, Final, final
+
+import httpx
+import trio
+
+from genrm_trio.judge.base import JudgeCall
+from genrm_trio.testing.core import (
+    _DEFAULT_BUDGET_TOKENS,
+    Api,
+    SimConfig,
+    _prompt_length,
+    _tokens,
+)
+from genrm_trio.testing.faults import (
+    _DROP_MESSAGE,
+    _NOT_JSON_BODY,
+    _default_body,
+    _fault_text,
+    _http_fault,
+)
+from genrm_trio.testing.judge import SimJudge
+from genrm_trio.testing.verdicts import _FILLER
+
+__all__ = ["SimJudgeApp", "serve_sim_judge", "sim_asgi_app"]
+
+_MODEL_ID: Final = "genrm-sim"
+_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
+
+
+class _SimulatedDrop(httpx.RemoteProtocolError):
+    """Raised by the ASGI app after half a body: the `drop` fault, as the client should see it."""
+
+
+# --- ASGI app ---------------------------------------------------------------------------------
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _history_content(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict)
+            and part.get("type") in ("input_text", "output_text", "text")
+            and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def _responses_call(body: Mapping[str, Any]) -> JudgeCall:
+    raw_input = body.get("input", [])
+    history: list[dict[str, str]] = []
+    if isinstance(raw_input, str):
+        history.append({"role": "user", "content": raw_input})
+    elif isinstance(raw_input, list):
+        for item in raw_input:
+            if not isinstance(item, dict) or item.get("type", "message") != "message":
+                continue
+            role = item.get("role", "user")
+            history.append(
+                {
+                    "role": role if isinstance(role, str) else "user",
+                    "content": _history_content(item.get("content")),
+                }
+            )
+    else:
+        raise _BadRequest(400, "input must be a string or a list")
+    metadata = body.get("metadata")
+    if not isinstance(metadata, dict):
+        raise _BadRequest(400, "metadata with response_1 and response_2 is required")
+    response_1, response_2 = metadata.get("response_1"), metadata.get("response_2")
+    if not isinstance(response_1, str) or not isinstance(response_2, str):
+        raise _BadRequest(400, "metadata.response_1 and metadata.response_2 must be strings")
+    principle = metadata.get("principle")
+    if principle is not None and not isinstance(principle, str):
+        raise _BadRequest(400, "metadata.principle must be a string")
+    return JudgeCall(history, response_1, response_2, principle)
+
+
+def _chat_call(body: Mapping[str, Any]) -> JudgeCall:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
+    ):
+        raise _BadRequest(400, "messages must be a list of objects with a role")
+    roles = [m["role"] for m in messages]
+    if roles[-2:] != ["response_1", "response_2"]:
+        raise _BadRequest(400, "messages must end with roles response_1, response_2")
+    head = messages[:-2]
+    principle: str | None = None
+    if head and head[-1]["role"] == "principle":
+        principle = _history_content(head[-1].get("content"))
+        head = head[:-1]
+    special = {"principle", "response_1", "response_2"}
+    if any(m["role"] in special for m in head):
+        raise _BadRequest(400, "principle, response_1, response_2 must come last, in that order")
+    history = [{"role": m["role"], "content": _history_content(m.get("content"))} for m in head]
+    return JudgeCall(
+        history,
+        _history_content(messages[-2].get("content")),
+        _history_content(messages[-1].get("content")),
+        principle,
+    )
+
+
+def _json_bytes(value: object) -> bytes:
+    return json.dumps(value, ensure_ascii=False).encode("utf-8", errors="surrogatepass")
+
+
+def _responses_body(
+    request: Mapping[str, Any], n: int, text: str, budget: bool, usage: tuple[int, int]
+) -> dict[str, Any]:
+    if budget:
+        output: list[dict[str, Any]] = [
+            {
+                "type": "reasoning",
+                "id": f"rs_sim_{n}",
+                "summary": [{"type": "summary_text", "text": _FILLER}],
+            }
+        ]
+    else:
+        output = [
+            {
+                "type": "message",
+                "id": f"msg_sim_{n}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ]
+    model = request.get("model")
+    return {
+        "id": f"resp_sim_{n}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": model if isinstance(model, str) else _MODEL_ID,
+        "status": "incomplete" if budget else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if budget else None,
+        "output": output,
+        # openai's `Response` requires these (NeMo Gym's openai_model validates every upstream
+        # reply with it, so without them a Gym `genrm_model` in front of this judge answers 500).
+        "parallel_tool_calls": False,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {
+            "input_tokens": usage[0],
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": usage[1],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage[0] + usage[1],
+        },
+    }
+
+
+def _chat_body(
+    request: Mapping[str, Any], n: int, text: str, budget: bool, usage: tuple[int, int]
+) -> dict[str, Any]:
+    model = request.get("model")
+    return {
+        "id": f"chatcmpl-sim-{n}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model if isinstance(model, str) else _MODEL_ID,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": _FILLER if budget else text},
+                "finish_reason": "length" if budget else "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": usage[0],
+            "completion_tokens": usage[1],
+            "total_tokens": usage[0] + usage[1],
+        },
+    }
+
+
+def _budget_tokens(request: Mapping[str, Any], api: Api) -> int:
+    value = request.get("max_output_tokens" if api == "responses" else "max_tokens")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return _DEFAULT_BUDGET_TOKENS
+
+
+def _format_retry_after(seconds: float) -> str:
+    return str(int(seconds)) if float(seconds).is_integer() else f"{seconds:g}"
+
+
+@final
+class SimJudgeApp:
+    """The simulated judge as an ASGI3 app (both judge APIs); `sim` exposes calls and counters.
+
+    Routes: `POST /v1/responses`, `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`.
+    The `drop` fault sends the headers (with a Content-Length) and half the body, then raises
+    an `httpx.RemoteProtocolError` subclass: the server closes the connection (the client's
+    httpx raises `RemoteProtocolError`), and
+    `httpx.ASGITransport` hands the exception to the client as it is.
+    """
+
+    def __init__(self, config: SimConfig | None = None) -> None:
+        self.sim = SimJudge(config)
+        self._core = self.sim._core
+        self._n = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+        elif kind == "http":
+            await self._http(scope, receive, send)
+        else:  # websocket: refuse
+            raise RuntimeError(f"unsupported ASGI scope type {kind!r}")
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method, path = scope["method"], scope["path"]
+        if path == "/health":
+            if method not in ("GET", "HEAD"):
+                await _respond(send, 405, _json_bytes({"error": "method not allowed"}))
+                return
+            await _respond(send, 200, b'{"status": "ok"}')
+            return
+        if path == "/stats" and method == "GET":
+            # counters for load generators (genrm-trio bench --judge-stats-url)
+            stats = self.sim.statistics()
+            await _respond(send, 200, _json_bytes(dataclasses.asdict(stats)))
+            return
+        api: Api
+        if path == "/v1/responses":
+            api = "responses"
+        elif path == "/v1/chat/completions":
+            api = "chat_completions"
+        elif path == "/v1/models":
+            if method not in ("GET", "HEAD"):
+                await _respond(send, 405, _json_bytes({"error": "method not allowed"}))
+            elif not self._authorised(scope):
+                await _respond(send, 401, _default_body(401).encode())
+            else:
+                await _respond(send, 200, _MODELS_BODY)
+            return
+        else:
+            await _respond(send, 404, _json_bytes({"error": f"no route {path}"}))
+            return
+        if method != "POST":
+            await _respond(send, 405, _json_bytes({"error": "method not allowed"}))
+            return
+        try:
+            if not self._authorised(scope):
+                raise _BadRequest(401, "unauthorized")
+            raw = await _read_body(receive)
+            if raw is None:  # the client went away before sending the body
+                return
+            try:
+                request = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                raise _BadRequest(400, f"body is not JSON: {error}") from error
+            if not isinstance(request, dict):
+                raise _BadRequest(400, "body must be a JSON object")
+            call = _responses_call(request) if api == "responses" else _chat_call(request)
+            asked = request.get("max_output_tokens" if api == "responses" else "max_tokens")
+            if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
+                call = dataclasses.replace(call, max_output_tokens=asked)
+        except _BadRequest as error:
+            self._core.bad_requests += 1
+            await _respond(send, error.status, _json_bytes({"error": str(error)}))
+            return
+        self._n += 1
+        await self._judge(api, request, call, self._n, receive, send)
+
+    def _authorised(self, scope: Scope) -> bool:
+        key = self._core.config.api_key
+        if key is None:
+            return True
+        expected = f"Bearer {key}".encode()
+        return any(
+            name.lower() == b"authorization" and value == expected
+            for name, value in scope.get("headers", [])
+        )
+
+    async def _judge(
+        self,
+        api: Api,
+        request: Mapping[str, Any],
+        call: JudgeCall,
+        n: int,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        decision = self._core.begin(call, api)
+        try:
+            if not await _sleep_unless_disconnected(decision.delay_s, receive):
+                return
+            fault, rule = decision.fault, decision.rule
+            http = _http_fault(fault, rule) if fault is not None else None
+            if http is not None:
+                extra: list[tuple[bytes, bytes]] = []
+                if http.retry_after_s is not None:
+                    extra.append((b"retry-after", _format_retry_after(http.retry_after_s).encode()))
+                await _respond(send, http.status, http.body, extra)
+                return
+            if fault == "not_json":
+                await _respond(send, 200, _NOT_JSON_BODY.encode(), content_type=b"text/plain")
+                return
+            limit = _budget_tokens(request, api)
+            budget = fault == "budget_exhausted" or self._core.cut_off(decision, limit)
+            text = "" if budget else _fault_text(fault, rule, call.response_1, call.response_2)
+            if budget:
+                out_tokens = limit
+            elif decision.need is not None:
+                out_tokens = decision.need
+            else:
+                out_tokens = _tokens(len(text))
+            usage = (_tokens(_prompt_length(call)), out_tokens)
+            make = _responses_body if api == "responses" else _chat_body
+            body = _json_bytes(make(request, n, text, budget, usage))
+            if fault == "drop":
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 200,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": body[: len(body) // 2],
+                        "more_body": True,
+                    }
+                )
+                # A real server closes the connection (its client sees the body cut short);
+                # under httpx.ASGITransport the exception reaches the client as it is.
+                raise _SimulatedDrop(
+                    f"{_DROP_MESSAGE} (received {len(body) // 2} bytes, expected {len(body)})"
+                )
+            await _respond(send, 200, body)
+        finally:
+            self._core.end()
+
+
+_MODELS_BODY: Final = _json_bytes(
+    {"object": "list", "data": [{"id": _MODEL_ID, "object": "model", "owned_by": "genrm-trio"}]}
+)
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > _MAX_BODY_BYTES:
+            raise _BadRequest(413, "body too large")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _sleep_unless_disconnected(delay_s: float, receive: Receive) -> bool:
+    """Sleep `delay_s`; False if the client disconnected meanwhile (then nothing is sent)."""
+    if delay_s <= 0:
+        return True
+    disconnected = False
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            nonlocal disconnected
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    disconnected = True
+                    nursery.cancel_scope.cancel()
+                    return
+
+        nursery.start_soon(watch)
+        await trio.sleep(delay_s)
+        nursery.cancel_scope.cancel()
+    return not disconnected
+
+
+async def _respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    extra_headers: Sequence[tuple[bytes, bytes]] = (),
+    *,
+    content_type: bytes | None = None,
+) -> None:
+    if content_type is None:
+        content_type = b"application/json" if body.startswith(b"{") else b"text/plain"
+    headers = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode()),
+        *extra_headers,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def sim_asgi_app(config: SimConfig | None = None) -> SimJudgeApp:
+    """A fresh simulated-judge ASGI app (its own counters; `app.sim` is its `SimJudge`)."""
+    return SimJudgeApp(config)
+
+
+# --- serving ----------------------------------------------------------------------------------
+
+
+async def serve_sim_judge(
+    config: SimConfig | SimJudgeApp,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the simulated judge until cancelled, on :mod:`genrm_trio.testing.server` (a minimal
+    HTTP/1.1 server: the judge's own CPU per call must not stretch the latencies a benchmark
+    measures).
+
+    `task_status.started()` reports the bound port (useful with `port=0`). Pass a `SimJudgeApp`
+    instead of a config to keep a handle on its calls and counters.
+    """
+    from genrm_trio.testing.server import serve_h1
+
+    app = config if isinstance(config, SimJudgeApp) else SimJudgeApp(config)
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(partial(serve_h1, app, host=host, port=port, backlog=4096))
+        task_status.started(bound)

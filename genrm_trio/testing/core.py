@@ -1,0 +1,252 @@
+"""The simulator's shared core: its configuration, the calls it saw and its counters, and the
+per-call decision (latency, fault, output tokens needed) that every front end acts on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal, final
+
+import trio
+
+from genrm_trio.judge.base import JudgeCall
+from genrm_trio.testing.faults import FAULT_KINDS, FaultKind, FaultRule
+from genrm_trio.testing.verdicts import LengthModel, _digest, _normal, forced_need
+
+__all__ = ["Api", "SimCall", "SimConfig", "SimStatistics"]
+
+Api = Literal["in_process", "responses", "chat_completions"]
+
+_DEFAULT_BUDGET_TOKENS: Final = 16384
+_OCCURRENCE_CAP: Final = 65536
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Latency, jitter and faults of a simulated judge.
+
+    Each call sleeps `latency_s` plus a seeded jitter drawn uniformly from `[0, jitter_s]`. The
+    first `rules` entry that selects a call (and has `times` left) decides its fault; otherwise
+    with probability `fault_rate` the call gets `fault_kind` (defaults of `FaultRule`). Seeded
+    draws depend on `seed`, the call's content and how often that content was seen before, not on
+    scheduling order, so they reproduce under concurrency. `api_key`, when set, is required as a
+    bearer token over HTTP (401 otherwise). `record_calls=False` keeps `calls` empty (long runs).
+    """
+
+    latency_s: float = 0.0
+    jitter_s: float = 0.0
+    seed: int = 0
+    fault_rate: float = 0.0
+    fault_kind: FaultKind = "http_500"
+    rules: Sequence[FaultRule] = ()
+    api_key: str | None = None
+    record_calls: bool = True
+    sticky_faults: bool = False  # random faults depend on content only: a drawn pair always fails
+    length_model: LengthModel | None = None  # output tokens a verdict needs (None: never cut)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rules", tuple(self.rules))
+        if self.length_model is not None and not isinstance(self.length_model, LengthModel):
+            raise TypeError(f"length_model must be a LengthModel, got {self.length_model!r}")
+        for name in ("latency_s", "jitter_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0")
+        if not 0.0 <= self.fault_rate <= 1.0:
+            raise ValueError("fault_rate must be within [0, 1]")
+        if self.fault_kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault {self.fault_kind!r}; expected one of {FAULT_KINDS}")
+        for rule in self.rules:
+            if not isinstance(rule, FaultRule):
+                raise TypeError(f"rules must hold FaultRule objects, got {rule!r}")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SimCall:
+    """One judge call as the simulator saw it."""
+
+    response_1: str
+    response_2: str
+    principle: str | None
+    history: tuple[dict[str, str], ...]
+    api: Api
+    fault: FaultKind | None  # the injected fault, None for a normal verdict
+    started_at: float  # trio.current_time() on arrival
+    max_output_tokens: int | None = None  # the budget the call asked for (None: not given)
+    need: int | None = None  # output tokens its verdict needed (length model or [need=N])
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SimStatistics:
+    """A snapshot of a simulator's counters."""
+
+    calls: int  # judge calls received (faulted ones included; /v1/models and bad requests not)
+    faults: int  # calls that got a fault
+    faults_by_kind: Mapping[str, int]
+    in_flight: int
+    max_in_flight: int
+    bad_requests: int  # HTTP requests refused with 4xx before reaching the judge logic
+    exhausted: int = 0  # calls whose budget was below their verdict's need (not faults)
+
+
+def _tokens(text_length: int) -> int:
+    return text_length // 4
+
+
+# --- the shared core --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Decision:
+    """What the simulator does with one call: when to answer and which fault (if any)."""
+
+    delay_s: float
+    fault: FaultKind | None
+    rule: FaultRule
+    need: int | None = None  # output tokens the verdict needs; None: any budget suffices
+
+
+class _Core:
+    """Call recording, fault selection, seeded draws and counters, shared by every front end."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.calls: list[SimCall] = []
+        self._rule_uses = [0] * len(config.rules)
+        self._occurrences: dict[bytes, int] = {}
+        self._pair_attempts: dict[bytes, int] = {}
+        self._random_rule = FaultRule(fault=config.fault_kind)
+        self.n_calls = 0
+        self.faults_by_kind: dict[str, int] = {}
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.bad_requests = 0
+        self.exhausted = 0
+
+    def _need(self, call: JudgeCall) -> int | None:
+        """Output tokens this call's verdict needs, or None (no length model, no marker)."""
+        model = self.config.length_model
+        if model is None and "[need=" not in call.response_1 and "[need=" not in call.response_2:
+            return None  # skip the hashing and the attempt table
+        # the unordered pair with its context: position_balance does not change the difficulty
+        answers = sorted((_digest(call.response_1), _digest(call.response_2)))
+        content = hashlib.sha256(b"".join(answers))
+        content.update(_digest(call.principle or ""))
+        for message in call.history:
+            content.update(_digest(message.get("role", "")))
+            content.update(_digest(message.get("content", "")))
+        pair = content.digest()
+        if len(self._pair_attempts) >= _OCCURRENCE_CAP and pair not in self._pair_attempts:
+            self._pair_attempts.clear()
+        attempt = self._pair_attempts.get(pair, 0)
+        self._pair_attempts[pair] = attempt + 1
+        forced = forced_need(call.response_1, call.response_2, attempt)
+        if forced is not None or model is None:
+            return forced
+        seed = f"{self.config.seed}\0length\0".encode()
+        z_pair = _normal(hashlib.sha256(seed + pair).digest())
+        z_attempt = _normal(hashlib.sha256(seed + pair + b"%d" % attempt).digest())
+        return model.need(z_pair, z_attempt)
+
+    def _draws(self, call: JudgeCall) -> tuple[float, float]:
+        """Two seeded uniforms in [0, 1) for this call: (fault, jitter)."""
+        if self.config.fault_rate == 0 and self.config.jitter_s == 0:
+            return 1.0, 0.0  # nothing is drawn: skip the hashing and the occurrence table
+        content = hashlib.sha256()
+        for part in (call.response_1, call.response_2, call.principle or ""):
+            content.update(_digest(part))
+        for message in call.history:
+            content.update(_digest(message.get("role", "")))
+            content.update(_digest(message.get("content", "")))
+        key = content.digest()
+        if len(self._occurrences) >= _OCCURRENCE_CAP and key not in self._occurrences:
+            self._occurrences.clear()
+        occurrence = self._occurrences.get(key, 0)
+        self._occurrences[key] = occurrence + 1
+        draw = hashlib.sha256(f"{self.config.seed}\0{occurrence}\0".encode() + key).digest()
+        fault_draw = int.from_bytes(draw[:8], "big") / 2**64
+        if self.config.sticky_faults:
+            # a pair's fate ignores how often it was seen, so its retries fail too
+            first = hashlib.sha256(f"{self.config.seed}\0{0}\0".encode() + key).digest()
+            fault_draw = int.from_bytes(first[:8], "big") / 2**64
+        return fault_draw, int.from_bytes(draw[8:16], "big") / 2**64
+
+    def begin(self, call: JudgeCall, api: Api) -> _Decision:
+        """Record a call and decide its fate; pair with `end()` once it is answered."""
+        config = self.config
+        fault_draw, jitter_draw = self._draws(call)
+        rule: FaultRule | None = None
+        for index, candidate in enumerate(config.rules):
+            if not candidate.selects(call.response_1, call.response_2):
+                continue
+            if candidate.times is not None and self._rule_uses[index] >= candidate.times:
+                continue
+            self._rule_uses[index] += 1
+            rule = candidate
+            break
+        if rule is None and config.fault_rate > 0 and fault_draw < config.fault_rate:
+            rule = self._random_rule
+        fault = rule.fault if rule is not None else None
+        # drawn for every call, so a faulted attempt still counts as a sample of its pair
+        need = self._need(call)
+        if fault not in (None, "slow"):
+            need = None  # a fault decides the reply; only verdicts have a length
+        delay = config.latency_s + jitter_draw * config.jitter_s
+        if fault == "slow" and rule is not None:
+            delay += rule.delay_s
+        self.n_calls += 1
+        if fault is not None:
+            self.faults_by_kind[fault] = self.faults_by_kind.get(fault, 0) + 1
+        if config.record_calls:
+            self.calls.append(
+                SimCall(
+                    response_1=call.response_1,
+                    response_2=call.response_2,
+                    principle=call.principle,
+                    history=tuple(dict(message) for message in call.history),
+                    api=api,
+                    fault=fault,
+                    started_at=trio.current_time(),
+                    max_output_tokens=call.max_output_tokens,
+                    need=need,
+                )
+            )
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        return _Decision(delay, fault, rule if rule is not None else self._random_rule, need)
+
+    def cut_off(self, decision: _Decision, budget: int) -> bool:
+        """Whether a verdict reply runs out of `budget` before its verdict (and count it)."""
+        if decision.need is None or decision.need <= budget:
+            return False
+        self.exhausted += 1
+        return True
+
+    def end(self) -> None:
+        self.in_flight -= 1
+
+    def statistics(self) -> SimStatistics:
+        return SimStatistics(
+            calls=self.n_calls,
+            faults=sum(self.faults_by_kind.values()),
+            faults_by_kind=dict(self.faults_by_kind),
+            in_flight=self.in_flight,
+            max_in_flight=self.max_in_flight,
+            bad_requests=self.bad_requests,
+            exhausted=self.exhausted,
+        )
+
+
+def _prompt_length(call: JudgeCall) -> int:
+    return (
+        sum(len(message.get("content", "")) for message in call.history)
+        + len(call.principle or "")
+        + len(call.response_1)
+        + len(call.response_2)
+    )
