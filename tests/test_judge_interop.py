@@ -42,7 +42,8 @@ from genrm_trio.judge.base import (
     ReplyStatus,
     one_line,
 )
-from genrm_trio.judge.http import KeepAlivePool, StaleConnectionError, make_http_judge
+from genrm_trio.judge.client import make_http_judge
+from genrm_trio.judge.pool import KeepAlivePool, StaleConnectionError
 
 BODY = json.dumps(responses_reply()).encode()
 

@@ -309,7 +309,8 @@ async def _probe_one(
     # The probe goes through the judge calls' own connection pool, TLS context
     # (judge.ca_file, SSL_CERT_FILE/SSL_CERT_DIR) and error mapping, so that it fails where and
     # as they would.
-    from genrm_trio.judge.http import KeepAlivePool, judge_ssl_context
+    from genrm_trio.judge.pool import KeepAlivePool
+    from genrm_trio.judge.tls import judge_ssl_context
 
     url = base_url.rstrip("/") + "/models"
     target = httpx.URL(url)
@@ -353,7 +354,7 @@ async def _probe_one(
 def log_proxy_use() -> None:
     """One start-up line on proxies: genrm-trio connects to the judge directly and does not use
     HTTP_PROXY / HTTPS_PROXY / ALL_PROXY (a WARNING when one is set, so nobody relies on it)."""
-    from genrm_trio.judge.http import proxy_variables_set
+    from genrm_trio.judge.tls import proxy_variables_set
 
     names = proxy_variables_set()
     if names:

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import trio
 
-from genrm_trio.judge.http import keeps_alive
+from genrm_trio.judge.pool import keeps_alive
 
 __all__ = ["serve_h1"]
 
