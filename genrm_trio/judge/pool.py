@@ -46,6 +46,8 @@ KEEPALIVE_EXPIRY_S: Final = 4.0
 5 s after which uvicorn (so vLLM) and hypercorn close an idle keep-alive connection."""
 
 
+# Not used by the pool itself (h11 decides whether a judge connection stays open): the simulated
+# judge's HTTP/1.1 server (testing/server.py) applies the same rule to its requests.
 def keeps_alive(connection: bytes, default: bool) -> bool:
     """Whether a message's `Connection` header value keeps the connection open (else
     ``default``, which is HTTP/1.1's yes and HTTP/1.0's no)."""
