@@ -274,9 +274,8 @@ async def test_evaluation_cancellation_releases_every_waiter(autojump_clock: Moc
 async def test_non_finite_rewards_fail_the_cohort(
     autojump_clock: MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from genrm_trio.engine import evaluation
-
     from genrm_trio.domain.scoring import aggregate
+    from genrm_trio.engine import evaluation
 
     def poisoned(*args: Any, **kwargs: Any) -> Any:
         result = aggregate(*args, **kwargs)
