@@ -35,8 +35,8 @@ from judge_client import start_server
 from genrm_trio.config import Settings, settings_from_mapping
 from genrm_trio.judge.attempts import Comparator
 from genrm_trio.judge.base import JudgeCall, JudgeError
+from genrm_trio.judge.client import make_http_judge
 from genrm_trio.judge.fleet import JudgeFleet
-from genrm_trio.judge.http import make_http_judge
 from genrm_trio.metrics import Metrics
 
 CALL = JudgeCall(

@@ -163,8 +163,8 @@ def servers_cpu(pids: list[int]) -> float:
 
 
 def open_connections(judge: object) -> int:
+    from genrm_trio.judge.client import HttpJudge
     from genrm_trio.judge.fleet import JudgeFleet
-    from genrm_trio.judge.http import HttpJudge
 
     if isinstance(judge, HttpJudge):
         return judge.open_connections

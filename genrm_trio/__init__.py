@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     )
     from genrm_trio.engine.engine import Engine, EngineStatistics, open_engine
     from genrm_trio.judge.base import Judge, JudgeCall, JudgeReply, ReplyStatus
+    from genrm_trio.judge.client import make_http_judge
     from genrm_trio.judge.fleet import JudgeFleet, make_judge
-    from genrm_trio.judge.http import make_http_judge
 
 __version__ = "0.1.0"
 
@@ -47,7 +47,7 @@ _EXPORTS = {
     "JudgeCall": "genrm_trio.judge.base",
     "JudgeReply": "genrm_trio.judge.base",
     "ReplyStatus": "genrm_trio.judge.base",
-    "make_http_judge": "genrm_trio.judge.http",
+    "make_http_judge": "genrm_trio.judge.client",
     "JudgeFleet": "genrm_trio.judge.fleet",
     "make_judge": "genrm_trio.judge.fleet",
     "Engine": "genrm_trio.engine.engine",

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
+import httpx
 import pytest
 import trio
 import trio.testing
@@ -18,8 +19,6 @@ from genrm_trio.app.bench import (
     BenchConfig,
     BenchError,
     BenchReport,
-    _Closed,
-    _Connection,
     _HttpPool,
     answer_text,
     no_group_hint,
@@ -28,18 +27,24 @@ from genrm_trio.app.bench import (
 from genrm_trio.app.cli import main
 from genrm_trio.app.serve import serve
 from genrm_trio.config import settings_from_mapping
+from genrm_trio.judge.h11conn import H11Connection
+from genrm_trio.judge.pool import MAX_RESPONSE_BYTES
 from genrm_trio.testing import SimConfig, serve_sim_judge, sim_asgi_app
 
 
 async def _read(*chunks: bytes, close: bool = False) -> tuple[int, bytes, bool]:
+    """(status, body, reusable) of the response `chunks` make, read by the connection bench's
+    pool uses (`judge.h11conn.H11Connection`) after it sent one POST."""
     client, server = trio.testing.memory_stream_pair()
-    connection = _Connection(client)  # type: ignore[arg-type]
+    connection = H11Connection(client, MAX_RESPONSE_BYTES)
     for chunk in chunks:
         await server.send_all(chunk)
     if close:
-        await server.aclose()
+        await server.send_stream.aclose()  # the server's FIN; the request can still be sent
+    request = (b"POST", b"/verify", [(b"host", b"bench"), (b"content-length", b"2")], b"{}")
     with trio.fail_after(5):
-        return await connection.read_response()
+        status, _, body, reusable = await connection.exchange(request)
+    return status, body, reusable
 
 
 async def test_content_length_response_keeps_the_connection() -> None:
@@ -64,7 +69,7 @@ async def test_connection_close_and_close_delimited_bodies() -> None:
         b"until eof",
         False,
     )
-    with pytest.raises(_Closed):
+    with pytest.raises(httpx.RemoteProtocolError):
         await _read(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nshort", close=True)
 
 

@@ -38,8 +38,9 @@ from genrm_trio.domain.model import CompareFailed, Scored
 from genrm_trio.domain.scoring import ESCALATION_RATE, ComparisonStats, group_metrics
 from genrm_trio.domain.verdict import Verdict
 from genrm_trio.engine.engine import open_engine
+from genrm_trio.judge.apis import chat_body, chat_params, responses_body
 from genrm_trio.judge.base import JudgeCall, Usage
-from genrm_trio.judge.http import chat_body, chat_params, make_http_judge, responses_body
+from genrm_trio.judge.client import make_http_judge
 from genrm_trio.testing import SimConfig, SimJudge, sim_asgi_app
 from genrm_trio.testing.asgi import SimJudgeApp
 from genrm_trio.testing.verdicts import sim_verdict_text

@@ -30,8 +30,9 @@ from rich.console import Console
 
 from genrm_trio.app.cli import _serve_settings, build_parser, main
 from genrm_trio.app.demo import run_demo
-from genrm_trio.app.serve import bind_socket, probe_judge, serve
+from genrm_trio.app.serve import bind_socket, serve
 from genrm_trio.config import settings_from_mapping
+from genrm_trio.judge.probe import probe_judge
 from genrm_trio.testing import SimConfig, serve_sim_judge
 
 SHUTTING_DOWN = "GenRM server is shutting down"
@@ -383,7 +384,7 @@ async def test_probe_warns_when_the_judge_does_not_serve_the_configured_model(
 def test_the_model_warning_names_a_bounded_number_of_ids(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from genrm_trio.app.serve import PROBE_IDS_SHOWN, _check_model
+    from genrm_trio.judge.probe import PROBE_IDS_SHOWN, _check_model
 
     settings = settings_from_mapping({"judge": {"base_url": "http://j/v1", "model": "m"}})
     served = [f"model-{i}-" + "x" * 200 for i in range(PROBE_IDS_SHOWN + 3)]

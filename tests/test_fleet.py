@@ -28,8 +28,8 @@ from genrm_trio.judge.base import (
     JudgeTransportError,
     ReplyStatus,
 )
+from genrm_trio.judge.client import HttpJudge
 from genrm_trio.judge.fleet import JudgeFleet, make_judge
-from genrm_trio.judge.http import HttpJudge
 
 CALL = JudgeCall([{"role": "user", "content": "q"}], "a1", "a2", None)
 

@@ -20,6 +20,7 @@ import trio
 import trio.testing
 
 from genrm_trio.config import ConfigError, Settings, settings_from_mapping
+from genrm_trio.judge.apis import chat_params, interpret_chat, interpret_responses
 from genrm_trio.judge.base import (
     JudgeBadJSON,
     JudgeCall,
@@ -28,15 +29,8 @@ from genrm_trio.judge.base import (
     JudgeTransportError,
     ReplyStatus,
 )
-from genrm_trio.judge.http import (
-    HttpJudge,
-    KeepAlivePool,
-    chat_params,
-    interpret_chat,
-    interpret_responses,
-    make_http_judge,
-    parse_retry_after,
-)
+from genrm_trio.judge.client import HttpJudge, make_http_judge, parse_retry_after
+from genrm_trio.judge.pool import KeepAlivePool
 
 HISTORY = [{"role": "system", "content": "Be fair."}, {"role": "user", "content": "What is 2+2?"}]
 CALL = JudgeCall(HISTORY, "four", "4", None)

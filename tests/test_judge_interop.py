@@ -31,7 +31,6 @@ from test_judge_http import (
     responses_reply,
 )
 
-from genrm_trio.app.serve import log_proxy_use, probe_judge
 from genrm_trio.config import Settings, settings_from_mapping
 from genrm_trio.domain.model import Scored
 from genrm_trio.judge.base import (
@@ -42,7 +41,9 @@ from genrm_trio.judge.base import (
     ReplyStatus,
     one_line,
 )
-from genrm_trio.judge.http import KeepAlivePool, StaleConnectionError, make_http_judge
+from genrm_trio.judge.client import make_http_judge
+from genrm_trio.judge.pool import KeepAlivePool, StaleConnectionError
+from genrm_trio.judge.probe import log_proxy_use, probe_judge
 
 BODY = json.dumps(responses_reply()).encode()
 

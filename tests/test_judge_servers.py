@@ -21,13 +21,13 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.config import Sockets
 from judges import verdict_text
 
-import genrm_trio.judge.http as http_module
+import genrm_trio.judge.pool as pool_module
 from genrm_trio.config import Settings, settings_from_mapping
 from genrm_trio.domain.model import Scored, VerifyInput
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.judge.base import JudgeCall, ReplyStatus
+from genrm_trio.judge.client import HttpJudge, make_http_judge
 from genrm_trio.judge.fleet import JudgeFleet, make_judge
-from genrm_trio.judge.http import HttpJudge, make_http_judge
 
 pytestmark = pytest.mark.slow
 
@@ -198,7 +198,7 @@ def chat_settings(base_url: str | list[str], **extra: Any) -> Settings:
     return settings_from_mapping({"judge": judge, **extra})
 
 
-def pool_of(judge: HttpJudge) -> http_module.KeepAlivePool:
+def pool_of(judge: HttpJudge) -> pool_module.KeepAlivePool:
     assert judge._pool is not None
     return judge._pool
 
@@ -240,11 +240,11 @@ async def test_keepalive_expiry_race_resends_on_a_new_connection(
             await judge.attempt(CALL)
             ((_, idle),) = list(pool._idle)
             # Until the server's close has arrived (a socket state: nothing to wait on).
-            while not http_module._readable(idle.stream):  # noqa: ASYNC110
+            while not pool_module._readable(idle.stream):  # noqa: ASYNC110
                 await trio.sleep(0.05)
             # The client checks an idle connection before it reuses it; the race is a close that
             # lands just after that check, which is what this makes happen every time.
-            monkeypatch.setattr(http_module, "_readable", lambda stream: False)
+            monkeypatch.setattr(pool_module, "_readable", lambda stream: False)
             reply = await judge.attempt(CALL)
         assert reply.status is ReplyStatus.COMPLETED
         assert pool.stale_retries == 1
@@ -263,7 +263,7 @@ async def test_an_idle_connection_the_server_closed_is_replaced_before_use(kind:
         with trio.fail_after(20):
             await judge.attempt(CALL)
             ((_, idle),) = list(pool._idle)
-            while not http_module._readable(idle.stream):  # noqa: ASYNC110
+            while not pool_module._readable(idle.stream):  # noqa: ASYNC110
                 await trio.sleep(0.05)
             await judge.attempt(CALL)
         assert (app.calls, pool.stale_retries, judge.open_connections) == (2, 0, 1)

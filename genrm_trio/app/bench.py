@@ -29,6 +29,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from genrm_trio.judge.pool import KeepAlivePool
+
 Mode = Literal["verify", "compare"]
 
 # Every Responses create-params key the simple agent sends, mostly null (docs/http-api.md).
@@ -220,160 +222,49 @@ def _proc_rss_mb(pid: int) -> float | None:
     return None
 
 
-class _Closed(Exception):
-    """The server closed the connection before a complete response."""
-
-
-@final
-class _Connection:
-    __slots__ = ("buffer", "stream")
-
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-        self.buffer = bytearray()
-
-    async def _fill(self) -> None:
-        data = await self.stream.receive_some(65536)
-        if not data:
-            raise _Closed("connection closed by the server")
-        self.buffer += data
-
-    async def read_response(self) -> tuple[int, bytes, bool]:
-        """(status, body, keep-alive) of one HTTP/1.1 response: Content-Length, chunked, or
-        until the server closes."""
-        buffer = self.buffer
-        while (end := buffer.find(b"\r\n\r\n")) < 0:
-            await self._fill()
-        lines = bytes(buffer[:end]).decode("latin-1").split("\r\n")
-        del buffer[: end + 4]
-        status = int(lines[0].split(" ", 2)[1])
-        length: int | None = None
-        chunked = False
-        keep = not lines[0].startswith("HTTP/1.0")
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            name = name.strip().lower()
-            if name == "content-length":
-                length = int(value)
-            elif name == "transfer-encoding":
-                chunked = "chunked" in value.lower()
-            elif name == "connection":
-                keep = value.strip().lower() != "close"
-        if 100 <= status < 200 or status in (204, 304):
-            return (await self.read_response()) if status < 200 else (status, b"", keep)
-        if chunked:
-            return status, await self._read_chunked(), keep
-        if length is None:  # the body runs until the server closes
-            try:
-                while True:
-                    await self._fill()
-            except _Closed:
-                pass
-            body = bytes(buffer)
-            buffer.clear()
-            return status, body, False
-        while len(buffer) < length:
-            await self._fill()
-        body = bytes(buffer[:length])
-        del buffer[:length]
-        return status, body, keep
-
-    async def _read_chunked(self) -> bytes:
-        buffer = self.buffer
-        parts: list[bytes] = []
-        while True:
-            while (end := buffer.find(b"\r\n")) < 0:
-                await self._fill()
-            size = int(bytes(buffer[:end]).split(b";", 1)[0], 16)
-            del buffer[: end + 2]
-            if size == 0:
-                while (end := buffer.find(b"\r\n")) != 0:  # trailers, then the blank line
-                    if end < 0:
-                        await self._fill()
-                    else:
-                        del buffer[: end + 2]
-                del buffer[:2]
-                return b"".join(parts)
-            while len(buffer) < size + 2:
-                await self._fill()
-            parts.append(bytes(buffer[:size]))
-            del buffer[: size + 2]
-
-
 @final
 class _HttpPool:
-    """Keep-alive HTTP/1.1 connections to one origin straight over trio sockets.
+    """bench's POSTs to one server, over the judge's keep-alive pool (`judge.pool.KeepAlivePool`).
 
     A load generator has to cost much less than the server it measures, and it shares a core
     with the simulated judge: httpx spent about 4 ms of CPU per `/verify` request here (64 ms
-    per group of 16, more than the server under test), this pool about 0.2 ms. One connection
-    per request in flight, idle ones reused most-recent first (O(1)); a connection that fails
-    or is cancelled mid-exchange is closed. A request on a reused connection that the server
-    closed meanwhile (keep-alive expiry) is sent once more on a new one.
+    per group of 16, more than the server under test). The judge's pool does O(1) work per
+    request over h11: one connection per request in flight, idle ones reused most-recent first;
+    a connection that fails or is cancelled mid-exchange is closed, and a request on a reused
+    connection that the server closed meanwhile (keep-alive expiry) is sent once more on a new
+    one.
     """
 
     def __init__(self, base_url: str, timeout_s: float, headers: dict[str, str]) -> None:
         url = httpx.URL(base_url)
         if url.scheme != "http":
             raise ValueError(f"bench speaks plain http only, got {base_url!r}")
-        self._host = url.host
-        self._port = url.port or 80
-        self._prefix = url.path.rstrip("/")
-        extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-        self._headers = f"host: {url.netloc.decode('ascii')}\r\n{extra}"
+        self._prefix = url.path.rstrip("/").encode("latin-1")
+        self._headers = [
+            (b"host", url.netloc),
+            *((name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()),
+            (b"content-type", b"application/json"),
+        ]
         self._timeout_s = timeout_s
-        self._idle: list[_Connection] = []
+        # No idle expiry: bench reuses an idle connection however long it waited, as before; one
+        # the server closed meanwhile is noticed (readable) or, closed as the request went out,
+        # the request is sent again on a new connection.
+        self._pool = KeepAlivePool(url, keepalive_expiry=math.inf)
 
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        """POST a JSON body; (status, response body). Raises OSError, trio errors or _Closed."""
-        head = (
-            f"POST {self._prefix}{path} HTTP/1.1\r\n{self._headers}"
-            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
-        ).encode("latin-1")
+        """POST a JSON body; (status, response body). Raises httpx.RequestError (a connection
+        refused or broken, a reply that is not HTTP/1.x) or trio.TooSlowError."""
+        headers = [*self._headers, (b"content-length", b"%d" % len(body))]
+        request = (b"POST", self._prefix + path.encode("latin-1"), headers, body)
         with trio.fail_after(self._timeout_s):
-            while self._idle:
-                connection = self._idle.pop()
-                try:
-                    return await self._exchange(connection, head + body, reused=True)
-                except _StaleConnection:
-                    continue
-            stream = await trio.open_tcp_stream(self._host, self._port)
-            return await self._exchange(_Connection(stream), head + body, reused=False)
-
-    async def _exchange(
-        self, connection: _Connection, data: bytes, *, reused: bool
-    ) -> tuple[int, bytes]:
-        try:
-            try:
-                await connection.stream.send_all(data)
-                if not connection.buffer:
-                    await connection._fill()
-            except (trio.BrokenResourceError, _Closed) as exc:
-                if reused:  # closed while idle: nothing of this request was answered
-                    raise _StaleConnection from exc
-                raise
-            status, body, keep = await connection.read_response()
-        except BaseException:
-            with trio.CancelScope(shield=True):
-                await connection.stream.aclose()
-            raise
-        if keep:
-            self._idle.append(connection)
-        else:
-            await connection.stream.aclose()
-        return status, body
+            status, _, reply = await self._pool.exchange(request)
+        return status, reply
 
     async def aclose(self) -> None:
-        idle, self._idle = self._idle, []
-        for connection in idle:
-            await connection.stream.aclose()
+        await self._pool.aclose()
 
 
-class _StaleConnection(Exception):
-    """A reused keep-alive connection turned out closed: retry on a new one."""
-
-
-_TRANSPORT_ERRORS = (OSError, trio.BrokenResourceError, trio.TooSlowError, _Closed, ValueError)
+_TRANSPORT_ERRORS = (httpx.RequestError, trio.TooSlowError)
 
 
 def _raise_fd_limit(needed: int) -> None:

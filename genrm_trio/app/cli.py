@@ -175,7 +175,8 @@ def run_service(load: Callable[[], Settings], *, sim: bool = False) -> int:
     # What serving runs, imported before the collector is tuned (serve() imports it lazily).
     import genrm_trio.engine.engine
     import genrm_trio.http.app
-    import genrm_trio.judge.http  # noqa: F401
+    import genrm_trio.judge.client
+    import genrm_trio.judge.probe  # noqa: F401
 
     code = 0
     try:

@@ -41,7 +41,7 @@ from genrm_trio.judge.base import (
     ReplicaStats,
     one_line,
 )
-from genrm_trio.judge.http import make_http_judge
+from genrm_trio.judge.client import make_http_judge
 
 log = logging.getLogger("genrm_trio.judge")
 

@@ -1,0 +1,271 @@
+"""The two judge APIs, one object each: `ResponsesApi` (Gym's `genrm_model` Responses protocol)
+and `ChatCompletionsApi` (OpenAI chat completions). Each knows the path it is POSTed to, builds
+its request body from a `JudgeCall` and classifies its decoded reply into a `JudgeReply`; the
+transport around them is `judge.client.HttpJudge`'s. Pure: no I/O. Request bodies and reply
+kinds: docs/configuration.md, "Judge requests and replies".
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar, Final, Protocol, final
+
+from genrm_trio.domain.text import answer_text
+from genrm_trio.judge.base import JudgeCall, JudgeReply, ReplyStatus
+
+# The judge client's logger: the dropped-params line was logged there before the APIs had a
+# module of their own.
+log = logging.getLogger("genrm_trio.judge")
+
+__all__ = [
+    "ChatCompletionsApi",
+    "JudgeApi",
+    "ResponsesApi",
+    "chat_body",
+    "chat_params",
+    "interpret_chat",
+    "interpret_responses",
+    "judge_api",
+    "responses_body",
+]
+
+
+class JudgeApi(Protocol):
+    """One judge API: the path under the judge's base URL, the request body of one attempt, and
+    what a decoded reply means."""
+
+    name: ClassVar[str]
+    path: ClassVar[str]
+
+    def body(self, call: JudgeCall) -> dict[str, Any]:
+        """The JSON body of one attempt of `call`."""
+        ...
+
+    def interpret(self, reply: object) -> JudgeReply:
+        """Classify one decoded reply."""
+        ...
+
+
+def judge_api(api: str, create_params: Mapping[str, Any]) -> JudgeApi:
+    """The `judge.api` named `api`, sending `create_params` (copied: later changes to the
+    mapping do not reach the requests)."""
+    if api == "responses":
+        return ResponsesApi(create_params)
+    if api == "chat_completions":
+        return ChatCompletionsApi(create_params)
+    raise ValueError(f"unknown judge api {api!r}")
+
+
+# --- usage, shared by both replies ----------------------------------------------------------------
+
+
+def _count(value: object) -> int | None:
+    """A token count: an int or finite float, never a bool."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return int(value)
+    return None
+
+
+def _usage(reply: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """(input, output) tokens: `input_tokens` else `prompt_tokens`, `output_tokens` else
+    `completion_tokens`; both or neither (an attempt counts only if both are numbers)."""
+    usage = reply.get("usage")
+    if not isinstance(usage, Mapping):
+        return None, None
+    raw_in = usage.get("input_tokens")
+    if raw_in is None:
+        raw_in = usage.get("prompt_tokens")
+    raw_out = usage.get("output_tokens")
+    if raw_out is None:
+        raw_out = usage.get("completion_tokens")
+    tokens_in, tokens_out = _count(raw_in), _count(raw_out)
+    if tokens_in is None or tokens_out is None:
+        return None, None
+    return tokens_in, tokens_out
+
+
+# --- Responses ------------------------------------------------------------------------------------
+
+
+def responses_body(params: Mapping[str, Any], call: JudgeCall) -> dict[str, Any]:
+    """The Gym `genrm_model` request: create params with `input` and `metadata` set, and
+    `max_output_tokens` replaced by the attempt's own budget when the call carries one.
+
+    `params` is never mutated and is serialised at once, so a shallow copy is as good as the
+    reference's deep copy.
+    """
+    metadata = {"response_1": call.response_1, "response_2": call.response_2}
+    if call.principle is not None:
+        metadata["principle"] = call.principle
+    body = dict(params)
+    body["input"] = [
+        {"role": entry["role"], "content": entry["content"], "type": "message"}
+        for entry in call.history
+    ]
+    body["metadata"] = metadata
+    if call.max_output_tokens is not None:
+        body["max_output_tokens"] = call.max_output_tokens
+    return body
+
+
+def interpret_responses(reply: object) -> JudgeReply:
+    """Classify one decoded Responses reply."""
+    if not isinstance(reply, dict):
+        return JudgeReply(ReplyStatus.UNUSABLE, "", None, None)
+    tokens_in, tokens_out = _usage(reply)
+    status = reply.get("status") or "completed"
+    if status == "completed":
+        text = answer_text(reply)
+        if text.strip():
+            return JudgeReply(ReplyStatus.COMPLETED, text, tokens_in, tokens_out)
+    elif status == "incomplete":
+        details = reply.get("incomplete_details")
+        if isinstance(details, dict) and details.get("reason") == "max_output_tokens":
+            return JudgeReply(ReplyStatus.BUDGET_EXHAUSTED, "", tokens_in, tokens_out)
+    return JudgeReply(ReplyStatus.UNUSABLE, "", tokens_in, tokens_out)
+
+
+@final
+class ResponsesApi:
+    """`judge.api: responses`: POST `{base_url}/responses` with the create params, `input` and
+    `metadata` (`responses_body`); the reply is a Responses object (`interpret_responses`)."""
+
+    name: ClassVar[str] = "responses"
+    path: ClassVar[str] = "/responses"
+
+    def __init__(self, create_params: Mapping[str, Any]) -> None:
+        self._params: Final = copy.deepcopy(dict(create_params))
+
+    def body(self, call: JudgeCall) -> dict[str, Any]:
+        return responses_body(self._params, call)
+
+    def interpret(self, reply: object) -> JudgeReply:
+        return interpret_responses(reply)
+
+
+# --- chat completions -----------------------------------------------------------------------------
+
+# Responses create params that chat completions takes under the same name. The others are
+# mapped below or dropped (input and metadata are rebuilt per call anyway).
+_CHAT_SAME_NAME: Final = frozenset(
+    {
+        "model",
+        "temperature",
+        "top_p",
+        "top_logprobs",
+        "user",
+        "service_tier",
+        "prompt_cache_key",
+        "safety_identifier",
+    }
+)
+_CHAT_MAPPED: Final = frozenset({"max_output_tokens", "reasoning", "text", "instructions"})
+_CHAT_REBUILT: Final = frozenset({"input", "metadata"})
+
+
+def chat_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], str | None, list[str]]:
+    """Map Responses create params to chat-completion params.
+
+    Returns (params, instructions, dropped keys). `instructions` becomes a leading system message.
+    """
+    out: dict[str, Any] = {}
+    dropped: list[str] = []
+    instructions: str | None = None
+    for key, value in params.items():
+        if key in _CHAT_SAME_NAME:
+            out[key] = value
+        elif key == "max_output_tokens":
+            out["max_tokens"] = value
+        elif key == "reasoning" and isinstance(value, Mapping) and value.get("effort") is not None:
+            out["reasoning_effort"] = value["effort"]
+        elif key == "text" and isinstance(value, Mapping) and isinstance(value.get("format"), dict):
+            fmt = dict(value["format"])
+            kind = fmt.pop("type", None)
+            if kind == "json_schema":
+                out["response_format"] = {"type": "json_schema", "json_schema": fmt}
+            elif kind in ("json_object", "text"):
+                out["response_format"] = {"type": kind}
+            else:
+                dropped.append(key)
+        elif key == "instructions" and isinstance(value, str):
+            instructions = value
+        elif key not in _CHAT_REBUILT:
+            dropped.append(key)
+    if "top_logprobs" in out:
+        out["logprobs"] = True
+    out["n"] = 1
+    return out, instructions, dropped
+
+
+def chat_body(
+    params: Mapping[str, Any], instructions: str | None, call: JudgeCall
+) -> dict[str, Any]:
+    """A chat-completions request: history, then principle, response_1, response_2;
+    the attempt's own budget, when the call carries one, is sent as `max_tokens`."""
+    messages: list[dict[str, str]] = []
+    if instructions is not None:
+        messages.append({"role": "system", "content": instructions})
+    messages.extend({"role": entry["role"], "content": entry["content"]} for entry in call.history)
+    if call.principle:
+        messages.append({"role": "principle", "content": call.principle})
+    messages.append({"role": "response_1", "content": call.response_1})
+    messages.append({"role": "response_2", "content": call.response_2})
+    body = dict(params)
+    body["messages"] = messages
+    if call.max_output_tokens is not None:
+        body["max_tokens"] = call.max_output_tokens
+    return body
+
+
+def interpret_chat(reply: object) -> JudgeReply:
+    """Classify one decoded chat-completions reply."""
+    if not isinstance(reply, dict):
+        return JudgeReply(ReplyStatus.UNUSABLE, "", None, None)
+    tokens_in, tokens_out = _usage(reply)
+    choices = reply.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    if not isinstance(choice, dict):
+        return JudgeReply(ReplyStatus.UNUSABLE, "", tokens_in, tokens_out)
+    finish = choice.get("finish_reason")
+    if finish == "length":
+        return JudgeReply(ReplyStatus.BUDGET_EXHAUSTED, "", tokens_in, tokens_out)
+    if finish in (None, "stop"):
+        message = choice.get("message")
+        text = message.get("content") if isinstance(message, dict) else None
+        if isinstance(text, str) and text.strip():
+            return JudgeReply(ReplyStatus.COMPLETED, text, tokens_in, tokens_out)
+    return JudgeReply(ReplyStatus.UNUSABLE, "", tokens_in, tokens_out)
+
+
+@final
+class ChatCompletionsApi:
+    """`judge.api: chat_completions`: POST `{base_url}/chat/completions` with the create params
+    mapped once to chat params (`chat_params`; the ones chat does not take are logged once and
+    dropped) and the call as messages (`chat_body`); the reply is a chat completion
+    (`interpret_chat`)."""
+
+    name: ClassVar[str] = "chat_completions"
+    path: ClassVar[str] = "/chat/completions"
+
+    def __init__(self, create_params: Mapping[str, Any]) -> None:
+        chat, instructions, dropped = chat_params(copy.deepcopy(dict(create_params)))
+        if dropped:
+            log.info(
+                "judge.api chat_completions: ignoring create params chat does not take: %s",
+                ", ".join(sorted(dropped)),
+            )
+        self._params: Final = chat
+        self._instructions: Final = instructions
+
+    def body(self, call: JudgeCall) -> dict[str, Any]:
+        return chat_body(self._params, self._instructions, call)
+
+    def interpret(self, reply: object) -> JudgeReply:
+        return interpret_chat(reply)

@@ -1,0 +1,267 @@
+"""The judge's keep-alive connection pool: `KeepAlivePool`, an httpx transport keeping HTTP/1.1
+connections to one origin with O(1) work per request, and the decoding of a compressed reply.
+
+It replaces httpx's default pool, whose bookkeeping grows quadratically with connections
+(measured in benchmarks/judge_client.py, docs/architecture.md). Each connection is framed by h11
+(`judge.h11conn.H11Connection`) without httpcore's layers over it (traces, locks, a timeout scope
+per read); its failures are the httpx exceptions httpcore raised. The pool knows nothing of judge
+APIs: it sends (method, target, headers, body) and returns (status, headers, body), so the
+start-up probe and `genrm-trio bench` use it too. Concurrency is bounded by its callers.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import ssl
+import zlib
+from collections import deque
+from typing import Final, final
+
+import httpx
+import trio
+
+from genrm_trio.judge.h11conn import (
+    H11Connection,
+    OutgoingRequest,
+    ResponseTooLarge,
+    cause,
+    too_large,
+)
+
+# The judge client's logger: the pool's lines were logged there before it had a module of its own.
+log = logging.getLogger("genrm_trio.judge")
+
+__all__ = [
+    "KEEPALIVE_EXPIRY_S",
+    "MAX_RESPONSE_BYTES",
+    "KeepAlivePool",
+    "StaleConnectionError",
+    "decode_body",
+]
+
+KEEPALIVE_EXPIRY_S: Final = 4.0
+"""An idle judge connection is closed after this long (`judge.keepalive_expiry_s`): below the
+5 s after which uvicorn (so vLLM) and hypercorn close an idle keep-alive connection."""
+
+
+MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
+"""The default `judge.max_response_bytes`: a judge reply longer than this ends the attempt."""
+
+
+def decode_body(headers: list[tuple[bytes, bytes]], body: bytes, limit: int) -> bytes:
+    """`body` with its `Content-Encoding` (gzip, x-gzip, deflate; identity) undone, at most
+    `limit` bytes. A server may compress although the request said `Accept-Encoding: identity`.
+    Raises httpx.DecodingError for an unknown coding or a body that does not decode, and
+    ResponseTooLarge past the limit."""
+    codings: list[bytes] = []
+    for name, value in headers:
+        if name == b"content-encoding":
+            codings.extend(c.strip().lower() for c in value.split(b",") if c.strip())
+    for coding in reversed(codings):  # the last coding applied is undone first
+        if coding == b"identity":
+            continue
+        if coding in (b"gzip", b"x-gzip"):
+            decoders = [zlib.decompressobj(zlib.MAX_WBITS | 16)]
+        elif coding == b"deflate":  # zlib-wrapped as RFC 9110 says, or raw as some servers send
+            decoders = [zlib.decompressobj(), zlib.decompressobj(-zlib.MAX_WBITS)]
+        else:
+            raise httpx.DecodingError(f"unsupported Content-Encoding {coding.decode('latin-1')!r}")
+        for number, decoder in enumerate(decoders):
+            try:
+                out = decoder.decompress(body, limit + 1)
+            except zlib.error as exc:
+                if number + 1 < len(decoders):
+                    continue
+                raise httpx.DecodingError(
+                    f"{coding.decode('latin-1')} body does not decode: {exc}"
+                ) from None
+            if len(out) > limit:
+                raise ResponseTooLarge(too_large(limit, f"{coding.decode()} body decompressed"))
+            body = out
+            break
+    return body
+
+
+def _readable(stream: trio.abc.Stream) -> bool:
+    """Whether an idle connection has something to read: the server closed it (end of stream)
+    or sent bytes nobody asked for. Either way it cannot carry another request."""
+    while isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    sock = getattr(stream, "socket", None)
+    fd = sock.fileno() if sock is not None else -1
+    if fd < 0:
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class StaleConnectionError(httpx.RemoteProtocolError):
+    """A reused connection closed before any byte of the response: send the request again on a
+    new connection (`KeepAlivePool.exchange(..., fresh=True)`); nothing was answered."""
+
+
+# What a reused connection the server closed meanwhile fails with: the write breaks (reset), or
+# the read finds the end of the stream or a reset before any response byte.
+_STALE: Final = (httpx.WriteError, httpx.ReadError, httpx.RemoteProtocolError)
+_ENCODING_HEADERS: Final = frozenset({b"content-encoding", b"content-length"})
+
+
+@final
+class KeepAlivePool(httpx.AsyncBaseTransport):
+    """An httpx transport keeping HTTP/1.1 connections to one origin, O(1) work per request.
+
+    httpcore's own pool re-examines every queued request against every connection on each
+    request start and end (quadratic in the number of connections: 1.5 ms of CPU per request
+    at 16 in flight on a 2-core machine), and even driven one connection at a time its HTTP/1.1
+    layer (h11 events, traces, locks, per-read timeout scopes) was 23% of the server's CPU at
+    16 groups in flight. Here a request takes the most recently used idle connection or opens a
+    new one, and `H11Connection` (h11) sends the request and reads the response; it goes back
+    when the response is read. A connection whose exchange did not finish (error, cancellation)
+    is closed at once, shielded, so nothing leaks; an idle one the server closed meanwhile is
+    noticed before use (it is readable) and replaced. Concurrency is bounded by the caller
+    (`judge.max_concurrency`), not here, and a refused connection is one failure, never retried
+    inside (docs/differences.md, D15).
+    """
+
+    def __init__(
+        self,
+        origin: httpx.URL,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        keepalive_expiry: float = KEEPALIVE_EXPIRY_S,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+    ) -> None:
+        self._host = origin.raw_host.decode("ascii")
+        self._max_body = max_response_bytes
+        self._server_name = origin.host
+        self._port = origin.port or (443 if origin.scheme == "https" else 80)
+        self._ssl_context = ssl_context
+        if ssl_context is not None:
+            ssl_context.set_alpn_protocols(["http/1.1"])
+        self._keepalive_expiry = keepalive_expiry
+        self._idle: deque[tuple[float, H11Connection]] = deque()
+        self._active: set[H11Connection] = set()
+        self._closed = False
+        self.stale_retries = 0  # requests sent again after a reused connection turned out closed
+
+    @property
+    def connections(self) -> int:
+        """Open connections: idle ones plus those carrying a request now."""
+        return len(self._idle) + len(self._active)
+
+    @property
+    def active(self) -> int:
+        """Connections carrying a request now."""
+        return len(self._active)
+
+    async def _connect(self) -> H11Connection:
+        try:
+            stream: trio.abc.Stream = await trio.open_tcp_stream(self._host, self._port)
+        except OSError as exc:
+            raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+        if self._ssl_context is None:
+            return H11Connection(stream, self._max_body)
+        tls = trio.SSLStream(
+            stream, self._ssl_context, server_hostname=self._server_name, https_compatible=True
+        )
+        try:
+            await tls.do_handshake()
+        except BaseException as exc:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(tls)
+            if isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError)):
+                # trio's error says only "BrokenResourceError"; the ssl error under it says
+                # why (CERTIFICATE_VERIFY_FAILED ... unable to get local issuer certificate).
+                raise httpx.ConnectError(f"TLS handshake failed: {cause(exc)}") from exc
+            raise
+        return H11Connection(tls, self._max_body)
+
+    async def _checkout(self, fresh: bool) -> tuple[H11Connection, bool]:
+        """(a connection, whether it is a reused one)."""
+        if not fresh:
+            now = trio.current_time()
+            while self._idle:
+                since, connection = self._idle.pop()
+                if since + self._keepalive_expiry >= now and not _readable(connection.stream):
+                    return connection, True
+                await self._discard(connection)
+        return await self._connect(), False
+
+    async def _discard(self, connection: H11Connection) -> None:
+        with trio.CancelScope(shield=True):
+            try:
+                await trio.aclose_forcefully(connection.stream)
+            except Exception:  # closing a broken socket may fail; it is gone either way
+                log.debug("error closing a judge connection", exc_info=True)
+
+    async def _checkin(self, connection: H11Connection) -> None:
+        now = trio.current_time()
+        # Idle connections nobody took for keepalive_expiry sit at the left: close them.
+        while self._idle and self._idle[0][0] + self._keepalive_expiry < now:
+            await self._discard(self._idle.popleft()[1])
+        if self._closed:
+            await self._discard(connection)
+        else:
+            self._idle.append((now, connection))
+
+    async def exchange(
+        self, request: OutgoingRequest | list[OutgoingRequest], *, fresh: bool = False
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """Send one request, (method, target, headers, body), and read the whole reply:
+        (status, headers with lower-case names, body). Raises httpx.ConnectError, WriteError,
+        ReadError or RemoteProtocolError. A request in a one-item list is dropped once sent.
+
+        A request on a reused connection that fails before any byte of a response arrived
+        (the server closed the idle connection as the request went out: its keep-alive expiry
+        crossing ours) was not answered: a request given as a tuple is sent once more on a new
+        connection; one given in a list is gone, and `StaleConnectionError` asks the caller to
+        send it again with `fresh=True`. Either way this is not a failed attempt."""
+        if self._closed:
+            raise RuntimeError("the judge connection pool is closed")
+        connection, reused = await self._checkout(fresh)
+        self._active.add(connection)
+        try:
+            status, headers, body, reusable = await connection.exchange(request)
+        except BaseException as exc:
+            # Error or cancellation mid-exchange: the connection's state is unknown, close it.
+            self._active.discard(connection)
+            await self._discard(connection)
+            if reused and not connection.received and isinstance(exc, _STALE):
+                self.stale_retries += 1
+                log.debug("judge connection closed by the server as it was reused (%s)", exc)
+                if isinstance(request, tuple):
+                    return await self.exchange(request, fresh=True)
+                raise StaleConnectionError(str(exc)) from exc
+            raise
+        self._active.discard(connection)
+        if reusable:
+            await self._checkin(connection)
+        else:
+            await self._discard(connection)
+        if any(name == b"content-encoding" for name, _ in headers):
+            body = decode_body(headers, body, self._max_body)
+            headers = [(n, v) for n, v in headers if n not in _ENCODING_HEADERS]
+            headers.append((b"content-length", b"%d" % len(body)))
+        return status, headers, body
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        content = await request.aread()
+        outgoing = (
+            request.method.encode("ascii"),
+            request.url.raw_path,
+            list(request.headers.raw),
+            content,
+        )
+        status, headers, body = await self.exchange(outgoing)
+        return httpx.Response(status_code=status, headers=headers, content=body, request=request)
+
+    async def aclose(self) -> None:
+        """Close every connection. Idempotent."""
+        self._closed = True
+        connections = [connection for _, connection in self._idle] + list(self._active)
+        self._idle.clear()
+        self._active.clear()
+        for connection in connections:
+            await self._discard(connection)

@@ -1,0 +1,157 @@
+"""The start-up probe: before serving, one `GET {base_url}/models` to each judge replica, so a
+judge that cannot be reached (a refused port, a TLS certificate not trusted, a wrong token) or
+that does not serve the configured model is named in the log at once instead of in the first
+failed judge calls; and one line on the proxy variables judge connections do not use.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Final
+
+import httpx
+import trio
+
+from genrm_trio.config import Settings
+from genrm_trio.judge.base import one_line
+from genrm_trio.judge.pool import KeepAlivePool
+from genrm_trio.judge.tls import judge_ssl_context, proxy_variables_set
+
+# The probe's lines are part of `genrm-trio serve`'s start-up and have always been logged as
+# "genrm_trio.serve": operators filter on that name, and so do the tests (caplog).
+log = logging.getLogger("genrm_trio.serve")
+
+__all__ = ["PROBE_LIMIT_S", "log_proxy_use", "probe_judge"]
+
+PROBE_LIMIT_S: Final = 5.0
+"""The probe waits at most this long for each replica (less when judge_request_timeout_s is)."""
+
+PROBE_IDS_SHOWN: Final = 8
+"""At most this many of the judge's model ids are named in the model-mismatch warning."""
+
+PROBE_ID_CHARS: Final = 80
+"""Each named id is cut at this many characters."""
+
+
+def _served_ids(body: bytes) -> list[str] | None:
+    """The `id`s of an OpenAI `GET /models` reply (`{"data": [{"id": ...}, ...]}`), if it is one."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return None
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list):
+        return None
+    return [
+        entry["id"]
+        for entry in data
+        if isinstance(entry, dict) and isinstance(entry.get("id"), str)
+    ]
+
+
+def _check_model(settings: Settings, body: bytes) -> None:
+    """Warn once when the configured judge model is not one the judge says it serves."""
+    model = settings.judge_create_params.get("model")
+    if not isinstance(model, str):
+        return  # no model configured: the judge picks (or refuses), nothing to compare
+    served = _served_ids(body)
+    if served is None or model in served:
+        return
+    key = (
+        "judge.model"
+        if settings.judge.model is not None
+        else ("genrm_responses_create_params.model")
+    )
+    shown = ", ".join(repr(name[:PROBE_ID_CHARS]) for name in served[:PROBE_IDS_SHOWN])
+    if len(served) > PROBE_IDS_SHOWN:
+        shown += f", … ({len(served) - PROBE_IDS_SHOWN} more)"
+    log.warning(
+        "judge probe: %s %r is not among the models the judge serves (%s); judge calls naming "
+        "it will likely fail",
+        key,
+        model[:PROBE_ID_CHARS],
+        shown or "none",
+    )
+
+
+async def probe_judge(settings: Settings, token: str | None) -> bool:
+    """The start-up probe (docs/configuration.md, "Command line"): one `GET {base_url}/models`
+    per replica; a failure only warns.
+
+    Bounded by min(5 s, judge_request_timeout_s); a fleet's replicas are probed concurrently.
+    Never POSTs and is not a judge call in any metric. Returns whether every replica answered 2xx.
+    A 2xx listing models (`data[].id`) that does not include the configured model (`judge.model`,
+    else a `model` in `genrm_responses_create_params`) logs one warning naming it and the served
+    ids. Skipped (False) with `judge.probe: false`.
+    """
+    urls = settings.judge.base_urls
+    if not urls:
+        return False
+    if not settings.judge.probe:
+        log.info("judge %s: not probed (judge.probe: false)", ", ".join(urls))
+        return False
+    answered: list[bool] = []
+    async with trio.open_nursery() as nursery:
+        for base_url in urls:
+            nursery.start_soon(_probe_one, settings, token, base_url, answered)
+    return len(answered) == len(urls) and all(answered)
+
+
+async def _probe_one(
+    settings: Settings, token: str | None, base_url: str, answered: list[bool]
+) -> None:
+    # The probe goes through the judge calls' own connection pool, TLS context
+    # (judge.ca_file, SSL_CERT_FILE/SSL_CERT_DIR) and error mapping, so that it fails where and
+    # as they would.
+    url = base_url.rstrip("/") + "/models"
+    target = httpx.URL(url)
+    limit = min(PROBE_LIMIT_S, settings.judge_request_timeout_s)
+    headers = [
+        (b"host", target.netloc),
+        (b"accept", b"application/json"),
+        (b"accept-encoding", b"identity"),
+        (b"connection", b"close"),
+    ]
+    if token is not None:
+        headers.append((b"authorization", b"Bearer " + token.encode("latin-1")))
+    https = target.scheme == "https"
+    pool = KeepAlivePool(
+        target,
+        ssl_context=judge_ssl_context(settings.judge.ca_file) if https else None,
+        max_response_bytes=settings.judge.max_response_bytes,
+    )
+    problem: str
+    try:
+        with trio.fail_after(limit):
+            status, _, body = await pool.exchange((b"GET", target.raw_path, headers, b""))
+    except trio.TooSlowError:
+        problem = f"TimeoutError: no reply within {limit:g}s"
+    except httpx.HTTPError as exc:
+        problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    else:
+        if 200 <= status <= 299:
+            log.info("judge probe GET %s: HTTP %d", url, status)
+            _check_model(settings, body)
+            answered.append(True)
+            return
+        problem = f"HTTP {status}"
+    finally:
+        with trio.CancelScope(shield=True):
+            await pool.aclose()
+    log.warning("judge probe GET %s failed: %s; serving anyway", url, one_line(problem, 500))
+    answered.append(False)
+
+
+def log_proxy_use() -> None:
+    """One start-up line on proxies: genrm-trio connects to the judge directly and does not use
+    HTTP_PROXY / HTTPS_PROXY / ALL_PROXY (a WARNING when one is set, so nobody relies on it)."""
+    names = proxy_variables_set()
+    if names:
+        log.warning(
+            "judge: connecting directly; the proxy variables %s are set but not used "
+            "(genrm-trio does not go through HTTP proxies)",
+            ", ".join(names),
+        )
+    else:
+        log.info("judge: connecting directly (proxy variables are not used)")
