@@ -14,8 +14,8 @@ from genrm_trio.config.settings import (
     IGNORED_GYM_KEYS,
     ONE_WORKER_MESSAGE,
     ConfigError,
+    KeyedError,
     Settings,
-    _KeyedError,
     did_you_mean,
 )
 
@@ -130,7 +130,7 @@ def settings_from_mapping(
         key = ".".join(str(part) for part in error["loc"]) or "settings"
         message = str(error["msg"]).removeprefix("Value error, ")
         cause = error.get("ctx", {}).get("error")
-        if isinstance(cause, _KeyedError):
+        if isinstance(cause, KeyedError):
             key, message = cause.key, str(cause)
         if error["type"] == "extra_forbidden":
             message = "unknown key" + _unknown_key_hint(tuple(str(part) for part in error["loc"]))

@@ -104,7 +104,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, strict=True)
 
 
-class _KeyedError(ValueError):
+class KeyedError(ValueError):
     """A cross-field check of `Settings` that belongs to one dotted key, not to `settings`."""
 
     def __init__(self, key: str, message: str) -> None:
@@ -391,12 +391,12 @@ class Settings(_Strict):
             return self
         budget = self.output_budget
         if budget is None:
-            raise _KeyedError(
+            raise KeyedError(
                 "genrm_responses_create_params.max_output_tokens",
                 "judge.budget_escalation needs a configured output budget (an integer >= 1)",
             )
         if escalation.max_output_tokens < budget:
-            raise _KeyedError(
+            raise KeyedError(
                 "judge.budget_escalation.max_output_tokens",
                 f"the cap must be >= genrm_responses_create_params.max_output_tokens ({budget})",
             )

@@ -2,8 +2,7 @@
 
 Texts that may hold lone surrogates (keys, group ids, failure messages) are UTF-8 BLOBs encoded
 with ``surrogatepass``; an attempt beyond int64 is its exact decimal text; a cohort's members are
-one :func:`~genrm_trio.domain.records.members_json` text. The underscored names are the store
-package's own, shared by its modules; nothing outside ``genrm_trio.store`` uses them.
+one :func:`~genrm_trio.domain.records.members_json` text.
 """
 
 from __future__ import annotations
@@ -15,11 +14,11 @@ from genrm_trio.domain.records import MemberRecord, members_from_json
 _INT64_MAX: Final = 2**63 - 1
 
 
-def _blob(text: str) -> bytes:
+def text_column(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
-def _text(value: object) -> str:
+def column_text(value: object) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "surrogatepass")
     if isinstance(value, str):
@@ -27,29 +26,29 @@ def _text(value: object) -> str:
     raise TypeError(f"expected text, got {type(value).__name__}")
 
 
-def _opt_blob(text: str | None) -> bytes | None:
-    return None if text is None else _blob(text)
+def optional_text_column(text: str | None) -> bytes | None:
+    return None if text is None else text_column(text)
 
 
-def _opt_text(value: object) -> str | None:
-    return None if value is None else _text(value)
+def optional_column_text(value: object) -> str | None:
+    return None if value is None else column_text(value)
 
 
-def _int_value(number: int) -> int | str:
+def int_column(number: int) -> int | str:
     """An attempt as SQLite can hold it: beyond int64 as its exact decimal text."""
     return number if -_INT64_MAX - 1 <= number <= _INT64_MAX else str(number)
 
 
-def _int_read(value: object) -> int:
+def column_int(value: object) -> int:
     if type(value) is int:
         return value
-    if isinstance(value, str | bytes) and _text(value).lstrip("-").isdigit():
-        return int(_text(value))
+    if isinstance(value, str | bytes) and column_text(value).lstrip("-").isdigit():
+        return int(column_text(value))
     raise TypeError(f"expected an integer, got {value!r}")
 
 
-def _members_read(text: object) -> dict[int, MemberRecord]:
+def column_members(text: object) -> dict[int, MemberRecord]:
     """A ``members`` column (see :func:`members_json`); raises ValueError or TypeError."""
     if text is None:
         return {}
-    return members_from_json(_text(text))
+    return members_from_json(column_text(text))

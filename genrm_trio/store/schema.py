@@ -1,8 +1,7 @@
 """The state file's SQL schema: create it, check it, and upgrade an older one in place.
 
-:func:`_prepare` runs once per open, on the fresh connection; :func:`_present` reads which keys
-and groups hold records (at open, and after a rolled-back transaction). The underscored names
-are the store package's own; nothing outside ``genrm_trio.store`` uses them.
+:func:`prepare_schema` runs once per open, on the fresh connection; :func:`present_schema`
+reads which keys and groups hold records (at open, and after a rolled-back transaction).
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import sqlite3
 from typing import Final
 
 from genrm_trio.domain.records import MemberRecord, members_json
-from genrm_trio.store.codec import _opt_text, _text
+from genrm_trio.store.codec import column_text, optional_column_text
 from genrm_trio.store.errors import StoreError
 
 __all__ = ["APPLICATION", "SCHEMA_VERSION"]
@@ -51,7 +50,7 @@ _SCHEMA: Final = (
 )
 
 
-def _present(cur: sqlite3.Cursor | sqlite3.Connection) -> tuple[set[bytes], set[bytes]]:
+def present_schema(cur: sqlite3.Cursor | sqlite3.Connection) -> tuple[set[bytes], set[bytes]]:
     """The keys that hold a terminal record, and the groups that hold a watermark."""
     terminal = {
         bytes(key) for (key,) in cur.execute("SELECT key FROM cohorts WHERE terminal_at NOT NULL")
@@ -72,12 +71,14 @@ def _migrate_v1(db: sqlite3.Connection) -> None:
         ):
             decoded = None if result is None else json.loads(result)
             if decoded is not None and type(decoded) is not dict:
-                raise ValueError(f"member {index} of key {_text(key)!r}: result is not an object")
+                raise ValueError(
+                    f"member {index} of key {column_text(key)!r}: result is not an object"
+                )
             packed.setdefault(bytes(key), {})[int(index)] = MemberRecord(
                 response_digest=str(digest),
                 result=decoded,
                 masked_alone=bool(masked),
-                failure_reason=_opt_text(reason),
+                failure_reason=optional_column_text(reason),
             )
         db.executemany(
             "UPDATE cohorts SET members = ? WHERE key = ?",
@@ -93,8 +94,8 @@ def _migrate_v1(db: sqlite3.Connection) -> None:
         raise
 
 
-def _prepare(db: sqlite3.Connection, path: str) -> tuple[set[bytes], set[bytes]]:
-    """Check, create or upgrade the schema; returns :func:`_present`."""
+def prepare_schema(db: sqlite3.Connection, path: str) -> tuple[set[bytes], set[bytes]]:
+    """Check, create or upgrade the schema; returns :func:`present_schema`."""
     tables = {
         str(name) for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
     }
@@ -140,4 +141,4 @@ def _prepare(db: sqlite3.Connection, path: str) -> tuple[set[bytes], set[bytes]]
         except (ValueError, TypeError) as exc:
             raise StoreError(path, f"cannot upgrade schema 1 to {SCHEMA_VERSION}: {exc}") from exc
         log.info("durable state %s: upgraded schema 1 to %d", path, SCHEMA_VERSION)
-    return _present(db)
+    return present_schema(db)

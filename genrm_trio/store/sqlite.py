@@ -40,18 +40,18 @@ from genrm_trio.config import Settings
 from genrm_trio.domain.records import OpenRecord, TerminalRecord, WatermarkRecord, members_json
 from genrm_trio.domain.retention import Retention
 from genrm_trio.store.codec import (
-    _blob,
-    _int_read,
-    _int_value,
-    _members_read,
-    _opt_blob,
-    _opt_text,
-    _text,
+    column_int,
+    column_members,
+    column_text,
+    int_column,
+    optional_column_text,
+    optional_text_column,
+    text_column,
 )
 from genrm_trio.store.errors import StoreError
 from genrm_trio.store.protocol import CommitsBySubmit
-from genrm_trio.store.schema import _prepare, _present
-from genrm_trio.store.worker import _Worker
+from genrm_trio.store.schema import prepare_schema, present_schema
+from genrm_trio.store.worker import Worker
 
 __all__ = [
     "INTERRUPTED_TEMPLATE",
@@ -228,10 +228,10 @@ class SqliteStore(CommitsBySubmit):
         self._fsyncs = 0
         self._sync_done = trio.Event()
         self._sync_error: StoreError | None = None
-        self._writer = _Worker("genrm-trio store writer")
-        self._syncer = _Worker("genrm-trio store fsync")
+        self._writer = Worker("genrm-trio store writer")
+        self._syncer = Worker("genrm-trio store fsync")
         # Mirrors of which keys hold a terminal record and which groups a watermark, kept by the
-        # writer thread: counts for retention, and no SELECT before each write (see _members_text).
+        # writer thread: counts for retention, and no SELECT before each write.
         self._terminal_keys, self._mark_ids = present
         self._staged = _Staged()  # rows of the transaction being applied (writer thread)
         self._queue: list[_Pending] = []
@@ -468,7 +468,7 @@ class SqliteStore(CommitsBySubmit):
         with suppress(sqlite3.Error):
             if self._db.in_transaction:
                 cur.execute("ROLLBACK")
-            self._terminal_keys, self._mark_ids = _present(cur)
+            self._terminal_keys, self._mark_ids = present_schema(cur)
 
     # --- group fsync -----------------------------------------------------------------------
 
@@ -514,16 +514,16 @@ class SqliteStore(CommitsBySubmit):
     # is what keeps a durable store cheap (benchmarks/state_overhead.py).
 
     def _put_watermark(self, record: WatermarkRecord, now: float) -> None:
-        gid = _blob(record.group_id)
-        row = (gid, _int_value(record.latest_attempt), record.prompt_digest, now)
+        gid = text_column(record.group_id)
+        row = (gid, int_column(record.latest_attempt), record.prompt_digest, now)
         self._staged.marks[gid] = row
 
     def _put_open(self, record: OpenRecord) -> None:
-        key = _blob(record.key)
+        key = text_column(record.key)
         self._staged.cohorts[key] = (
             key,
-            _opt_blob(record.group_id),
-            _int_value(record.group_attempt),
+            optional_text_column(record.group_id),
+            int_column(record.group_attempt),
             int(record.legacy),
             record.prompt_digest,
             "open",
@@ -537,15 +537,15 @@ class SqliteStore(CommitsBySubmit):
         """A terminal record encoded for SQLite, before it is queued: a record that cannot be
         stored (say a NaN in a result) fails its own commit and never a shared transaction."""
         try:
-            key = _blob(record.key)
+            key = text_column(record.key)
             cohort = (
                 key,
-                _opt_blob(record.group_id),
-                _int_value(record.group_attempt),
+                optional_text_column(record.group_id),
+                int_column(record.group_attempt),
                 int(record.legacy),
                 record.prompt_digest,
                 record.phase,
-                _opt_blob(record.failure),
+                optional_text_column(record.failure),
                 record.failure_kind,
                 members_json(record.members),
             )
@@ -651,7 +651,10 @@ class SqliteStore(CommitsBySubmit):
             cur.executemany(
                 "UPDATE cohorts SET phase = 'failed', failure = ?, failure_kind = 'cohort', "
                 "terminal_at = ? WHERE key = ?",
-                [(_blob(INTERRUPTED_TEMPLATE.format(key=_text(k))), now, k) for (k,) in opened],
+                [
+                    (text_column(INTERRUPTED_TEMPLATE.format(key=column_text(k))), now, k)
+                    for (k,) in opened
+                ],
             )
             self._terminal_keys.update(bytes(key) for (key,) in opened)
             more_expired, more_evicted = self._prune(cur, now, ttl=False)
@@ -689,7 +692,7 @@ class SqliteStore(CommitsBySubmit):
             "failure_kind, terminal_at, members FROM cohorts ORDER BY terminal_at, key"
         ):
             key_blob, gid, attempt, legacy, digest, phase, failure, kind, terminal_at, packed = row
-            key = _text(key_blob)
+            key = column_text(key_blob)
             if phase not in ("completed", "failed") or terminal_at is None:
                 raise ValueError(f"key {key!r}: unexpected phase {phase!r}")
             if (phase == "failed") != (kind in ("judge", "cohort")):
@@ -697,18 +700,18 @@ class SqliteStore(CommitsBySubmit):
             if not math.isfinite(terminal_at):
                 raise ValueError(f"key {key!r}: terminal_at {terminal_at!r}")
             try:
-                members = _members_read(packed)
+                members = column_members(packed)
             except (ValueError, TypeError) as exc:
                 raise ValueError(f"key {key!r}: members: {exc}") from None
             records.append(
                 TerminalRecord(
                     key=key,
-                    group_id=_opt_text(gid),
-                    group_attempt=_int_read(attempt),
+                    group_id=optional_column_text(gid),
+                    group_attempt=column_int(attempt),
                     legacy=bool(legacy),
                     prompt_digest=str(digest),
                     phase=phase,
-                    failure=_opt_text(failure),
+                    failure=optional_column_text(failure),
                     failure_kind=kind,
                     members=members,
                 )
@@ -725,8 +728,8 @@ class SqliteStore(CommitsBySubmit):
             "SELECT group_id, latest_attempt, prompt_digest, updated_at FROM watermarks "
             "ORDER BY updated_at, group_id"
         ):
-            group_id = _text(gid)
-            marks.append(WatermarkRecord(group_id, _int_read(attempt), str(digest)))
+            group_id = column_text(gid)
+            marks.append(WatermarkRecord(group_id, column_int(attempt), str(digest)))
             ages[group_id] = max(0.0, now - float(updated_at))
         return marks, ages
 
@@ -760,7 +763,7 @@ def _open_sync(
         except BlockingIOError:
             raise StoreError(path, "in use by another genrm-trio process") from None
         db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=5.0)
-        present = _prepare(db, path)
+        present = prepare_schema(db, path)
         return SqliteStore(path, settings, db, lock_fd, clock, present, synchronous)
     except BaseException as exc:
         if db is not None:

@@ -1,8 +1,4 @@
-"""The store's worker thread: runs blocking calls (SQLite, fsync) for trio, one at a time.
-
-The underscored names are the store package's own; nothing outside ``genrm_trio.store`` uses
-them.
-"""
+"""The store's worker thread: runs blocking calls (SQLite, fsync) for trio, one at a time."""
 
 from __future__ import annotations
 
@@ -17,7 +13,7 @@ _T = TypeVar("_T")
 
 
 @final
-class _Worker:
+class Worker:
     """One long-lived thread that runs blocking calls for trio, one at a time, in order.
 
     About half the cost of ``trio.to_thread.run_sync`` per call (no limiter, no thread cache

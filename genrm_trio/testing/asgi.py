@@ -17,21 +17,21 @@ import trio
 
 from genrm_trio.judge.base import JudgeCall
 from genrm_trio.testing.core import (
-    _DEFAULT_BUDGET_TOKENS,
+    DEFAULT_BUDGET_TOKENS,
     Api,
     SimConfig,
-    _prompt_length,
-    _tokens,
+    prompt_length,
+    token_count,
 )
 from genrm_trio.testing.faults import (
-    _DROP_MESSAGE,
-    _NOT_JSON_BODY,
-    _default_body,
-    _fault_text,
-    _http_fault,
+    DROP_MESSAGE,
+    NOT_JSON_BODY,
+    default_body,
+    fault_text,
+    http_fault,
 )
 from genrm_trio.testing.judge import SimJudge
-from genrm_trio.testing.verdicts import _FILLER
+from genrm_trio.testing.verdicts import FILLER
 
 __all__ = ["SimJudgeApp", "serve_sim_judge", "sim_asgi_app"]
 
@@ -139,7 +139,7 @@ def _responses_body(
             {
                 "type": "reasoning",
                 "id": f"rs_sim_{n}",
-                "summary": [{"type": "summary_text", "text": _FILLER}],
+                "summary": [{"type": "summary_text", "text": FILLER}],
             }
         ]
     else:
@@ -188,7 +188,7 @@ def _chat_body(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": _FILLER if budget else text},
+                "message": {"role": "assistant", "content": FILLER if budget else text},
                 "finish_reason": "length" if budget else "stop",
             }
         ],
@@ -204,7 +204,7 @@ def _budget_tokens(request: Mapping[str, Any], api: Api) -> int:
     value = request.get("max_output_tokens" if api == "responses" else "max_tokens")
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    return _DEFAULT_BUDGET_TOKENS
+    return DEFAULT_BUDGET_TOKENS
 
 
 def _format_retry_after(seconds: float) -> str:
@@ -267,7 +267,7 @@ class SimJudgeApp:
             if method not in ("GET", "HEAD"):
                 await _respond(send, 405, _json_bytes({"error": "method not allowed"}))
             elif not self._authorised(scope):
-                await _respond(send, 401, _default_body(401).encode())
+                await _respond(send, 401, default_body(401).encode())
             else:
                 await _respond(send, 200, _MODELS_BODY)
             return
@@ -324,7 +324,7 @@ class SimJudgeApp:
             if not await _sleep_unless_disconnected(decision.delay_s, receive):
                 return
             fault, rule = decision.fault, decision.rule
-            http = _http_fault(fault, rule) if fault is not None else None
+            http = http_fault(fault, rule) if fault is not None else None
             if http is not None:
                 extra: list[tuple[bytes, bytes]] = []
                 if http.retry_after_s is not None:
@@ -332,18 +332,18 @@ class SimJudgeApp:
                 await _respond(send, http.status, http.body, extra)
                 return
             if fault == "not_json":
-                await _respond(send, 200, _NOT_JSON_BODY.encode(), content_type=b"text/plain")
+                await _respond(send, 200, NOT_JSON_BODY.encode(), content_type=b"text/plain")
                 return
             limit = _budget_tokens(request, api)
             budget = fault == "budget_exhausted" or self._core.cut_off(decision, limit)
-            text = "" if budget else _fault_text(fault, rule, call.response_1, call.response_2)
+            text = "" if budget else fault_text(fault, rule, call.response_1, call.response_2)
             if budget:
                 out_tokens = limit
             elif decision.need is not None:
                 out_tokens = decision.need
             else:
-                out_tokens = _tokens(len(text))
-            usage = (_tokens(_prompt_length(call)), out_tokens)
+                out_tokens = token_count(len(text))
+            usage = (token_count(prompt_length(call)), out_tokens)
             make = _responses_body if api == "responses" else _chat_body
             body = _json_bytes(make(request, n, text, budget, usage))
             if fault == "drop":
@@ -367,7 +367,7 @@ class SimJudgeApp:
                 # A real server closes the connection (its client sees the body cut short);
                 # under httpx.ASGITransport the exception reaches the client as it is.
                 raise _SimulatedDrop(
-                    f"{_DROP_MESSAGE} (received {len(body) // 2} bytes, expected {len(body)})"
+                    f"{DROP_MESSAGE} (received {len(body) // 2} bytes, expected {len(body)})"
                 )
             await _respond(send, 200, body)
         finally:

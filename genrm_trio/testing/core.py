@@ -14,13 +14,13 @@ import trio
 
 from genrm_trio.judge.base import JudgeCall
 from genrm_trio.testing.faults import FAULT_KINDS, FaultKind, FaultRule
-from genrm_trio.testing.verdicts import LengthModel, _digest, _normal, forced_need
+from genrm_trio.testing.verdicts import LengthModel, answer_digest, forced_need, normal_from_digest
 
 __all__ = ["Api", "SimCall", "SimConfig", "SimStatistics"]
 
 Api = Literal["in_process", "responses", "chat_completions"]
 
-_DEFAULT_BUDGET_TOKENS: Final = 16384
+DEFAULT_BUDGET_TOKENS: Final = 16384
 _OCCURRENCE_CAP: Final = 65536
 
 
@@ -95,7 +95,7 @@ class SimStatistics:
     exhausted: int = 0  # calls whose budget was below their verdict's need (not faults)
 
 
-def _tokens(text_length: int) -> int:
+def token_count(text_length: int) -> int:
     return text_length // 4
 
 
@@ -103,7 +103,7 @@ def _tokens(text_length: int) -> int:
 
 
 @dataclass(slots=True)
-class _Decision:
+class Decision:
     """What the simulator does with one call: when to answer and which fault (if any)."""
 
     delay_s: float
@@ -112,7 +112,7 @@ class _Decision:
     need: int | None = None  # output tokens the verdict needs; None: any budget suffices
 
 
-class _Core:
+class SimCore:
     """Call recording, fault selection, seeded draws and counters, shared by every front end."""
 
     def __init__(self, config: SimConfig) -> None:
@@ -135,12 +135,12 @@ class _Core:
         if model is None and "[need=" not in call.response_1 and "[need=" not in call.response_2:
             return None  # skip the hashing and the attempt table
         # the unordered pair with its context: position_balance does not change the difficulty
-        answers = sorted((_digest(call.response_1), _digest(call.response_2)))
+        answers = sorted((answer_digest(call.response_1), answer_digest(call.response_2)))
         content = hashlib.sha256(b"".join(answers))
-        content.update(_digest(call.principle or ""))
+        content.update(answer_digest(call.principle or ""))
         for message in call.history:
-            content.update(_digest(message.get("role", "")))
-            content.update(_digest(message.get("content", "")))
+            content.update(answer_digest(message.get("role", "")))
+            content.update(answer_digest(message.get("content", "")))
         pair = content.digest()
         if len(self._pair_attempts) >= _OCCURRENCE_CAP and pair not in self._pair_attempts:
             self._pair_attempts.clear()
@@ -150,8 +150,8 @@ class _Core:
         if forced is not None or model is None:
             return forced
         seed = f"{self.config.seed}\0length\0".encode()
-        z_pair = _normal(hashlib.sha256(seed + pair).digest())
-        z_attempt = _normal(hashlib.sha256(seed + pair + b"%d" % attempt).digest())
+        z_pair = normal_from_digest(hashlib.sha256(seed + pair).digest())
+        z_attempt = normal_from_digest(hashlib.sha256(seed + pair + b"%d" % attempt).digest())
         return model.need(z_pair, z_attempt)
 
     def _draws(self, call: JudgeCall) -> tuple[float, float]:
@@ -160,10 +160,10 @@ class _Core:
             return 1.0, 0.0  # nothing is drawn: skip the hashing and the occurrence table
         content = hashlib.sha256()
         for part in (call.response_1, call.response_2, call.principle or ""):
-            content.update(_digest(part))
+            content.update(answer_digest(part))
         for message in call.history:
-            content.update(_digest(message.get("role", "")))
-            content.update(_digest(message.get("content", "")))
+            content.update(answer_digest(message.get("role", "")))
+            content.update(answer_digest(message.get("content", "")))
         key = content.digest()
         if len(self._occurrences) >= _OCCURRENCE_CAP and key not in self._occurrences:
             self._occurrences.clear()
@@ -177,7 +177,7 @@ class _Core:
             fault_draw = int.from_bytes(first[:8], "big") / 2**64
         return fault_draw, int.from_bytes(draw[8:16], "big") / 2**64
 
-    def begin(self, call: JudgeCall, api: Api) -> _Decision:
+    def begin(self, call: JudgeCall, api: Api) -> Decision:
         """Record a call and decide its fate; pair with `end()` once it is answered."""
         config = self.config
         fault_draw, jitter_draw = self._draws(call)
@@ -219,9 +219,9 @@ class _Core:
             )
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        return _Decision(delay, fault, rule if rule is not None else self._random_rule, need)
+        return Decision(delay, fault, rule if rule is not None else self._random_rule, need)
 
-    def cut_off(self, decision: _Decision, budget: int) -> bool:
+    def cut_off(self, decision: Decision, budget: int) -> bool:
         """Whether a verdict reply runs out of `budget` before its verdict (and count it)."""
         if decision.need is None or decision.need <= budget:
             return False
@@ -243,7 +243,7 @@ class _Core:
         )
 
 
-def _prompt_length(call: JudgeCall) -> int:
+def prompt_length(call: JudgeCall) -> int:
     return (
         sum(len(message.get("content", "")) for message in call.history)
         + len(call.principle or "")

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from typing import Final, Literal, final, get_args
 
 from genrm_trio.testing.verdicts import (
-    _FILLER,
-    _format_ranking,
-    _verdict_json,
-    _verdict_prose,
+    FILLER,
+    format_ranking,
     sim_verdict,
     sim_verdict_text,
+    verdict_json,
+    verdict_prose,
 )
 
 __all__ = ["FAULT_KINDS", "FaultKind", "FaultRule", "Position"]
@@ -93,26 +93,26 @@ class FaultRule:
         return in_1 or in_2
 
 
-def _fault_text(kind: FaultKind | None, rule: FaultRule, response_1: str, response_2: str) -> str:
+def fault_text(kind: FaultKind | None, rule: FaultRule, response_1: str, response_2: str) -> str:
     """The answer text of the text-level faults (and of normal and slow verdicts)."""
     if kind == "empty":
         return ""
     if kind == "garbage":
         return "I have carefully compared both responses and I cannot decide between them."
     q1, q2, ranking = sim_verdict(response_1, response_2)
-    prose = _verdict_prose(q1, q2, ranking)
+    prose = verdict_prose(q1, q2, ranking)
     if kind == "nan":
-        return f"{prose}\n\n```json\n{_verdict_json('NaN', q2, _format_ranking(ranking))}\n```"
+        return f"{prose}\n\n```json\n{verdict_json('NaN', q2, format_ranking(ranking))}\n```"
     if kind == "out_of_range":
-        return f"{prose}\n\n```json\n{_verdict_json(9, q2, _format_ranking(ranking))}\n```"
+        return f"{prose}\n\n```json\n{verdict_json(9, q2, format_ranking(ranking))}\n```"
     text = sim_verdict_text(response_1, response_2)
     if kind == "huge":
-        repeats = rule.huge_chars // len(_FILLER) + 1
-        return (_FILLER * repeats)[: rule.huge_chars] + "\n\n" + text
+        repeats = rule.huge_chars // len(FILLER) + 1
+        return (FILLER * repeats)[: rule.huge_chars] + "\n\n" + text
     return text
 
 
-def _default_body(status: int) -> str:
+def default_body(status: int) -> str:
     if status == 401:
         return '{"error": "unauthorized"}'
     if status == 429:
@@ -123,13 +123,13 @@ def _default_body(status: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class _HTTPFault:
+class HTTPFault:
     status: int
     body: bytes
     retry_after_s: float | None
 
 
-def _http_fault(kind: FaultKind, rule: FaultRule) -> _HTTPFault | None:
+def http_fault(kind: FaultKind, rule: FaultRule) -> HTTPFault | None:
     if kind == "http_500":
         status = 500
     elif kind == "http_429":
@@ -143,11 +143,11 @@ def _http_fault(kind: FaultKind, rule: FaultRule) -> _HTTPFault | None:
     retry_after = rule.retry_after_s
     if retry_after is None and kind == "http_429":
         retry_after = 1.0
-    body = rule.body if rule.body is not None else _default_body(status)
-    return _HTTPFault(status, body.encode(), retry_after)
+    body = rule.body if rule.body is not None else default_body(status)
+    return HTTPFault(status, body.encode(), retry_after)
 
 
-def _not_json_message(body: str) -> str:
+def not_json_message(body: str) -> str:
     try:
         json.loads(body)
     except json.JSONDecodeError as error:
@@ -155,5 +155,5 @@ def _not_json_message(body: str) -> str:
     raise AssertionError("not_json body decoded")  # pragma: no cover
 
 
-_NOT_JSON_BODY: Final = "<html><body>judge says hello, not JSON</body></html>"
-_DROP_MESSAGE: Final = "peer closed connection without sending complete message body"
+NOT_JSON_BODY: Final = "<html><body>judge says hello, not JSON</body></html>"
+DROP_MESSAGE: Final = "peer closed connection without sending complete message body"

@@ -18,21 +18,21 @@ from genrm_trio.judge.base import (
     ReplyStatus,
 )
 from genrm_trio.testing.core import (
-    _DEFAULT_BUDGET_TOKENS,
+    DEFAULT_BUDGET_TOKENS,
+    Decision,
     SimCall,
     SimConfig,
+    SimCore,
     SimStatistics,
-    _Core,
-    _Decision,
-    _prompt_length,
-    _tokens,
+    prompt_length,
+    token_count,
 )
 from genrm_trio.testing.faults import (
-    _DROP_MESSAGE,
-    _NOT_JSON_BODY,
-    _fault_text,
-    _http_fault,
-    _not_json_message,
+    DROP_MESSAGE,
+    NOT_JSON_BODY,
+    fault_text,
+    http_fault,
+    not_json_message,
 )
 
 __all__ = ["SimJudge"]
@@ -43,7 +43,7 @@ class SimJudge:
     """The simulated judge as an in-process `Judge` (no HTTP): see `genrm_trio.testing`."""
 
     def __init__(self, config: SimConfig | None = None) -> None:
-        self._core = _Core(config if config is not None else SimConfig())
+        self._core = SimCore(config if config is not None else SimConfig())
 
     @property
     def config(self) -> SimConfig:
@@ -73,23 +73,23 @@ class SimJudge:
         finally:
             self._core.end()
 
-    def _reply(self, call: JudgeCall, decision: _Decision) -> JudgeReply:
+    def _reply(self, call: JudgeCall, decision: Decision) -> JudgeReply:
         fault, rule = decision.fault, decision.rule
-        input_tokens = _tokens(_prompt_length(call))
+        input_tokens = token_count(prompt_length(call))
         if fault == "drop":
-            raise JudgeTransportError("RemoteProtocolError", _DROP_MESSAGE)
+            raise JudgeTransportError("RemoteProtocolError", DROP_MESSAGE)
         if fault == "not_json":
-            raise JudgeBadJSON(_not_json_message(_NOT_JSON_BODY))
+            raise JudgeBadJSON(not_json_message(NOT_JSON_BODY))
         if fault is not None:
-            http = _http_fault(fault, rule)
+            http = http_fault(fault, rule)
             if http is not None:
                 raise JudgeHTTPError(http.status, http.body, http.retry_after_s)
-        budget = call.max_output_tokens or _DEFAULT_BUDGET_TOKENS
+        budget = call.max_output_tokens or DEFAULT_BUDGET_TOKENS
         if fault == "budget_exhausted" or self._core.cut_off(decision, budget):
             return JudgeReply(ReplyStatus.BUDGET_EXHAUSTED, "", input_tokens, budget)
-        text = _fault_text(fault, rule, call.response_1, call.response_2)
+        text = fault_text(fault, rule, call.response_1, call.response_2)
         status = ReplyStatus.COMPLETED if text.strip() else ReplyStatus.UNUSABLE
-        tokens = decision.need if decision.need is not None else _tokens(len(text))
+        tokens = decision.need if decision.need is not None else token_count(len(text))
         return JudgeReply(status, text, input_tokens, tokens)
 
     async def aclose(self) -> None:

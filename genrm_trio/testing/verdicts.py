@@ -33,13 +33,13 @@ QUALITY_MARKER: Final = re.compile(r"\[quality=([1-5])\]")
 #: forces the output tokens its pair's verdict needs, with or without a length model.
 NEED_MARKER: Final = re.compile(r"\[need=([0-9]+(?:/[0-9]+)*)\]")
 
-_FILLER: Final = "Let me weigh both responses against the conversation once more. "
+FILLER: Final = "Let me weigh both responses against the conversation once more. "
 
 
 # --- deterministic verdicts -------------------------------------------------------------------
 
 
-def _digest(text: str) -> bytes:
+def answer_digest(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).digest()
 
 
@@ -48,7 +48,7 @@ def answer_quality(text: str) -> int:
     marker = QUALITY_MARKER.search(text)
     if marker is not None:
         return int(marker.group(1))
-    return int.from_bytes(_digest(text)[:8], "big") % 5 + 1
+    return int.from_bytes(answer_digest(text)[:8], "big") % 5 + 1
 
 
 def forced_need(response_1: str, response_2: str, attempt: int) -> int | None:
@@ -63,7 +63,7 @@ def forced_need(response_1: str, response_2: str, attempt: int) -> int | None:
     return max(values) if values else None
 
 
-def _normal(digest: bytes) -> float:
+def normal_from_digest(digest: bytes) -> float:
     """A standard normal from 8 bytes of a digest (inverse CDF of a uniform in (0, 1))."""
     uniform = (int.from_bytes(digest[:8], "big") + 0.5) / 2**64
     return statistics.NormalDist().inv_cdf(uniform)
@@ -89,7 +89,7 @@ def sim_verdict(response_1: str, response_2: str) -> tuple[int, int, float]:
     elif d <= -2:
         ranking = 6
     else:
-        h1, h2 = _digest(response_1), _digest(response_2)
+        h1, h2 = answer_digest(response_1), answer_digest(response_2)
         ranking = 3 if h1 > h2 else 4 if h1 < h2 else 3.5
     return q1, q2, ranking
 
@@ -103,15 +103,15 @@ _QUALITY_WORDS: Final = {
 }
 
 
-def _verdict_json(score_1: object, score_2: object, ranking: object) -> str:
+def verdict_json(score_1: object, score_2: object, ranking: object) -> str:
     return f'{{"score_1": {score_1}, "score_2": {score_2}, "ranking": {ranking}}}'
 
 
-def _format_ranking(ranking: float) -> str:
+def format_ranking(ranking: float) -> str:
     return str(int(ranking)) if float(ranking).is_integer() else str(ranking)
 
 
-def _verdict_prose(q1: int, q2: int, ranking: float) -> str:
+def verdict_prose(q1: int, q2: int, ranking: float) -> str:
     if ranking < 3.5:
         which = "Response 1 is better."
     elif ranking > 3.5:
@@ -128,8 +128,8 @@ def sim_verdict_text(response_1: str, response_2: str) -> str:
     """The judge's full answer: one line of reasoning, then a fenced json verdict (parsed as
     docs/scoring.md, "Overall verdict", says)."""
     q1, q2, ranking = sim_verdict(response_1, response_2)
-    verdict = _verdict_json(q1, q2, _format_ranking(ranking))
-    return f"{_verdict_prose(q1, q2, ranking)}\n\n```json\n{verdict}\n```"
+    verdict = verdict_json(q1, q2, format_ranking(ranking))
+    return f"{verdict_prose(q1, q2, ranking)}\n\n```json\n{verdict}\n```"
 
 
 # --- the length model -------------------------------------------------------------------------
