@@ -27,16 +27,16 @@ from genrm_trio.app.bench import (
 from genrm_trio.app.cli import main
 from genrm_trio.app.serve import serve
 from genrm_trio.config import settings_from_mapping
-from genrm_trio.judge.h11conn import H11Connection
+from genrm_trio.judge.http1 import Http1Connection
 from genrm_trio.judge.pool import MAX_RESPONSE_BYTES
 from genrm_trio.testing import SimConfig, serve_sim_judge, sim_asgi_app
 
 
 async def _read(*chunks: bytes, close: bool = False) -> tuple[int, bytes, bool]:
     """(status, body, reusable) of the response `chunks` make, read by the connection bench's
-    pool uses (`judge.h11conn.H11Connection`) after it sent one POST."""
+    pool uses (`judge.http1.Http1Connection`) after it sent one POST."""
     client, server = trio.testing.memory_stream_pair()
-    connection = H11Connection(client, MAX_RESPONSE_BYTES)
+    connection = Http1Connection(client, MAX_RESPONSE_BYTES)
     for chunk in chunks:
         await server.send_all(chunk)
     if close:

@@ -32,7 +32,7 @@ from genrm_trio.judge.base import (
     JudgeReply,
     JudgeTransportError,
 )
-from genrm_trio.judge.h11conn import OutgoingRequest
+from genrm_trio.judge.http1 import OutgoingRequest
 from genrm_trio.judge.pool import (
     KEEPALIVE_EXPIRY_S,
     MAX_RESPONSE_BYTES,

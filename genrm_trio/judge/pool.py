@@ -2,9 +2,10 @@
 connections to one origin with O(1) work per request, and the decoding of a compressed reply.
 
 It replaces httpx's default pool, whose bookkeeping grows quadratically with connections
-(measured in benchmarks/judge_client.py, docs/architecture.md). Each connection is framed by h11
-(`judge.h11conn.H11Connection`) without httpcore's layers over it (traces, locks, a timeout scope
-per read); its failures are the httpx exceptions httpcore raised. The pool knows nothing of judge
+(measured in benchmarks/judge_client.py, docs/architecture.md). Each connection is one
+`judge.http1.Http1Connection` (responses parsed by llhttp) without httpcore's layers over it
+(traces, locks, a timeout scope per read); its failures are the httpx exceptions httpcore
+raised. The pool knows nothing of judge
 APIs: it sends (method, target, headers, body) and returns (status, headers, body), so the
 start-up probe and `genrm-trio bench` use it too. Concurrency is bounded by its callers.
 """
@@ -21,8 +22,8 @@ from typing import Final, final
 import httpx
 import trio
 
-from genrm_trio.judge.h11conn import (
-    H11Connection,
+from genrm_trio.judge.http1 import (
+    Http1Connection,
     OutgoingRequest,
     ResponseTooLarge,
     cause,
@@ -117,7 +118,7 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
     at 16 in flight on a 2-core machine), and even driven one connection at a time its HTTP/1.1
     layer (h11 events, traces, locks, per-read timeout scopes) was 23% of the server's CPU at
     16 groups in flight. Here a request takes the most recently used idle connection or opens a
-    new one, and `H11Connection` (h11) sends the request and reads the response; it goes back
+    new one, and `Http1Connection` sends the request and reads the response (llhttp); it goes back
     when the response is read. A connection whose exchange did not finish (error, cancellation)
     is closed at once, shielded, so nothing leaks; an idle one the server closed meanwhile is
     noticed before use (it is readable) and replaced. Concurrency is bounded by the caller
@@ -141,8 +142,8 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
         if ssl_context is not None:
             ssl_context.set_alpn_protocols(["http/1.1"])
         self._keepalive_expiry = keepalive_expiry
-        self._idle: deque[tuple[float, H11Connection]] = deque()
-        self._active: set[H11Connection] = set()
+        self._idle: deque[tuple[float, Http1Connection]] = deque()
+        self._active: set[Http1Connection] = set()
         self._closed = False
         self.stale_retries = 0  # requests sent again after a reused connection turned out closed
 
@@ -156,13 +157,13 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
         """Connections carrying a request now."""
         return len(self._active)
 
-    async def _connect(self) -> H11Connection:
+    async def _connect(self) -> Http1Connection:
         try:
             stream: trio.abc.Stream = await trio.open_tcp_stream(self._host, self._port)
         except OSError as exc:
             raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
         if self._ssl_context is None:
-            return H11Connection(stream, self._max_body)
+            return Http1Connection(stream, self._max_body)
         tls = trio.SSLStream(
             stream, self._ssl_context, server_hostname=self._server_name, https_compatible=True
         )
@@ -176,9 +177,9 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
                 # why (CERTIFICATE_VERIFY_FAILED ... unable to get local issuer certificate).
                 raise httpx.ConnectError(f"TLS handshake failed: {cause(exc)}") from exc
             raise
-        return H11Connection(tls, self._max_body)
+        return Http1Connection(tls, self._max_body)
 
-    async def _checkout(self, fresh: bool) -> tuple[H11Connection, bool]:
+    async def _checkout(self, fresh: bool) -> tuple[Http1Connection, bool]:
         """(a connection, whether it is a reused one)."""
         if not fresh:
             now = trio.current_time()
@@ -189,14 +190,14 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
                 await self._discard(connection)
         return await self._connect(), False
 
-    async def _discard(self, connection: H11Connection) -> None:
+    async def _discard(self, connection: Http1Connection) -> None:
         with trio.CancelScope(shield=True):
             try:
                 await trio.aclose_forcefully(connection.stream)
             except Exception:  # closing a broken socket may fail; it is gone either way
                 log.debug("error closing a judge connection", exc_info=True)
 
-    async def _checkin(self, connection: H11Connection) -> None:
+    async def _checkin(self, connection: Http1Connection) -> None:
         now = trio.current_time()
         # Idle connections nobody took for keepalive_expiry sit at the left: close them.
         while self._idle and self._idle[0][0] + self._keepalive_expiry < now:
