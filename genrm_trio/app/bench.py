@@ -229,10 +229,10 @@ class _HttpPool:
     A load generator has to cost much less than the server it measures, and it shares a core
     with the simulated judge: httpx spent about 4 ms of CPU per `/verify` request here (64 ms
     per group of 16, more than the server under test). The judge's pool does O(1) work per
-    request (responses parsed by llhttp): one connection per request in flight, idle ones reused most-recent first;
-    a connection that fails or is cancelled mid-exchange is closed, and a request on a reused
-    connection that the server closed meanwhile (keep-alive expiry) is sent once more on a new
-    one.
+    request (responses parsed by llhttp): one connection per request in flight, idle ones
+    reused most-recent first; a connection that fails or is cancelled mid-exchange is closed,
+    and a request on a reused connection that the server closed meanwhile (keep-alive expiry)
+    is sent once more on a new one.
     """
 
     def __init__(self, base_url: str, timeout_s: float, headers: dict[str, str]) -> None:
