@@ -196,7 +196,8 @@ def start_server(
     args = ["serve", "--config", str(path), "--port", "0", "--judge-url", judge_url, *extra]
     lean = [sys.executable, str(ROOT / "benchmarks" / "lean_serve.py")] if LEAN_SERVER else None
     if lean is None and SERVER_PYTHONPATH is not None:
-        lean = [sys.executable, "-m", _cli_module(Path(SERVER_PYTHONPATH))]
+        # -P: not the working directory (this checkout) first on sys.path, but PYTHONPATH's
+        lean = [sys.executable, "-P", "-m", _cli_module(Path(SERVER_PYTHONPATH))]
     return start(
         args,
         log_dir / f"{name}.server.log",
