@@ -70,6 +70,7 @@ from genrm_trio.engine.evaluation import (
     score_cohort,
 )
 from genrm_trio.engine.registry import KEY_LOG_LIMIT, Registry
+from genrm_trio.engine.restore import apply_restore, plan_restore
 from genrm_trio.judge.attempts import Comparator, ComparatorStatistics
 from genrm_trio.judge.base import Judge, JudgeError, ReplicaReporting, ReplicaStats, Usage, one_line
 from genrm_trio.metrics import Metrics
@@ -827,70 +828,24 @@ class Engine:
         replay without judging. Added records and raised watermarks are committed to the store in
         one transaction (``commit_many``) before any of them is applied; if that fails, nothing is
         applied."""
-        conflicts: list[dict[str, str]] = []
-        unchanged = 0
-        reg = self._registry
         async with self._lock:
             if self._closed:
                 raise RequestRejected(Rejection.UNAVAILABLE, SHUTTING_DOWN)
-            # Decide everything first, then commit it in one transaction, then apply:
-            # nothing is visible before it is durable, and nothing is applied when it fails.
-            adds: dict[str, TerminalRecord] = {}
-            for record in records:
-                present = reg.get(record.key)
-                if present is None and record.key in adds:
-                    present_record: TerminalRecord | None = adds[record.key]
-                    terminal = True
-                elif present is not None:
-                    present_record, terminal = present.record, present.terminal
-                else:
-                    adds[record.key] = record
-                    continue
-                if terminal and present_record == record:
-                    unchanged += 1
-                else:
-                    reason = "active cohort" if not terminal else "different record"
-                    conflicts.append({"key": record.key, "reason": reason})
-            raises: dict[str, WatermarkRecord] = {}
-            for mark in watermarks:
-                current: WatermarkRecord | None = raises.get(mark.group_id)
-                if current is None and (w := reg.watermarks.get(mark.group_id)) is not None:
-                    current = WatermarkRecord(mark.group_id, w.latest_attempt, w.prompt_digest)
-                if current is not None and current.prompt_digest != mark.prompt_digest:
-                    conflicts.append(
-                        {"group_id": mark.group_id, "reason": "different prompt digest"}
-                    )
-                    continue
-                if current is None or mark.latest_attempt > current.latest_attempt:
-                    raises[mark.group_id] = mark
-            if self._store is not None and (adds or raises):
+            plan = plan_restore(self._registry, records, watermarks)
+            if self._store is not None and (plan.adds or plan.raises):
                 with trio.CancelScope(shield=True):
-                    await self._store.commit_many(list(adds.values()), list(raises.values()))
-            now = trio.current_time()
-            for record in adds.values():
-                cohort = Cohort(
-                    key=record.key,
-                    group_id=record.group_id,
-                    group_attempt=record.group_attempt,
-                    prompt_digest=record.prompt_digest,
-                    size=self.settings.num_rollouts_per_prompt,
-                    history=(),
-                    principle=None,
-                    baseline=None,
-                    baseline_digest=None,
-                    rubric_ids=None,
-                    created_at=now,
-                    collect_deadline=now,
-                    host=reg,
-                    state=record.state,
-                    record=record.compacted(),
-                )
-                reg.adopt(cohort, now - (age_s or {}).get(record.key, 0.0))
-            for mark in raises.values():
-                age = (watermark_age_s or {}).get(mark.group_id, 0.0)
-                reg.set_watermark(mark.group_id, mark.latest_attempt, mark.prompt_digest, now - age)
-        added, updated = len(adds), len(raises)
-        return RestoreReport(added, unchanged, updated, conflicts)
+                    await self._store.commit_many(
+                        list(plan.adds.values()), list(plan.raises.values())
+                    )
+            apply_restore(
+                self._registry,
+                plan,
+                size=self.settings.num_rollouts_per_prompt,
+                now=trio.current_time(),
+                age_s=age_s,
+                watermark_age_s=watermark_age_s,
+            )
+        return RestoreReport(len(plan.adds), plan.unchanged, len(plan.raises), plan.conflicts)
 
 
 @asynccontextmanager
