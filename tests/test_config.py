@@ -481,7 +481,7 @@ def test_cohorting(data: dict[str, Any], cohorting: bool) -> None:
 # --- create params, model server and judge.model -------------------------------------------------
 
 # The create-params keys docs/http-api.md lists ("Request").
-SPEC_CREATE_PARAM_KEYS = (
+DOCUMENTED_CREATE_PARAM_KEYS = (
     "background context_management conversation include input instructions max_output_tokens "
     "max_tool_calls metadata model moderation parallel_tool_calls previous_response_id prompt "
     "prompt_cache_key prompt_cache_retention reasoning safety_identifier service_tier store "
@@ -490,7 +490,7 @@ SPEC_CREATE_PARAM_KEYS = (
 
 
 def test_every_responses_create_param_key_is_accepted() -> None:
-    params: dict[str, Any] = dict.fromkeys(SPEC_CREATE_PARAM_KEYS)
+    params: dict[str, Any] = dict.fromkeys(DOCUMENTED_CREATE_PARAM_KEYS)
     params["input"] = []
     assert load({"genrm_responses_create_params": params}).genrm_responses_create_params == params
 
