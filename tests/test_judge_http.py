@@ -8,7 +8,8 @@ import json
 import shutil
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from pathlib import Path
@@ -687,6 +688,34 @@ def real_judge(port: int, **judge: Any) -> HttpJudge:
     return make_http_judge(settings(base_url=f"http://127.0.0.1:{port}/v1", **judge))
 
 
+@asynccontextmanager
+async def tiny_server(script: Script) -> AsyncIterator[TinyServer]:
+    """A started TinyServer, for tests that make their own client or judge: its nursery is
+    cancelled on the way out, even when the body fails, so no listener outlives the test."""
+    server = TinyServer(script)
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        try:
+            yield server
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def scripted_judge(
+    script: Script, **judge_settings: Any
+) -> AsyncIterator[tuple[TinyServer, HttpJudge]]:
+    """A real judge (`judge_settings` as in `real_judge`) over a started TinyServer. On the way
+    out, even when the body fails, the judge is closed and then the server stopped. aclose is
+    idempotent, so a test that checks what closing does (or bounds it) closes the judge itself."""
+    async with tiny_server(script) as server:
+        judge = real_judge(server.port, **judge_settings)
+        try:
+            yield server, judge
+        finally:
+            await judge.aclose()
+
+
 async def test_pool_reuses_one_connection_for_sequential_calls() -> None:
     body = json.dumps(responses_reply(usage={"input_tokens": 1, "output_tokens": 2})).encode()
 
@@ -694,10 +723,7 @@ async def test_pool_reuses_one_connection_for_sequential_calls() -> None:
         await stream.send_all(response_bytes(200, body, "content-type: text/plain"))
         return True
 
-    server = TinyServer(script)
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
-        judge = real_judge(server.port)
+    async with scripted_judge(script) as (server, judge):
         with trio.fail_after(5):
             for _ in range(3):
                 assert (await judge.attempt(CALL)).status is ReplyStatus.COMPLETED
@@ -706,10 +732,9 @@ async def test_pool_reuses_one_connection_for_sequential_calls() -> None:
             head = server.requests[0].split(b"\r\n\r\n")[0].lower()
             assert head.startswith(b"post /v1/responses http/1.1")
             assert f"host: 127.0.0.1:{server.port}".encode() in head
-            await judge.aclose()
+            await judge.aclose()  # here: the server must see every connection close
             await server.all_closed.wait()
             assert judge.open_connections == 0
-        nursery.cancel_scope.cancel()
 
 
 def _answer_after(release: trio.Event) -> Script:
@@ -726,10 +751,7 @@ def _answer_after(release: trio.Event) -> Script:
 
 async def test_pool_concurrent_calls_use_one_connection_each() -> None:
     release = trio.Event()
-    server = TinyServer(_answer_after(release))
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
-        judge = real_judge(server.port)
+    async with scripted_judge(_answer_after(release)) as (server, judge):
         with trio.fail_after(5):
             async with trio.open_nursery() as calls:
                 for _ in range(20):
@@ -740,8 +762,7 @@ async def test_pool_concurrent_calls_use_one_connection_each() -> None:
                 release.set()
             assert judge.in_flight == 0
             assert judge.open_connections == 20  # kept alive for reuse
-            await judge.aclose()
-        nursery.cancel_scope.cancel()
+            await judge.aclose()  # within the bound (the helper's own close is not)
 
 
 def _awaiting_frames(coroutine: Any) -> list[Any]:
@@ -756,11 +777,8 @@ def _awaiting_frames(coroutine: Any) -> list[Any]:
 async def test_a_call_awaiting_its_reply_holds_no_copy_of_its_request() -> None:
     # 1,024 calls waiting on a 200 ms judge each kept its prompt's bytes twice (~6 MB).
     release = trio.Event()
-    server = TinyServer(_answer_after(release))
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
-        judge = real_judge(server.port)
-        call = JudgeCall(HISTORY, "an answer " * 50, "another answer " * 50, None)
+    call = JudgeCall(HISTORY, "an answer " * 50, "another answer " * 50, None)
+    async with scripted_judge(_answer_after(release)) as (server, judge):
         with trio.fail_after(5):
             async with trio.open_nursery() as calls:
                 calls.start_soon(judge.attempt, call)
@@ -779,8 +797,7 @@ async def test_a_call_awaiting_its_reply_holds_no_copy_of_its_request() -> None:
                 assert held == []
                 release.set()
             assert b"another answer" in server.requests[0]
-            await judge.aclose()
-        nursery.cancel_scope.cancel()
+            await judge.aclose()  # within the bound (the helper's own close is not)
 
 
 async def test_pool_real_http_error_with_retry_after_and_token(
@@ -792,10 +809,7 @@ async def test_pool_real_http_error_with_retry_after_and_token(
         await stream.send_all(response_bytes(429, b"slow down", "Retry-After: 3"))
         return True
 
-    server = TinyServer(script)
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
-        judge = real_judge(server.port, api_key_env="GENRM_TEST_JUDGE_TOKEN")
+    async with scripted_judge(script, api_key_env="GENRM_TEST_JUDGE_TOKEN") as (server, judge):
         with trio.fail_after(5), pytest.raises(JudgeHTTPError) as info:
             await judge.attempt(CALL)
         assert (info.value.status, info.value.body, info.value.retry_after) == (
@@ -805,8 +819,6 @@ async def test_pool_real_http_error_with_retry_after_and_token(
         )
         assert f"authorization: Bearer {TOKEN}".encode() in server.requests[0]
         assert TOKEN not in info.value.describe()
-        await judge.aclose()
-        nursery.cancel_scope.cancel()
 
 
 async def test_pool_interrupted_body_is_remote_protocol_error_and_connection_dropped() -> None:
@@ -817,10 +829,7 @@ async def test_pool_interrupted_body_is_remote_protocol_error_and_connection_dro
         await stream.send_all(response_bytes(200, json.dumps(responses_reply()).encode()))
         return True
 
-    server = TinyServer(script)
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
-        judge = real_judge(server.port)
+    async with scripted_judge(script) as (server, judge):
         with trio.fail_after(5):
             with pytest.raises(JudgeTransportError) as info:
                 await judge.attempt(CALL)
@@ -829,8 +838,6 @@ async def test_pool_interrupted_body_is_remote_protocol_error_and_connection_dro
             assert judge.open_connections == 0
             assert (await judge.attempt(CALL)).status is ReplyStatus.COMPLETED
             assert server.connections == 2
-        await judge.aclose()
-        nursery.cancel_scope.cancel()
 
 
 async def test_pool_server_closing_idle_connection_is_not_a_failure() -> None:
@@ -840,17 +847,12 @@ async def test_pool_server_closing_idle_connection_is_not_a_failure() -> None:
         await stream.send_all(response_bytes(200, body))
         return False  # keep-alive refused by closing after each reply
 
-    server = TinyServer(script)
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
-        judge = real_judge(server.port)
+    async with scripted_judge(script) as (server, judge):
         with trio.fail_after(5):
             for _ in range(3):
                 await judge.attempt(CALL)
                 await server.all_closed.wait()
             assert server.connections == 3
-        await judge.aclose()
-        nursery.cancel_scope.cancel()
 
 
 async def test_pool_cancelled_attempt_closes_its_connection() -> None:
@@ -859,10 +861,7 @@ async def test_pool_cancelled_attempt_closes_its_connection() -> None:
         assert await stream.receive_some() == b""
         return False
 
-    server = TinyServer(script)
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
-        judge = real_judge(server.port)
+    async with scripted_judge(script) as (server, judge):
         with trio.fail_after(5):
             async with trio.open_nursery() as calls:
                 calls.start_soon(judge.attempt, CALL)
@@ -871,8 +870,6 @@ async def test_pool_cancelled_attempt_closes_its_connection() -> None:
                 calls.cancel_scope.cancel()
             assert (judge.in_flight, judge.open_connections) == (0, 0)
             await server.all_closed.wait()  # the server saw the connection close
-        await judge.aclose()
-        nursery.cancel_scope.cancel()
 
 
 async def test_closed_port_is_one_connect_error() -> None:
@@ -896,10 +893,7 @@ async def test_pool_closes_connections_idle_past_keepalive() -> None:
         await stream.send_all(response_bytes(200, body))
         return True
 
-    server = TinyServer(script)
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
-        judge = real_judge(server.port, keepalive_expiry_s=0.05)
+    async with scripted_judge(script, keepalive_expiry_s=0.05) as (server, judge):
         with trio.fail_after(5):
             async with trio.open_nursery() as calls:  # two connections
                 for _ in range(2):
@@ -909,8 +903,6 @@ async def test_pool_closes_connections_idle_past_keepalive() -> None:
             await judge.attempt(CALL)
             assert judge.open_connections == 1
             assert server.connections == 3
-        await judge.aclose()
-        nursery.cancel_scope.cancel()
 
 
 async def test_mock_clock_does_not_leak_into_mock_transport(
@@ -939,16 +931,14 @@ def _reply_with(raw: bytes, *, keep: bool = True) -> Script:
 
 
 async def _one_attempt(script: Script) -> tuple[JudgeReply | Exception, TinyServer, HttpJudge]:
-    server = TinyServer(script)
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
+    """One attempt; the judge is returned open, so callers see the connections it kept."""
+    async with tiny_server(script) as server:
         judge = real_judge(server.port)
         with trio.fail_after(5):
             try:
                 outcome: JudgeReply | Exception = await judge.attempt(CALL)
             except Exception as exc:
                 outcome = exc
-        nursery.cancel_scope.cancel()
     return outcome, server, judge
 
 
@@ -1011,9 +1001,7 @@ async def test_pool_broken_replies_are_retryable_transport_errors(raw: bytes, me
 
 async def test_pool_as_an_httpx_transport() -> None:
     body = json.dumps({"ok": True}).encode()
-    server = TinyServer(_reply_with(response_bytes(201, body, "x-reply: yes")))
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
+    async with tiny_server(_reply_with(response_bytes(201, body, "x-reply: yes"))) as server:
         pool = KeepAlivePool(httpx.URL(f"http://127.0.0.1:{server.port}"))
         with trio.fail_after(5):
             async with httpx.AsyncClient(transport=pool) as client:
@@ -1025,7 +1013,6 @@ async def test_pool_as_an_httpx_transport() -> None:
         )
         head, _, sent = server.requests[0].partition(b"\r\n\r\n")
         assert head.startswith(b"POST /x?q=1 HTTP/1.1\r\n") and json.loads(sent) == {"a": 1}
-        nursery.cancel_scope.cancel()
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
