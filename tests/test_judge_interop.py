@@ -24,11 +24,12 @@ import trio
 import trio.testing
 from test_judge_http import (
     CALL,
-    TinyServer,
     read_request,
     real_judge,
     response_bytes,
     responses_reply,
+    scripted_judge,
+    tiny_server,
 )
 
 from genrm_trio.config import Settings, settings_from_mapping
@@ -66,10 +67,7 @@ async def test_reused_connection_closed_before_any_reply_byte_is_sent_again(how:
         await stream.send_all(response_bytes(200, BODY))
         return True
 
-    server = TinyServer(script)
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
-        judge = real_judge(server.port)
+    async with scripted_judge(script) as (server, judge):
         with trio.fail_after(5):
             assert (await judge.attempt(CALL)).status is ReplyStatus.COMPLETED
             # Succeeds: the request went out once more on a new connection, inside the attempt.
@@ -77,8 +75,6 @@ async def test_reused_connection_closed_before_any_reply_byte_is_sent_again(how:
         assert (len(server.requests), server.connections) == (3, 2)
         assert server.requests[1] == server.requests[2]
         assert judge._pool is not None and judge._pool.stale_retries == 1
-        await judge.aclose()
-        nursery.cancel_scope.cancel()
 
 
 async def test_pool_resends_a_bytes_request_itself_and_a_list_request_asks_the_caller() -> None:
@@ -88,10 +84,8 @@ async def test_pool_resends_a_bytes_request_itself_and_a_list_request_asks_the_c
         await stream.send_all(response_bytes(200, b"{}"))
         return True
 
-    server = TinyServer(script)
     request = (b"POST", b"/v1/responses", [(b"host", b"x"), (b"content-length", b"2")], b"{}")
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
+    async with tiny_server(script) as server:
         pool = KeepAlivePool(httpx.URL(f"http://127.0.0.1:{server.port}"))
         with trio.fail_after(5):
             assert (await pool.exchange(request))[0] == 200
@@ -101,24 +95,18 @@ async def test_pool_resends_a_bytes_request_itself_and_a_list_request_asks_the_c
             assert (await pool.exchange([request], fresh=True))[0] == 200
         assert (len(server.requests), server.connections, pool.stale_retries) == (5, 3, 2)
         await pool.aclose()
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_fresh_connection_closed_unanswered_is_one_failed_attempt() -> None:
     async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
         return False
 
-    server = TinyServer(script)
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
-        judge = real_judge(server.port)
+    async with scripted_judge(script) as (server, judge):
         with trio.fail_after(5), pytest.raises(JudgeTransportError) as info:
             await judge.attempt(CALL)
         assert info.value.type_name == "RemoteProtocolError"
         assert info.value.retryable
         assert len(server.requests) == 1  # not sent again: nothing says it was not processed
-        await judge.aclose()
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_reused_connection_closed_mid_reply_is_not_sent_again() -> None:
@@ -129,18 +117,13 @@ async def test_a_reused_connection_closed_mid_reply_is_not_sent_again() -> None:
         await stream.send_all(response_bytes(200, BODY))
         return True
 
-    server = TinyServer(script)
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
-        judge = real_judge(server.port)
+    async with scripted_judge(script) as (server, judge):
         with trio.fail_after(5):
             await judge.attempt(CALL)
             with pytest.raises(JudgeTransportError) as info:
                 await judge.attempt(CALL)
         assert info.value.type_name == "RemoteProtocolError"
         assert len(server.requests) == 2
-        await judge.aclose()
-        nursery.cancel_scope.cancel()
 
 
 # --- an answer before the request body is in ----------------------------------------------------
@@ -210,10 +193,7 @@ async def test_compressed_bodies_are_decoded(coding: str, encode: Any) -> None:
             await stream.send_all(response_bytes(502, error_page, f"content-encoding: {coding}"))
         return True
 
-    server = TinyServer(script)
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
-        judge = real_judge(server.port)
+    async with scripted_judge(script) as (server, judge):
         with trio.fail_after(5):
             assert (await judge.attempt(CALL)).status is ReplyStatus.COMPLETED
             with pytest.raises(JudgeHTTPError) as info:
@@ -221,8 +201,6 @@ async def test_compressed_bodies_are_decoded(coding: str, encode: Any) -> None:
         assert info.value.body == b"<html>\r\nbad gateway\r\n</html>"
         assert b"\r\naccept-encoding: identity\r\n" in server.requests[0]
         assert server.connections == 1  # the decoded reply left the connection reusable
-        await judge.aclose()
-        nursery.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize(
@@ -239,17 +217,12 @@ async def test_undecodable_bodies_are_one_clear_non_retryable_error(
         await stream.send_all(response_bytes(200, payload, *headers))
         return True
 
-    server = TinyServer(script)
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
-        judge = real_judge(server.port)
+    async with scripted_judge(script) as (_, judge):
         with trio.fail_after(5), pytest.raises(JudgeTransportError) as info:
             await judge.attempt(CALL)
         assert info.value.type_name == "DecodingError"
         assert message in str(info.value)
         assert not info.value.retryable
-        await judge.aclose()
-        nursery.cancel_scope.cancel()
 
 
 # --- the response size cap ----------------------------------------------------------------------
@@ -279,10 +252,7 @@ async def test_a_reply_over_max_response_bytes_ends_the_attempt(kind: str) -> No
         await stream.send_all(raw)
         return keep
 
-    server = TinyServer(script)
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
-        judge = real_judge(server.port, max_response_bytes=_CAP)
+    async with scripted_judge(script, max_response_bytes=_CAP) as (_, judge):
         with trio.fail_after(5), pytest.raises(JudgeTransportError) as info:
             await judge.attempt(CALL)
         assert info.value.type_name == "ResponseTooLarge"
@@ -295,8 +265,6 @@ async def test_a_reply_over_max_response_bytes_ends_the_attempt(kind: str) -> No
         raw, keep = _framed(kind, small)
         with trio.fail_after(5):
             assert (await judge.attempt(CALL)).status is ReplyStatus.COMPLETED
-        await judge.aclose()
-        nursery.cancel_scope.cancel()
 
 
 # --- error bodies in log lines ------------------------------------------------------------------
@@ -484,17 +452,12 @@ async def test_a_reply_dribbled_over_20_virtual_seconds_is_read_whole(
             await stream.send_all(piece)
         return True
 
-    server = TinyServer(script)
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
-        judge = real_judge(server.port)
+    async with scripted_judge(script) as (_, judge):
         start = trio.current_time()
         with trio.fail_after(60):
             reply = await judge.attempt(CALL)
         assert reply.status is ReplyStatus.COMPLETED
         assert trio.current_time() - start == pytest.approx(20.0, abs=0.01)
-        await judge.aclose()
-        nursery.cancel_scope.cancel()
 
 
 async def test_idle_expiry_in_virtual_time(autojump_clock: trio.testing.MockClock) -> None:
@@ -502,10 +465,7 @@ async def test_idle_expiry_in_virtual_time(autojump_clock: trio.testing.MockCloc
         await stream.send_all(response_bytes(200, BODY))
         return True
 
-    server = TinyServer(script)
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
-        judge = real_judge(server.port)  # judge.keepalive_expiry_s: 4.0 (default)
+    async with scripted_judge(script) as (server, judge):  # judge.keepalive_expiry_s: 4.0 (default)
         with trio.fail_after(60):
             await judge.attempt(CALL)
             await trio.sleep(3.9)
@@ -515,8 +475,6 @@ async def test_idle_expiry_in_virtual_time(autojump_clock: trio.testing.MockCloc
             await judge.attempt(CALL)  # idle 4.1 s: expired, a new connection
             assert server.connections == 2
             assert judge.open_connections == 1
-        await judge.aclose()
-        nursery.cancel_scope.cancel()
 
 
 async def test_413_from_a_server_that_stops_reading_but_keeps_the_connection() -> None:
@@ -550,20 +508,17 @@ async def test_the_probe_asks_every_replica_of_a_fleet(caplog: pytest.LogCapture
         await stream.send_all(response_bytes(200, b'{"data": []}'))
         return True
 
-    server = TinyServer(script)
     dead = socket.socket()
     dead.bind(("127.0.0.1", 0))
     dead_port = dead.getsockname()[1]
     dead.close()
     caplog.set_level(logging.INFO, logger="genrm_trio.serve")
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
+    async with tiny_server(script) as server:
         urls = [f"http://127.0.0.1:{server.port}/v1", f"http://127.0.0.1:{dead_port}/v1"]
         config = settings_from_mapping({"judge": {"base_url": urls}})
         with trio.fail_after(10):
             assert await probe_judge(config, None) is False  # one of two did not answer
             assert await probe_judge(settings_from_mapping({"judge": {"base_url": urls[:1]}}), None)
-        nursery.cancel_scope.cancel()
     assert server.requests[0].startswith(b"GET /v1/models HTTP/1.1\r\n")
     lines = [r.getMessage() for r in caplog.records if "judge probe" in r.getMessage()]
     assert lines.count(f"judge probe GET {urls[0]}/models: HTTP 200") == 2
