@@ -965,6 +965,7 @@ async def test_pool_reads_close_delimited_http10_replies_and_honours_connection_
     reply, _, judge = await _one_attempt(_reply_with(b"HTTP/1.0 200 OK\r\n\r\n" + body, keep=False))
     assert isinstance(reply, JudgeReply) and reply.status is ReplyStatus.COMPLETED
     assert judge.open_connections == 0
+    await judge.aclose()
     closing = response_bytes(200, body, "Connection: close")
     reply, _, judge = await _one_attempt(_reply_with(closing))
     assert isinstance(reply, JudgeReply) and judge.open_connections == 0
