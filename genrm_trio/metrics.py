@@ -6,7 +6,7 @@ The names are those of docs/http-api.md, "GET /metrics", and all start with `gen
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Protocol, final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
@@ -15,7 +15,27 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from genrm_trio.judge.base import ReplicaStats
+
+class ReplicaCounters(Protocol):
+    """What the per-replica series read of one judge replica (`judge.base.ReplicaStats` is
+    one); a protocol, so that metrics, which every layer imports, imports none of them."""
+
+    @property
+    def replica(self) -> str: ...
+    @property
+    def calls(self) -> int: ...
+    @property
+    def failures(self) -> int: ...
+    @property
+    def ejections(self) -> int: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def ejected(self) -> bool: ...
+    @property
+    def latency_count(self) -> int: ...
+    @property
+    def latency_sum_s(self) -> float: ...
 
 
 @final
@@ -23,7 +43,7 @@ class _ReplicaCollector(Collector):
     """The per-replica series of a judge fleet, read from its counters at scrape time."""
 
     def __init__(self) -> None:
-        self.source: Callable[[], Sequence[ReplicaStats]] | None = None
+        self.source: Callable[[], Sequence[ReplicaCounters]] | None = None
 
     def collect(self) -> Iterator[Metric]:
         if self.source is None:
@@ -142,7 +162,7 @@ class Metrics:
         self._replicas = _ReplicaCollector()
         r.register(self._replicas)
 
-    def watch_replicas(self, source: Callable[[], Sequence[ReplicaStats]] | None) -> None:
+    def watch_replicas(self, source: Callable[[], Sequence[ReplicaCounters]] | None) -> None:
         """Expose a judge fleet's per-replica counters (label `replica`); None stops it."""
         self._replicas.source = source
 

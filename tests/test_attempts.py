@@ -18,8 +18,8 @@ import trio.testing
 
 from genrm_trio.config import Settings, settings_from_mapping
 from genrm_trio.domain.verdict import Verdict
-from genrm_trio.judge.attempts import MAX_BACKOFF_S, Comparator, ComparisonResult
-from genrm_trio.judge.base import JudgeCall, JudgeError, Usage
+from genrm_trio.judge.attempts import MAX_BACKOFF_S, Comparator
+from genrm_trio.judge.base import ComparisonResult, JudgeCall, JudgeError, Usage
 from genrm_trio.judge.client import HttpJudge, make_http_judge
 from genrm_trio.metrics import Metrics
 

@@ -761,7 +761,7 @@ async def test_slow_over_http_is_cancellable(autojump_clock: trio.testing.MockCl
 
 @pytest.mark.slow
 async def test_serve_sim_judge_on_a_real_socket(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="genrm_trio.judge.sim")
+    caplog.set_level(logging.DEBUG, logger="genrm_trio.sim_judge.h1")
     app = sim_asgi_app(SimConfig(latency_s=0.01, rules=[FaultRule("drop", match="DROP")]))
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:

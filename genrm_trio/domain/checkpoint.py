@@ -9,7 +9,8 @@ checks every record for internal consistency (keys against their group id, attem
 digest; one outcome per member; indices in ``[0, N)``); any problem is a
 :class:`CheckpointError` (HTTP 422) and nothing is returned, so nothing is applied.
 
-``checkpoint(engine)`` and ``restore(engine, data)`` are the library entry points over an engine.
+``checkpoint(engine)`` and ``restore(engine, data, num_rollouts=)`` are the library entry points
+over an engine.
 """
 
 from __future__ import annotations

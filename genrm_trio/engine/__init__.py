@@ -1,1 +1,2 @@
-"""The cohort engine: `open_engine`, cohorts and their state machine, the registry, evaluation."""
+"""The cohort engine: `open_engine`, cohorts and their state machine, the registry, evaluation,
+restore."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, final
+from typing import Final, final
 
 from genrm_trio.config import Settings
 from genrm_trio.domain.model import CompareResult, JSONValue, Masked, Scored
@@ -25,10 +25,7 @@ from genrm_trio.domain.scoring import (
     group_metrics,
     position_disagreement_rate,
 )
-from genrm_trio.judge.base import JudgeCall, Usage
-
-if TYPE_CHECKING:
-    from genrm_trio.judge.attempts import ComparisonResult
+from genrm_trio.judge.base import ComparisonResult, JudgeCall, Usage
 
 __all__ = [
     "NON_FINITE_MESSAGE",

@@ -1,8 +1,8 @@
 """The quart-trio application: Gym's resources-server routes over an engine (docs/http-api.md).
 
 `create_app(engine, settings)` builds the app on the ASGI layer of `http/asgi.py`; the engine's
-lifetime belongs to the caller (serve.py or a test). Per request the handler reads the body once,
-decodes it once, validates it once and encodes the reply once. Every non-200 reply is
+lifetime belongs to the caller (app/serve.py or a test). Per request the handler reads the body
+once, decodes it once, validates it once and encodes the reply once. Every non-200 reply is
 `application/json` `{"detail": ...}`.
 """
 

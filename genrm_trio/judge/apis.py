@@ -21,6 +21,7 @@ from genrm_trio.judge.base import JudgeCall, JudgeReply, ReplyStatus
 log = logging.getLogger("genrm_trio.judge")
 
 __all__ = [
+    "JUDGE_APIS",
     "ChatCompletionsApi",
     "JudgeApi",
     "ResponsesApi",
@@ -52,11 +53,10 @@ class JudgeApi(Protocol):
 def judge_api(api: str, create_params: Mapping[str, Any]) -> JudgeApi:
     """The `judge.api` named `api`, sending `create_params` (copied: later changes to the
     mapping do not reach the requests)."""
-    if api == "responses":
-        return ResponsesApi(create_params)
-    if api == "chat_completions":
-        return ChatCompletionsApi(create_params)
-    raise ValueError(f"unknown judge api {api!r}")
+    kind = JUDGE_APIS.get(api)
+    if kind is None:
+        raise ValueError(f"unknown judge api {api!r}")
+    return kind(create_params)
 
 
 # --- usage, shared by both replies ----------------------------------------------------------------
@@ -269,3 +269,10 @@ class ChatCompletionsApi:
 
     def interpret(self, reply: object) -> JudgeReply:
         return interpret_chat(reply)
+
+
+JUDGE_APIS: Final[Mapping[str, type[ResponsesApi] | type[ChatCompletionsApi]]] = {
+    "responses": ResponsesApi,
+    "chat_completions": ChatCompletionsApi,
+}
+"""Every `judge.api` value and its object: the one place a new judge API is added."""

@@ -29,6 +29,7 @@ import trio
 from genrm_trio.config import Settings
 from genrm_trio.domain.verdict import Verdict, VerdictParseError, parse_overall, parse_rubric
 from genrm_trio.judge.base import (
+    ComparisonResult,
     Judge,
     JudgeAttemptError,
     JudgeBadJSON,
@@ -46,25 +47,10 @@ from genrm_trio.metrics import Metrics
 
 log = logging.getLogger("genrm_trio.judge")
 
-__all__ = ["MAX_BACKOFF_S", "Comparator", "ComparatorStatistics", "ComparisonResult"]
+__all__ = ["MAX_BACKOFF_S", "Comparator", "ComparatorStatistics"]
 
 MAX_BACKOFF_S: Final = 30.0
 """Cap of one exponential-backoff sleep (docs/differences.md, D13)."""
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class ComparisonResult:
-    """One successful comparison, in display orientation: the caller flips it back
-    when it showed the pair swapped. A default fallback is a success with a parse flag set."""
-
-    selected: Verdict  # the overall verdict, or the rubric mean under score_source=rubric_mean
-    overall: Verdict
-    usage: Usage | None  # summed over attempts that reported usage; None when none did
-    overall_parse_failed: bool
-    rubric_parse_failed: bool
-    attempts: int  # judge calls made
-    escalations: int = 0  # attempts that asked for a larger output budget than the one before
 
 
 @final

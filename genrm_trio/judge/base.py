@@ -1,8 +1,9 @@
 """The judge boundary: one attempt in, one normalised reply or a typed error out.
 
 A `Judge` performs exactly one HTTP exchange (or one simulated exchange) per `attempt()` call and
-interprets the reply of its API (Responses or chat completions) into a `JudgeReply`. The shared
-retry budget, pacing, parsing and the comparison-ending `JudgeError` live in `judge.attempts`.
+interprets the reply of its API (Responses or chat completions) into a `JudgeReply`. The errors
+and results of a whole comparison (`JudgeError`, `ComparisonResult`) are defined here too;
+the shared retry budget, pacing and parsing that produce them are `judge.attempts`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, final, runtime_checkable
+
+from genrm_trio.domain.verdict import Verdict
 
 
 @final
@@ -151,6 +154,21 @@ class Usage:
     input_tokens: int
     output_tokens: int
     budget_hit: bool  # any attempt was budget-exhausted
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ComparisonResult:
+    """One successful comparison, in display orientation: the caller flips it back
+    when it showed the pair swapped. A default fallback is a success with a parse flag set."""
+
+    selected: Verdict  # the overall verdict, or the rubric mean under score_source=rubric_mean
+    overall: Verdict
+    usage: Usage | None  # summed over attempts that reported usage; None when none did
+    overall_parse_failed: bool
+    rubric_parse_failed: bool
+    attempts: int  # judge calls made
+    escalations: int = 0  # attempts that asked for a larger output budget than the one before
 
 
 class JudgeError(Exception):

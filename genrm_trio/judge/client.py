@@ -24,7 +24,7 @@ import httpx
 import trio
 
 from genrm_trio.config import ConfigError, Settings, endpoint_of, read_secret
-from genrm_trio.judge.apis import ChatCompletionsApi, ResponsesApi, judge_api
+from genrm_trio.judge.apis import JUDGE_APIS, judge_api
 from genrm_trio.judge.base import (
     JudgeBadJSON,
     JudgeCall,
@@ -127,7 +127,7 @@ class HttpJudge:
             "content-type": "application/json",
             "accept": "application/json",
             # Judge replies are JSON on a fast network: compression buys nothing. A server that
-            # compresses anyway is decoded (decode_body).
+            # compresses anyway is decoded (decode_content).
             "accept-encoding": "identity",
         }
         self._secret = token.encode() if token else None
@@ -260,7 +260,7 @@ def make_http_judge(
         base_url = judge.base_url
     if base_url is None:
         raise ConfigError("settings", "judge.base_url", "required for an HTTP judge")
-    suffix = (ResponsesApi if judge.api == "responses" else ChatCompletionsApi).path
+    suffix = JUDGE_APIS[judge.api].path
     token = None
     if judge.api_key_env:
         token = read_secret(judge.api_key_env, key="judge.api_key_env")

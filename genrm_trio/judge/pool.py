@@ -38,7 +38,7 @@ __all__ = [
     "MAX_RESPONSE_BYTES",
     "KeepAlivePool",
     "StaleConnectionError",
-    "decode_body",
+    "decode_content",
 ]
 
 KEEPALIVE_EXPIRY_S: Final = 4.0
@@ -50,7 +50,7 @@ MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
 """The default `judge.max_response_bytes`: a judge reply longer than this ends the attempt."""
 
 
-def decode_body(headers: list[tuple[bytes, bytes]], body: bytes, limit: int) -> bytes:
+def decode_content(headers: list[tuple[bytes, bytes]], body: bytes, limit: int) -> bytes:
     """`body` with its `Content-Encoding` (gzip, x-gzip, deflate; identity) undone, at most
     `limit` bytes. A server may compress although the request said `Accept-Encoding: identity`.
     Raises httpx.DecodingError for an unknown coding or a body that does not decode, and
@@ -242,7 +242,7 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
         else:
             await self._discard(connection)
         if any(name == b"content-encoding" for name, _ in headers):
-            body = decode_body(headers, body, self._max_body)
+            body = decode_content(headers, body, self._max_body)
             headers = [(n, v) for n, v in headers if n not in _ENCODING_HEADERS]
             headers.append((b"content-length", b"%d" % len(body)))
         return status, headers, body

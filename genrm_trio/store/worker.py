@@ -16,9 +16,12 @@ _T = TypeVar("_T")
 class Worker:
     """One long-lived thread that runs blocking calls for trio, one at a time, in order.
 
-    About half the cost of ``trio.to_thread.run_sync`` per call (no limiter, no thread cache
-    handoff), which matters at three commits per group. A call, once queued, always runs to
-    completion: the caller waits shielded.
+    Why not ``trio.to_thread.run_sync``: an ``sqlite3`` connection belongs to the thread that
+    opened it (``check_same_thread``), and the store's calls must run in order, one at a time;
+    trio's pool gives neither without a limiter and a connection shared across threads. It is
+    also a quarter to a third cheaper per call: 84-107 vs 113-150 us of CPU per no-op call
+    (``python benchmarks/store_worker.py``), at three commits per group. A call, once queued,
+    always runs to completion: the caller waits shielded.
     """
 
     def __init__(self, name: str) -> None:
