@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import math
 from itertools import accumulate
-from typing import NoReturn, final
+from typing import Final, NoReturn, final
 
 from genrm_trio.domain.model import JSONValue
-from genrm_trio.domain.records import compact_json
 
-__all__ = ["MAX_DEPTH", "InvalidJSON", "decode_json", "encode_json"]
+__all__ = ["MAX_DEPTH", "InvalidJSON", "compact_json", "decode_json", "encode_json"]
 
 MAX_DEPTH = 512  # deepest accepted nesting of arrays and objects (docs/http-api.md, "422 lists")
 
@@ -88,6 +87,15 @@ def decode_json(body: bytes | bytearray) -> JSONValue:
 
 
 # --- encoding -----------------------------------------------------------------------------------
+
+
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+
+
+def compact_json(value: object) -> str:
+    """The project's one JSON text form (replies, packed results, the store): compact, ASCII
+    (lone surrogates as ``\\uXXXX``). Raises ValueError for NaN and infinities."""
+    return _ENCODER.encode(value)
 
 
 def encode_json(value: JSONValue) -> bytes:

@@ -15,6 +15,7 @@ from collections.abc import ItemsView, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, final
 
+from genrm_trio.domain.codec import compact_json
 from genrm_trio.domain.model import FailureKind, JSONValue
 
 __all__ = [
@@ -25,22 +26,12 @@ __all__ = [
     "PackedResult",
     "TerminalRecord",
     "WatermarkRecord",
-    "compact_json",
     "compressed",
     "members_from_json",
     "members_json",
     "result_dict",
     "result_json",
 ]
-
-
-_ENCODER: Final = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
-
-
-def compact_json(value: object) -> str:
-    """The project's one JSON text form (replies, packed results, the store): compact, ASCII
-    (lone surrogates as ``\\uXXXX``). Raises ValueError for NaN and infinities."""
-    return _ENCODER.encode(value)
 
 
 COMPRESS_FROM: Final = 4096
