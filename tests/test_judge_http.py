@@ -679,6 +679,26 @@ async def read_request(stream: trio.abc.ReceiveStream, buffer: bytes) -> tuple[b
     return head + b"\r\n\r\n" + rest[:length], rest[length:]
 
 
+async def serve_tls(
+    stream: trio.SocketStream, context: ssl.SSLContext, reply: Callable[[bytes], bytes]
+) -> None:
+    """A keep-alive judge over TLS on one connection: each request answered 200 with
+    `reply(request)`, until the client closes."""
+    tls = trio.SSLStream(stream, context, server_side=True)
+    buffer = b""
+    try:
+        while True:
+            got = await read_request(tls, buffer)
+            if got is None:
+                return
+            request, buffer = got
+            await tls.send_all(response_bytes(200, reply(request)))
+    except trio.BrokenResourceError:
+        return
+    finally:
+        await trio.aclose_forcefully(tls)
+
+
 def response_bytes(status: int, body: bytes, *headers: str) -> bytes:
     lines = [f"HTTP/1.1 {status} X", f"content-length: {len(body)}", *headers]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
@@ -1033,19 +1053,7 @@ async def test_pool_over_tls_reuses_its_connection(tmp_path: Path) -> None:
     async def handle(stream: trio.SocketStream) -> None:
         nonlocal connections
         connections += 1
-        tls = trio.SSLStream(stream, server_context, server_side=True)
-        buffer = b""
-        try:
-            while True:
-                got = await read_request(tls, buffer)
-                if got is None:
-                    return
-                buffer = got[1]
-                await tls.send_all(response_bytes(200, body))
-        except trio.BrokenResourceError:
-            return
-        finally:
-            await trio.aclose_forcefully(tls)
+        await serve_tls(stream, server_context, lambda request: body)
 
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(trio.serve_tcp, handle, 0)

@@ -24,11 +24,11 @@ import trio
 import trio.testing
 from test_judge_http import (
     CALL,
-    read_request,
     real_judge,
     response_bytes,
     responses_reply,
     scripted_judge,
+    serve_tls,
     tiny_server,
 )
 
@@ -328,20 +328,10 @@ def private_ca(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 async def _tls_judge(stream: trio.SocketStream, context: ssl.SSLContext) -> None:
-    tls = trio.SSLStream(stream, context, server_side=True)
-    buffer = b""
-    try:
-        while True:
-            got = await read_request(tls, buffer)
-            if got is None:
-                return
-            request, buffer = got
-            reply = b'{"data": []}' if request.startswith(b"GET ") else BODY
-            await tls.send_all(response_bytes(200, reply))
-    except trio.BrokenResourceError:
-        return
-    finally:
-        await trio.aclose_forcefully(tls)
+    """The judge over TLS: a model list for the probe's GET, a verdict for every POST."""
+    await serve_tls(
+        stream, context, lambda request: b'{"data": []}' if request.startswith(b"GET ") else BODY
+    )
 
 
 def _https(port: int, **judge: Any) -> Settings:

@@ -224,6 +224,17 @@ async def test_pool_keeps_connections_alive_against_real_servers(kind: str) -> N
         await judge.aclose()
 
 
+async def _call_then_wait_for_the_servers_idle_close(
+    judge: HttpJudge, pool: pool_module.KeepAlivePool
+) -> None:
+    """One call, then wait until the server's keep-alive close of the idle connection it left
+    has arrived (a socket state: nothing to wait on but polling)."""
+    await judge.attempt(CALL)
+    ((_, idle),) = list(pool._idle)
+    while not pool_module._readable(idle.stream):  # noqa: ASYNC110
+        await trio.sleep(0.05)
+
+
 @pytest.mark.parametrize("kind", SERVERS)
 async def test_keepalive_expiry_race_resends_on_a_new_connection(
     kind: str, monkeypatch: pytest.MonkeyPatch
@@ -237,11 +248,7 @@ async def test_keepalive_expiry_race_resends_on_a_new_connection(
         )
         pool = pool_of(judge)
         with trio.fail_after(20):
-            await judge.attempt(CALL)
-            ((_, idle),) = list(pool._idle)
-            # Until the server's close has arrived (a socket state: nothing to wait on).
-            while not pool_module._readable(idle.stream):  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await _call_then_wait_for_the_servers_idle_close(judge, pool)
             # The client checks an idle connection before it reuses it; the race is a close that
             # lands just after that check, which is what this makes happen every time.
             monkeypatch.setattr(pool_module, "_readable", lambda stream: False)
@@ -261,10 +268,7 @@ async def test_an_idle_connection_the_server_closed_is_replaced_before_use(kind:
         )
         pool = pool_of(judge)
         with trio.fail_after(20):
-            await judge.attempt(CALL)
-            ((_, idle),) = list(pool._idle)
-            while not pool_module._readable(idle.stream):  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await _call_then_wait_for_the_servers_idle_close(judge, pool)
             await judge.attempt(CALL)
         assert (app.calls, pool.stale_retries, judge.open_connections) == (2, 0, 1)
         await judge.aclose()
