@@ -59,9 +59,7 @@ def _check_model(settings: Settings, body: bytes) -> None:
     if served is None or model in served:
         return
     key = (
-        "judge.model"
-        if settings.judge.model is not None
-        else ("genrm_responses_create_params.model")
+        "judge.model" if settings.judge.model is not None else "genrm_responses_create_params.model"
     )
     shown = ", ".join(repr(name[:PROBE_ID_CHARS]) for name in served[:PROBE_IDS_SHOWN])
     if len(served) > PROBE_IDS_SHOWN:
