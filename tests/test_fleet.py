@@ -6,6 +6,7 @@ killed and comes back while another answers 500 to everything."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 from collections import Counter
@@ -22,9 +23,11 @@ from genrm_trio.config import Settings, settings_from_mapping
 from genrm_trio.domain.model import Masked, Scored
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.judge.base import (
+    AttemptTicket,
     JudgeCall,
     JudgeHTTPError,
     JudgeReply,
+    JudgeTimeout,
     JudgeTransportError,
     ReplyStatus,
 )
@@ -244,17 +247,27 @@ async def test_cancelled_attempt_is_neither_answer_nor_failure(
     assert stats.latency_count == 0
 
 
+async def attempt_with_deadline(judge: JudgeFleet, seconds: float) -> bool:
+    """One attempt as the Comparator runs it: under its own deadline, which, should it end the
+    attempt, the Comparator reports through the attempt's ticket. Whether it timed out."""
+    ticket = AttemptTicket()
+    with trio.move_on_after(seconds) as scope:
+        await judge.attempt(dataclasses.replace(CALL, ticket=ticket))
+    if scope.cancelled_caught:
+        ticket.deadline_expired(JudgeTimeout(seconds))
+    return scope.cancelled_caught
+
+
 async def test_a_replica_that_never_answers_is_ejected_by_its_hung_attempts(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     hung, healthy = Replica("a", latency=math.inf), Replica("b", latency=1.0)
-    judge = fleet(hung, healthy, eject_after_failures=2, hang_after_s=10.0)
+    judge = fleet(hung, healthy, eject_after_failures=2)
     outcomes = []
     with caplog.at_level(logging.WARNING, "genrm_trio.judge"):
         for _ in range(6):  # each under its 10 s attempt deadline, as the Comparator runs them
-            with trio.move_on_after(10.0) as scope:
-                await judge.attempt(CALL)
-            outcomes.append("timeout" if scope.cancelled_caught else "ok")
+            timed_out = await attempt_with_deadline(judge, 10.0)
+            outcomes.append("timeout" if timed_out else "ok")
     # Round robin a, b, a: the second hung attempt ejects a, and b takes every later call.
     assert outcomes == ["timeout", "ok", "timeout", "ok", "ok", "ok"]
     assert trio.current_time() == 10 + 1 + 10 + 1 + 1 + 1
@@ -266,13 +279,14 @@ async def test_a_replica_that_never_answers_is_ejected_by_its_hung_attempts(
     assert "a:8000 ejected after 2 consecutive failed attempts (last: TimeoutError" in line
 
 
-async def test_an_attempt_cancelled_before_the_hang_limit_is_not_a_failure(
+async def test_an_attempt_cancelled_from_outside_is_not_a_failure(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     a = Replica("a", latency=math.inf)
-    judge = fleet(a, eject_after_failures=1, hang_after_s=10.0)
-    with trio.move_on_after(9.5):  # the group's deadline, a disconnect: not the replica's fault
-        await judge.attempt(CALL)
+    judge = fleet(a, eject_after_failures=1)
+    ticket = AttemptTicket()  # never told of a deadline: however long it took, not the replica's
+    with trio.move_on_after(30.0):  # the group's deadline, a disconnect: not the replica's fault
+        await judge.attempt(dataclasses.replace(CALL, ticket=ticket))
     (stats,) = judge.replica_stats()
     assert (stats.calls, stats.failures, stats.ejected) == (1, 0, False)
 
@@ -487,13 +501,14 @@ def test_replica_settings_reach_the_fleet_and_its_judges() -> None:
                 "eject_backoff_s": 1.5,
                 "keepalive_expiry_s": 2.5,
                 "max_response_bytes": 4096,
+                "replica_stall_s": 30.0,
             }
         }
     )
     judge = make_judge(config)
     assert isinstance(judge, JudgeFleet)
     assert (judge._cap, judge._threshold, judge._backoff) == (7, 2, 1.5)
-    assert judge._hang_after == config.judge_request_timeout_s  # a hung attempt ejects too
+    assert judge._stall_after == 30.0  # and not the attempt deadline: the Comparator reports it
     pools = [replica.judge._pool for replica in judge._replicas]  # type: ignore[attr-defined]
     assert [pool._keepalive_expiry for pool in pools] == [2.5, 2.5]
     assert [pool._max_body for pool in pools] == [4096, 4096]

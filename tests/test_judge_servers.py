@@ -231,7 +231,7 @@ async def _call_then_wait_for_the_servers_idle_close(
     has arrived (a socket state: nothing to wait on but polling)."""
     await judge.attempt(CALL)
     ((_, idle),) = list(pool._idle)
-    while not pool_module._readable(idle.stream):  # noqa: ASYNC110
+    while not pool_module.is_readable(idle.stream):  # noqa: ASYNC110
         await trio.sleep(0.05)
 
 
@@ -251,7 +251,7 @@ async def test_keepalive_expiry_race_resends_on_a_new_connection(
             await _call_then_wait_for_the_servers_idle_close(judge, pool)
             # The client checks an idle connection before it reuses it; the race is a close that
             # lands just after that check, which is what this makes happen every time.
-            monkeypatch.setattr(pool_module, "_readable", lambda stream: False)
+            monkeypatch.setattr(pool_module, "is_readable", lambda stream: False)
             reply = await judge.attempt(CALL)
         assert reply.status is ReplyStatus.COMPLETED
         assert pool.stale_retries == 1

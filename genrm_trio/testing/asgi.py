@@ -9,16 +9,18 @@ import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final, final
+from typing import Any, Final, assert_never, final, get_args
 
 import httpx
 import trio
 
+from genrm_trio.config import JudgeApiName
+from genrm_trio.judge.apis import JUDGE_APIS
 from genrm_trio.judge.base import JudgeCall
 from genrm_trio.testing.core import (
     DEFAULT_BUDGET_TOKENS,
-    Api,
     SimConfig,
     prompt_length,
     token_count,
@@ -33,7 +35,7 @@ from genrm_trio.testing.faults import (
 from genrm_trio.testing.judge import SimJudge
 from genrm_trio.testing.verdicts import FILLER
 
-__all__ = ["SimJudgeApp", "serve_sim_judge", "sim_asgi_app"]
+__all__ = ["SIM_APIS", "SimJudgeApp", "serve_sim_judge", "sim_asgi_app"]
 
 _MODEL_ID: Final = "genrm-sim"
 _MAX_BODY_BYTES: Final = 64 * 1024 * 1024
@@ -200,8 +202,42 @@ def _chat_body(
     }
 
 
-def _budget_tokens(request: Mapping[str, Any], api: Api) -> int:
-    value = request.get("max_output_tokens" if api == "responses" else "max_tokens")
+@final
+@dataclass(frozen=True, slots=True)
+class _SimApi:
+    """The simulated judge's side of one judge API: the comparison a request asks for, the key
+    of its output budget, and the reply body."""
+
+    call: Callable[[Mapping[str, Any]], JudgeCall]
+    budget_key: str
+    reply: Callable[[Mapping[str, Any], int, str, bool, tuple[int, int]], dict[str, Any]]
+
+
+def _sim_api(name: JudgeApiName) -> _SimApi:
+    """The judge API `name` as the simulated judge serves it (mypy fails here until every
+    `judge.api` value is served)."""
+    match name:
+        case "responses":
+            return _SimApi(_responses_call, "max_output_tokens", _responses_body)
+        case "chat_completions":
+            return _SimApi(_chat_call, "max_tokens", _chat_body)
+        case _:
+            assert_never(name)
+
+
+SIM_APIS: Final[Mapping[JudgeApiName, _SimApi]] = {
+    name: _sim_api(name) for name in get_args(JudgeApiName)
+}
+"""Every judge API the simulated judge serves (all of them), by `judge.api` value."""
+
+_ROUTES: Final[Mapping[str, JudgeApiName]] = {
+    "/v1" + JUDGE_APIS[name].path: name for name in SIM_APIS
+}
+"""`POST /v1{path}` of each judge API (the paths are the client's, `judge.apis`)."""
+
+
+def _budget_tokens(request: Mapping[str, Any], api: JudgeApiName) -> int:
+    value = request.get(SIM_APIS[api].budget_key)
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     return DEFAULT_BUDGET_TOKENS
@@ -258,12 +294,7 @@ class SimJudgeApp:
             stats = self.sim.statistics()
             await _respond(send, 200, _json_bytes(dataclasses.asdict(stats)))
             return
-        api: Api
-        if path == "/v1/responses":
-            api = "responses"
-        elif path == "/v1/chat/completions":
-            api = "chat_completions"
-        elif path == "/v1/models":
+        if path == "/v1/models":
             if method not in ("GET", "HEAD"):
                 await _respond(send, 405, _json_bytes({"error": "method not allowed"}))
             elif not self._authorised(scope):
@@ -271,7 +302,8 @@ class SimJudgeApp:
             else:
                 await _respond(send, 200, _MODELS_BODY)
             return
-        else:
+        api = _ROUTES.get(path)
+        if api is None:
             await _respond(send, 404, _json_bytes({"error": f"no route {path}"}))
             return
         if method != "POST":
@@ -289,8 +321,8 @@ class SimJudgeApp:
                 raise _BadRequest(400, f"body is not JSON: {error}") from error
             if not isinstance(request, dict):
                 raise _BadRequest(400, "body must be a JSON object")
-            call = _responses_call(request) if api == "responses" else _chat_call(request)
-            asked = request.get("max_output_tokens" if api == "responses" else "max_tokens")
+            call = SIM_APIS[api].call(request)
+            asked = request.get(SIM_APIS[api].budget_key)
             if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
                 call = dataclasses.replace(call, max_output_tokens=asked)
         except _BadRequest as error:
@@ -312,7 +344,7 @@ class SimJudgeApp:
 
     async def _judge(
         self,
-        api: Api,
+        api: JudgeApiName,
         request: Mapping[str, Any],
         call: JudgeCall,
         n: int,
@@ -344,8 +376,7 @@ class SimJudgeApp:
             else:
                 out_tokens = token_count(len(text))
             usage = (token_count(prompt_length(call)), out_tokens)
-            make = _responses_body if api == "responses" else _chat_body
-            body = _json_bytes(make(request, n, text, budget, usage))
+            body = _json_bytes(SIM_APIS[api].reply(request, n, text, budget, usage))
             if fault == "drop":
                 await send(
                     {
