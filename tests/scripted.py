@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 
+from genrm_trio.judge.network import NetworkBackend
 from genrm_trio.testing.network import (
     Connect,
     MemoryNetwork,
@@ -148,3 +149,14 @@ class Script:
             raise AssertionError(f"call {self.calls} is {answer!r} but its connection was open")
         finally:
             self.active -= 1
+
+
+class ByHost:
+    """A network backend routing each connection to the backend of its `host:port` (one per
+    replica of a fleet)."""
+
+    def __init__(self, backends: dict[str, NetworkBackend]) -> None:
+        self.backends = backends
+
+    async def connect_tcp(self, host: str, port: int) -> trio.abc.Stream:
+        return await self.backends[f"{host}:{port}"].connect_tcp(host, port)
