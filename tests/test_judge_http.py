@@ -966,6 +966,11 @@ async def test_closed_port_is_one_connect_error() -> None:
     assert info.value.type_name == "ConnectError"
     assert info.value.retryable
     assert info.value.describe().startswith("ConnectError: ")
+    # trio says "all attempts to connect to ... failed"; the reason under it is kept
+    assert info.value.describe() == (
+        f"ConnectError: all attempts to connect to 127.0.0.1:{port} failed: "
+        f"[Errno 111] Error connecting to ('127.0.0.1', {port}): Connection refused"
+    )
     assert judge.open_connections == 0
     await judge.aclose()
 
@@ -1140,3 +1145,43 @@ async def test_pool_over_tls_reuses_its_connection(tmp_path: Path) -> None:
             assert (connections, pool.connections) == (1, 1)
             await pool.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_an_untrusted_certificate_is_one_attempt_and_another_replica_answers(
+    judge_tls: tuple[str, ssl.SSLContext], autojump_clock: trio.testing.MockClock
+) -> None:
+    """TLS over the in-memory network. One judge: the certificate failure is not retried (it
+    would fail again), its cause in the text. A fleet: it belongs to that replica, which is
+    avoided; the other answers."""
+    from scripted import ByHost
+
+    from genrm_trio.judge.attempts import Comparator
+    from genrm_trio.judge.base import JudgeError
+    from genrm_trio.judge.fleet import make_judge
+    from genrm_trio.metrics import Metrics
+
+    ca_file, server_context = judge_tls  # a certificate for j.test only
+    trusted, mismatched = (
+        Recorder(ok(responses_reply()), tls=server_context),
+        Recorder(ok(responses_reply()), tls=server_context),
+    )
+    one = settings_from_mapping(
+        {"judge": {"base_url": "https://k.test:8443/v1", "ca_file": ca_file}}
+    )
+    comparator = Comparator(make_http_judge(one, backend=mismatched.network), one, Metrics())
+    with trio.fail_after(60), pytest.raises(JudgeError) as info:
+        await comparator.compare(CALL, pair=(0, 1), judge_pass=0)
+    assert info.value.attempts == 1
+    assert "ConnectError: TLS handshake failed: " in info.value.message
+    assert "CERTIFICATE_VERIFY_FAILED" in info.value.message
+    assert mismatched.network.connections == 1 and mismatched.received == []
+    urls = ["https://k.test:8443/v1", "https://j.test:8443/v1"]
+    both = settings_from_mapping({"judge": {"base_url": urls, "ca_file": ca_file}})
+    fleet = make_judge(
+        both,
+        backend=ByHost({"k.test:8443": mismatched.network, "j.test:8443": trusted.network}),
+    )
+    result = await Comparator(fleet, both, Metrics()).compare(CALL, pair=(0, 1), judge_pass=0)
+    assert result.attempts == 2
+    assert len(trusted.received) == 1
+    await fleet.aclose()
