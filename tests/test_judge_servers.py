@@ -435,6 +435,7 @@ async def test_a_sigstopped_replica_stalls_out_and_its_comparisons_are_answered_
         finally:
             await fleet.aclose()
         first, second = fleet.replica_stats()
+        print(f"replica stalled out {stalled_after:.2f}s after its SIGSTOP")  # pytest -s
         assert stalled_after <= STALL_S + 1.5, stalled_after  # ~1 s, scheduling aside
         assert failed == []  # every comparison answered, those on the stopped replica elsewhere
         assert (first.stalls, first.ejected, first.in_flight) == (1, True, 0)
