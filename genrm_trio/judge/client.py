@@ -209,9 +209,9 @@ class HttpJudge:
         return self._api.interpret(_decode_json(body))
 
     def _request(self, call: JudgeCall) -> list[OutgoingRequest]:
-        """`call`'s POST in a one-item list the pool empties once it is sent: with a 200 ms
-        judge and 1,024 calls in flight, the prompt's bytes held again for the wait were ~6 MB.
-        (So a resend builds it anew.)"""
+        """`call`'s POST in a one-item list the pool empties once it is sent, so that no frame
+        holds the prompt's bytes while the reply is awaited (docs/benchmarks.md, "Judge
+        client"). (So a resend builds it anew.)"""
         content = json.dumps(self._api.body(call)).encode("ascii")
         headers = [*self._header_list, (b"content-length", b"%d" % len(content))]
         return [(b"POST", self._target, headers, content)]
