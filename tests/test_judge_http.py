@@ -6,6 +6,7 @@ cancellation without leaks, a closed port)."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import socket
 import ssl
@@ -1185,3 +1186,59 @@ async def test_an_untrusted_certificate_is_one_attempt_and_another_replica_answe
     assert result.attempts == 2
     assert len(trusted.received) == 1
     await fleet.aclose()
+
+
+# --- one source for each list the judge keeps (issue #22) -----------------------------------------
+
+
+def test_every_judge_api_value_has_one_object_and_one_simulated_side() -> None:
+    from typing import get_args
+
+    from genrm_trio.config import JudgeApiName, JudgeSettings
+    from genrm_trio.judge.apis import JUDGE_APIS, judge_api_type
+    from genrm_trio.testing.asgi import SIM_APIS
+
+    names = set(get_args(JudgeApiName))
+    assert names == set(JUDGE_APIS) == set(SIM_APIS) == {"responses", "chat_completions"}
+    assert set(get_args(JudgeSettings.model_fields["api"].annotation)) == names
+    for name in names:
+        assert JUDGE_APIS[name] is judge_api_type(name)
+        assert JUDGE_APIS[name].name == name
+    # the simulated judge serves each API at the path the client posts to
+    paths = {"/v1" + JUDGE_APIS[name].path for name in names}
+    assert paths == {"/v1/responses", "/v1/chat/completions"}
+
+
+def test_the_pool_defaults_are_the_settings_defaults() -> None:
+    import inspect
+
+    from genrm_trio.config import JudgeSettings
+
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(KeepAlivePool).parameters.items()
+    }
+    fields = JudgeSettings.model_fields
+    assert defaults["keepalive_expiry"] == fields["keepalive_expiry_s"].default == 4.0
+    assert defaults["max_response_bytes"] == fields["max_response_bytes"].default == 32 << 20
+
+
+async def test_a_judge_key_reaches_the_probe_as_it_reaches_the_calls(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`judge.max_response_bytes` caps the probe's reply as it caps a call's: both take their
+    pool from `judge_pool`."""
+    from genrm_trio.judge.probe import probe_judge
+
+    models = {"data": [{"id": "m" * 600}, {"id": "n" * 600}]}  # a reply over 1 KiB
+    recorder = Recorder(ok(models))
+    config = settings(max_response_bytes=1024)
+    caplog.set_level(logging.WARNING, logger="genrm_trio.serve")
+    with trio.fail_after(60):
+        assert await probe_judge(config, None, backend=recorder.network) is False
+        with pytest.raises(JudgeTransportError) as info:
+            await make_http_judge(config, backend=recorder.network).attempt(CALL)
+    assert info.value.type_name == "ResponseTooLarge"
+    [line] = [r.getMessage() for r in caplog.records if "judge probe" in r.getMessage()]
+    assert "failed: ResponseTooLarge: judge response exceeds judge.max_response_bytes (1024" in line
+    assert [r.method for r in recorder.received] == ["GET", "POST"]
