@@ -38,7 +38,13 @@ from genrm_trio.judge.pool import (
     judge_pool,
 )
 
-__all__ = ["TRANSPORT_ERRORS", "HttpJudge", "make_http_judge", "parse_retry_after", "transport_error"]
+__all__ = [
+    "TRANSPORT_ERRORS",
+    "HttpJudge",
+    "make_http_judge",
+    "parse_retry_after",
+    "transport_error",
+]
 
 TRANSPORT_ERRORS: Final[tuple[tuple[type[httpx.HTTPError], str, bool, bool], ...]] = (
     # (what the pool raised, the {ErrorType} of the judge error, retried against the same
