@@ -764,3 +764,20 @@ def test_replica_stall_s_is_validated() -> None:
         assert message in info.value.message
     judge = settings_from_mapping({"judge": {"base_url": ["http://h:1/v1"], "replica_stall_s": 30}})
     assert judge.judge.replica_stall_s == 30.0
+
+
+async def test_a_replica_that_only_refuses_is_no_answer_beside_a_silent_one(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A refused connection is no sign that the fleet serves: it does not make another replica's
+    silence a stall (ejection takes care of the refusing one)."""
+    dead, hung = Replica("a", mode="dead"), Replica("b", latency=math.inf)
+    judge = fleet(dead, hung, stall_after_s=2.0)
+    comparator, _ = comparator_for(judge, two_replicas())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(functools.partial(comparator.compare, CALL, pair=(0, 1), judge_pass=0))
+        await trio.sleep(9.0)
+        a, b = judge.replica_stats()
+        assert (a.calls, a.failures) == (1, 1)  # refused at once; the retry went to b
+        assert (b.calls, b.in_flight, b.stalls, b.ejected) == (1, 1, 0, False)
+        nursery.cancel_scope.cancel()

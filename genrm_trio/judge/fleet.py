@@ -17,10 +17,10 @@ its own keep-alive pool). Every attempt goes to one replica:
   calls. When every replica is ejected, attempts still go out, to the least recently failed
   replica, rather than failing untried;
 - **stall detection** (`judge.replica_stall_s`, off by default): a replica that has had attempts
-  in flight and finished none of them for that long, while another replica answered in that
-  time, is stalled: it is taken out as an ejected one is, and its attempts in flight are
-  cancelled (`JudgeStalled`, retryable, so each is retried elsewhere as an attempt of its
-  comparison).
+  in flight and finished none of them for that long, while another replica answered (a reply or
+  an HTTP status, not a broken connection) in that time, is stalled: it is taken out as an
+  ejected one is, and its attempts in flight are cancelled (`JudgeStalled`, retryable, so each
+  is retried elsewhere as an attempt of its comparison).
 
 Why an attempt ended the fleet is told, not guessed: an answer or a failure it sees; its own
 deadline the `Comparator` reports through the attempt's `AttemptTicket` (a hung replica is then
@@ -51,6 +51,7 @@ from genrm_trio.judge.base import (
     JudgeHTTPError,
     JudgeReply,
     JudgeStalled,
+    JudgeTransportError,
     ReplicaStats,
     one_line,
 )
@@ -265,7 +266,9 @@ class JudgeFleet:
             raise
         except JudgeAttemptError as error:
             error.replica = replica.label
-            self._finished(replica, started)
+            # An HTTP status is an answer; a broken or refused connection is not (no evidence
+            # that the replicas are serving, which a stall of another one needs).
+            self._finished(replica, started, answered=not isinstance(error, JudgeTransportError))
             if error.retryable or error.retry_elsewhere:
                 self._failed(replica, trial, error)
                 if isinstance(error, JudgeHTTPError) and error.retry_after is not None:
@@ -278,7 +281,7 @@ class JudgeFleet:
             # ticket, `_timed_out`) or from outside (neither an answer nor a failure).
             self._left(replica)
             raise
-        self._finished(replica, started)
+        self._finished(replica, started, answered=True)
         self._answered(replica, trial)
         return reply
 
@@ -314,7 +317,7 @@ class JudgeFleet:
         elif replica.armed and replica.watch is None:
             self._arm(replica)  # the stall deadline moves to another of its attempts
 
-    def _finished(self, replica: _Replica, started: float) -> None:
+    def _finished(self, replica: _Replica, started: float, *, answered: bool) -> None:
         now = trio.current_time()
         replica.in_flight -= 1
         replica.latency_sum += now - started
@@ -322,8 +325,8 @@ class JudgeFleet:
         self._lot.unpark_all()
         if self._stall_after is None:
             return
-        # It finished one: its silence, if any, is over; every other busy replica's silence now
-        # has an answer beside it (the condition of a stall).
+        # It finished one: its silence, if any, is over; and if that was an answer, every other
+        # busy replica's silence now has an answer beside it (the condition of a stall).
         replica.quiet_since = now
         replica.armed = False
         if replica.watch is not None:
@@ -331,6 +334,8 @@ class JudgeFleet:
             replica.watch = None
         if replica.in_flight == 0:
             replica.stalling = False
+        if not answered:
+            return
         for other in self._replicas:
             if other is not replica and other.in_flight and not other.armed:
                 other.armed = True
