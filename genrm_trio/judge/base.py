@@ -136,7 +136,7 @@ class JudgeTransportError(JudgeAttemptError):
     retryable = True
 
     def __init__(self, type_name: str, message: str) -> None:
-        # type_name is one of ConnectError, ReadError, WriteError, RemoteProtocolError
+        # type_name and whether it is retried: judge.client.TRANSPORT_ERRORS, the one table
         super().__init__(message)
         self.type_name = type_name
 
