@@ -2,9 +2,9 @@
 
 The names are those of docs/http-api.md, "GET /metrics", and all start with `genrm_trio_`, besides
 the standard `process_*` series of the process (CPU, memory, open files, start time). The label
-values of the cohort and deadline series are closed sets, exported at 0 from the start, so that a
-query dividing or adding them (the dashboard's, the alert rules') has a series before the first
-event of each kind.
+values of the cohort, deadline, judge-outcome and retry-cause series are closed sets, exported at
+0 from the start, so that a query dividing or adding them (the dashboard's, the alert rules') has
+a series before the first event of each kind.
 """
 
 from __future__ import annotations
@@ -33,6 +33,18 @@ ACTIVE_STATE_LABELS: Final = ("collecting", "judging")
 """The `state` label of `genrm_trio_active_cohorts`: `engine.machine.ACTIVE_STATES`."""
 DEADLINE_LABELS: Final = ("collection", "evaluation", "compare")
 """The `deadline` label of `genrm_trio_deadline_failures_total`."""
+JUDGE_OUTCOME_LABELS: Final = (
+    "completed",
+    "budget_exhausted",
+    "unusable",
+    "http_error",
+    "transport_error",
+    "timeout",
+    "bad_json",
+)
+"""The `outcome` label of `genrm_trio_judge_calls_total`: `ReplyStatus` and the attempt errors."""
+RETRY_CAUSE_LABELS: Final = ("transport", "http", "unusable", "parse", "budget")
+"""The `cause` label of `genrm_trio_judge_retries_total` (timeouts and bad JSON are not retried)."""
 
 
 class ReplicaCounters(Protocol):
@@ -198,6 +210,10 @@ class Metrics:
             self.active_cohorts.labels(state)
         for deadline in DEADLINE_LABELS:
             self.deadline_failures.labels(deadline)
+        for outcome in JUDGE_OUTCOME_LABELS:
+            self.judge_calls.labels(outcome)
+        for cause in RETRY_CAUSE_LABELS:
+            self.judge_retries.labels(cause)
         # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ... (Linux)
         ProcessCollector(registry=r)
         self._replicas = _ReplicaCollector()

@@ -17,9 +17,19 @@ from genrm_trio.domain.model import GroupFailed, Masked, Scored
 from genrm_trio.domain.records import TerminalRecord
 from genrm_trio.engine import machine
 from genrm_trio.engine.engine import Engine
+from genrm_trio.judge import attempts
+from genrm_trio.judge.base import (
+    JudgeBadJSON,
+    JudgeHTTPError,
+    JudgeTimeout,
+    JudgeTransportError,
+    ReplyStatus,
+)
 from genrm_trio.metrics import (
     ACTIVE_STATE_LABELS,
     DEADLINE_LABELS,
+    JUDGE_OUTCOME_LABELS,
+    RETRY_CAUSE_LABELS,
     TERMINAL_STATE_LABELS,
     Metrics,
 )
@@ -95,17 +105,17 @@ async def test_a_failed_group_counts_its_present_rollouts_and_no_latency(
 
 
 async def test_a_cohort_view_shows_its_age(autojump_clock: MockClock) -> None:
-    async with running(settings(cohort_collection_timeout_s=10.0), ScriptedJudge()) as engine:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(verify, engine, member(0))
-            await trio.sleep(0.4)
-            [view] = engine.active_cohorts()
-            assert view.age_s == pytest.approx(0.4)
-            assert view.deadline_s_left == pytest.approx(9.6)
-            await trio.sleep(2.0)
-            [view] = engine.active_cohorts()
-            assert view.age_s == pytest.approx(2.4)
-            nursery.start_soon(verify, engine, member(1))
+    config = settings(cohort_collection_timeout_s=10.0)
+    async with running(config, ScriptedJudge()) as engine, trio.open_nursery() as nursery:
+        nursery.start_soon(verify, engine, member(0))
+        await trio.sleep(0.4)
+        [view] = engine.active_cohorts()
+        assert view.age_s == pytest.approx(0.4)
+        assert view.deadline_s_left == pytest.approx(9.6)
+        await trio.sleep(2.0)
+        [view] = engine.active_cohorts()
+        assert view.age_s == pytest.approx(2.4)
+        nursery.start_soon(verify, engine, member(1))
 
 
 # --- what a fresh registry exports ------------------------------------------------------------
@@ -122,6 +132,10 @@ def test_every_closed_label_value_is_exported_at_zero_from_the_start() -> None:
     for deadline in DEADLINE_LABELS:
         key = ("genrm_trio_deadline_failures_total", (("deadline", deadline),))
         assert exported[key] == 0
+    for outcome in JUDGE_OUTCOME_LABELS:
+        assert exported[("genrm_trio_judge_calls_total", (("outcome", outcome),))] == 0
+    for cause in RETRY_CAUSE_LABELS:
+        assert exported[("genrm_trio_judge_retries_total", (("cause", cause),))] == 0
     assert exported[(f"{LATENCY}_count", ())] == 0
     assert exported[(f"{LATENCY}_bucket", (("le", "+Inf"),))] == 0
 
@@ -130,6 +144,16 @@ def test_the_label_values_are_the_engines_own() -> None:
     assert set(ACTIVE_STATE_LABELS) == set(machine.ACTIVE_STATES)
     state = typing.get_type_hints(TerminalRecord.state.fget)["return"]  # type: ignore[attr-defined]
     assert set(TERMINAL_STATE_LABELS) == set(typing.get_args(state))
+    errors = [
+        JudgeHTTPError(500, b""),
+        JudgeTimeout(1.0),
+        JudgeBadJSON("not json"),
+        JudgeTransportError("ConnectError", "refused"),
+    ]
+    outcomes = {status.value for status in ReplyStatus} | {attempts._outcome(e)[0] for e in errors}
+    assert outcomes == set(JUDGE_OUTCOME_LABELS)
+    retried = {attempts._outcome(e)[1] for e in errors if e.retryable}
+    assert retried | {"unusable", "parse", "budget"} == set(RETRY_CAUSE_LABELS)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process series read /proc")
