@@ -225,10 +225,12 @@ def test_every_panel_query_applies_the_variables_and_survives_added_labels() -> 
             )
             if selector.metric.startswith("genrm_trio_judge_replica_"):
                 assert ("replica", "=~", "$replica") in matchers, (title, ref)
-        # quantiles sum the buckets by le alone, so a label added later (another helper's
-        # `priority` on the queue wait) merges instead of splitting the line
+        # quantiles sum the buckets by le and named labels only, so a label added to a
+        # histogram later (a `priority`, say) merges instead of splitting the line
         for quantile in re.finditer(r"histogram_quantile\(([^,]+),\s*(\w+)", expr):
-            assert expr[quantile.end() :].lstrip().startswith("by (le) ("), (title, ref)
+            assert quantile.group(2) == "sum", (title, ref)
+            rest = expr[quantile.end() :].lstrip()
+            assert re.match(r"by \(le(, \w+)*\) \(rate\(", rest), (title, ref)
         assert "rate(" not in expr or "[$__rate_interval]" in expr, (title, ref)
 
 
@@ -404,3 +406,19 @@ def test_the_files_ship_as_package_data() -> None:
     for name in ("grafana-dashboard.json", RULES_FILE):
         assert f'"app/monitoring/{name}"' in pyproject
         assert (HERE.parent / "genrm_trio" / "app" / "monitoring" / name).is_file()
+
+
+def test_a_missing_prometheus_fails_instead_of_skipping_in_ci(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """.ci/run sets GENRM_TRIO_REQUIRE_PROMETHEUS: there a missing binary is a failure."""
+    import prom
+
+    monkeypatch.setattr(prom.shutil, "which", lambda name: None)
+    monkeypatch.delenv(prom.REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception):
+        prom.binary("promtool")
+    monkeypatch.setenv(prom.REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="must be installed"):
+        prom.binary("promtool")
+    assert f"export {prom.REQUIRE_ENV}=1" in (HERE.parent / ".ci" / "run").read_text()

@@ -4,6 +4,7 @@ quantiles and rates the frames compute, and the command itself (`--once`, Ctrl-C
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -314,3 +315,43 @@ def test_top_refreshes_and_leaves_cleanly_on_ctrl_c(watched: Watched) -> None:
             popen.wait(15)
         popen.stdout.close()
         popen.stderr.close()
+
+
+@pytest.mark.slow
+def test_on_a_terminal_top_redraws_in_place_and_restores_the_screen(watched: Watched) -> None:
+    """On a TTY: rich's Live on the alternate screen, left (and the screen restored) on Ctrl-C."""
+    import pty
+
+    leader, follower = pty.openpty()
+    env = {**os.environ, **watched.env, "COLUMNS": "140", "LINES": "60", "TERM": "xterm"}
+    argv = [*command(), "top", "--url", watched.url, "--api-key-env", KEY_ENV, "--interval", "0.2"]
+    popen = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=subprocess.PIPE, env=env)
+    os.close(follower)
+    assert popen.stderr is not None
+    try:
+        seen = b""
+        deadline = time.monotonic() + 30
+        while seen.count(b"genrm-trio top ") < 3:
+            assert time.monotonic() < deadline, seen
+            ready, _, _ = select.select([leader], [], [], 1.0)
+            if ready:
+                seen += os.read(leader, 65536)
+        assert b"\x1b[?1049h" in seen  # the alternate screen
+        popen.send_signal(signal.SIGINT)
+        assert popen.wait(timeout=15) == 0
+        with contextlib.suppress(OSError):  # the rest, up to the follower's close
+            while select.select([leader], [], [], 0.5)[0]:
+                chunk = os.read(leader, 65536)
+                if not chunk:
+                    break
+                seen += chunk
+        # the normal screen is back after the last frame
+        assert seen.rfind(b"\x1b[?1049l") > seen.rfind(b"genrm-trio top "), seen[-300:]
+        errors = popen.stderr.read().decode()
+        assert "Traceback" not in errors, errors
+    finally:
+        if popen.poll() is None:
+            popen.kill()
+            popen.wait(15)
+        popen.stderr.close()
+        os.close(leader)
