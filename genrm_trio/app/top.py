@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import httpx
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 
 from genrm_trio.app.top_frame import FetchFailed, Snapshot, Watcher, frame, parse_metrics
@@ -49,7 +49,12 @@ def _positive(value: str) -> float:
 
 
 def add_top_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default=DEFAULT_URL, metavar="URL", help="server base URL")
+    parser.add_argument(
+        "--url",
+        default=DEFAULT_URL,
+        metavar="URL",
+        help=f"server base URL (default: {DEFAULT_URL})",
+    )
     parser.add_argument(
         "--api-key-env", metavar="ENV", help="variable holding the server's bearer token"
     )
@@ -114,7 +119,8 @@ def fetch(
         return FetchFailed(at, str(exc))
     except httpx.HTTPError as exc:
         reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        return FetchFailed(at, f"cannot reach {client.base_url}: {reason}"[:_REASON_CHARS])
+        where = str(client.base_url).rstrip("/")
+        return FetchFailed(at, f"cannot reach {where}: {reason}"[:_REASON_CHARS])
     return Snapshot(at, series, cohorts, replicas)
 
 
@@ -148,7 +154,7 @@ def run_top(args: argparse.Namespace) -> int:
     try:
         with open_client(url, token) as client:
 
-            def tick() -> tuple[Any, bool]:
+            def tick() -> tuple[RenderableType, bool]:
                 result = fetch(client)
                 return frame(watcher.update(result, time.time())), isinstance(result, Snapshot)
 

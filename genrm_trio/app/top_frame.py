@@ -12,7 +12,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, final
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -173,17 +173,18 @@ def _restarted(before: Snapshot, after: Snapshot) -> bool:
 
 
 @final
-@dataclass
 class Watcher:
     """Keeps the rate window across fetches; `update` turns each fetch into a `View`."""
 
-    url: str
-    window_s: float = RATE_WINDOW_S
-    _window: deque[Snapshot] = field(default_factory=deque)
-    _down_since: float | None = None
-    _restarted_at: float | None = None
+    def __init__(self, url: str, window_s: float = RATE_WINDOW_S) -> None:
+        self.url = url
+        self.window_s = window_s
+        self._window: deque[Snapshot] = deque()
+        self._down_since: float | None = None
+        self._restarted_at: float | None = None
 
     def update(self, result: Snapshot | FetchFailed, wall: float) -> View:
+        """The view after `result`, fetched at unix time `wall`."""
         if isinstance(result, FetchFailed):
             if self._down_since is None:
                 self._down_since = result.at
@@ -194,6 +195,7 @@ class Watcher:
             self._window.clear()
             self._restarted_at = wall
         self._window.append(result)
+        # keep the newest snapshot at least window_s old as the baseline
         while len(self._window) > 2 and result.at - self._window[1].at >= self.window_s:
             self._window.popleft()
         baseline = self._window[0] if len(self._window) > 1 else None
