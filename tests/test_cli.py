@@ -129,8 +129,9 @@ def test_no_command_is_a_usage_error_with_the_usage_line(
     lines = captured.err.splitlines()
     assert lines[0].startswith("usage: genrm-trio [-h] [--version] COMMAND")
     assert lines[-1] == (
-        "genrm-trio: error: a command is required: serve, demo, sim-judge, bench, checkpoint or "
-        "gym-root (genrm-trio --help describes them)"
+        "genrm-trio: error: a command is required: serve, demo, sim-judge, bench, checkpoint, "
+        "gym-root, grafana-dashboard, prometheus-rules, prometheus-config or top (genrm-trio "
+        "--help describes them)"
     )
     assert "config error" not in captured.err
 

@@ -1,5 +1,6 @@
 """The `genrm-trio` command (docs/configuration.md, "Command line"): serve, sim-judge, demo,
-bench, checkpoint, gym-root.
+bench, checkpoint, gym-root, and the watching commands of app/watch.py (grafana-dashboard,
+prometheus-rules, prometheus-config, top).
 
 Exit codes: 0 after a graceful stop, 2 for a usage or config error (one stderr line
 `genrm-trio: config error: {file}: {key}: {message}`, no traceback; no command at all prints the
@@ -27,10 +28,14 @@ import trio
 from genrm_trio import __version__
 from genrm_trio.app.checkpoint_cli import add_checkpoint_arguments
 from genrm_trio.app.logs import configure_logging
+from genrm_trio.app.watch import add_watch_commands
 from genrm_trio.config import ConfigError, Settings, load_settings
 
 PROG: Final = "genrm-trio"
-COMMANDS: Final = "serve, demo, sim-judge, bench, checkpoint or gym-root"
+COMMANDS: Final = (
+    "serve, demo, sim-judge, bench, checkpoint, gym-root, grafana-dashboard, prometheus-rules, "
+    "prometheus-config or top"
+)
 FLAGS_FILE: Final = "<flags>"
 
 log = logging.getLogger("genrm_trio.cli")
@@ -450,6 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_bench,
         add_checkpoint_arguments,
         _add_gym_root,
+        add_watch_commands,
     )
     for add in adders:
         add(sub)
