@@ -326,6 +326,21 @@ def check_fd_headroom(settings: Settings) -> FdHeadroom:
     return result
 
 
+REPEAT_SIGNAL_WINDOW_S: Final = 1.0
+"""A stop signal this soon after the first is the same stop delivered twice, not a second one.
+
+A Ctrl-C in a terminal reaches the whole foreground process group, and a launcher in it (NeMo
+Gym's `gym env start`) forwards its own SIGINT to every server as well: genrm-trio then gets
+two SIGINTs a few milliseconds apart, and taking the second as "stop without waiting" would cut
+off the waiting requests that the graceful stop answers with 503. A signal after the window
+(a person pressing Ctrl-C again) still stops at once."""
+
+
+def is_repeat_delivery(first_at: float, now: float) -> bool:
+    """Whether a stop signal at `now` repeats the one received at `first_at` (trio clock)."""
+    return now - first_at < REPEAT_SIGNAL_WINDOW_S
+
+
 def _sim_judge() -> Judge:
     from genrm_trio.testing import SimConfig, SimJudge
 
@@ -349,7 +364,8 @@ async def serve(
 
     Raises ConfigError (a missing secret or judge URL) or ListenError (the address) before
     listening; later start-up errors may arrive inside an ExceptionGroup. A second signal
-    during the shutdown stops at once. Must run in the main thread (signal handling).
+    during the shutdown stops at once, unless it comes within `REPEAT_SIGNAL_WINDOW_S` of the
+    first (the same stop delivered twice). Must run in the main thread (signal handling).
     """
     server_secret = settings.server.api_key_env
     if server_secret:
@@ -390,16 +406,27 @@ async def _serve_on(
         run_scope = trio.CancelScope()
 
         async def watch_signals() -> None:
+            first_at: float | None = None
             async for signum in signals:
                 name = signal.Signals(signum).name
-                if stop.is_set():
+                now = trio.current_time()
+                if first_at is None:
+                    first_at = now
+                    log.info("received %s: shutting down", name)
+                    stop.set()
+                    if not listening:
+                        run_scope.cancel()
+                elif is_repeat_delivery(first_at, now):
+                    log.info(
+                        "received %s again %.0f ms later: already shutting down (the same stop, "
+                        "delivered twice)",
+                        name,
+                        (now - first_at) * 1000,
+                    )
+                else:
                     log.warning("received %s again: stopping without waiting", name)
                     run_scope.cancel()
                     return
-                log.info("received %s: shutting down", name)
-                stop.set()
-                if not listening:
-                    run_scope.cancel()
 
         async def run() -> None:
             nonlocal listening
