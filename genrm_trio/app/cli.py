@@ -107,6 +107,16 @@ def _non_negative(value: str) -> float:
     return number
 
 
+def _group_size(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
+    return number
+
+
 def _rate(value: str) -> float:
     number = _non_negative(value)
     if number > 1:
@@ -141,6 +151,8 @@ def _serve_settings(args: argparse.Namespace) -> Settings:
         overrides["judge.base_url"] = urls[0] if len(urls) == 1 else urls
     if args.state is not None:
         overrides["state_path"] = args.state
+    if args.num_rollouts_per_prompt is not None:
+        overrides["num_rollouts_per_prompt"] = args.num_rollouts_per_prompt
     settings = load_settings(args.config, instance=args.instance, overrides=overrides)
     file = str(args.config) if args.config is not None else FLAGS_FILE
     sim = args.judge == "sim"
@@ -250,6 +262,12 @@ def _add_serve(sub: Any) -> None:
     )
     parser.add_argument(
         "--state", metavar="PATH", help="SQLite state file (created if absent; its dir must exist)"
+    )
+    parser.add_argument(
+        "--num-rollouts-per-prompt",
+        metavar="N",
+        type=_group_size,
+        help="rollouts per group, as the trainer sends them (default 1: no grouping, no judging)",
     )
     parser.set_defaults(handler=_run_serve)
 

@@ -11,6 +11,7 @@ hold the shutdown.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import gc
 import ipaddress
@@ -243,6 +244,8 @@ class FdHeadroom:
     raised_from: int | None  # the soft limit before it was raised, when it was
     open_now: int
     needed: int
+    # the lower server.max_active_cohorts that fits the limit, when the default did not
+    max_active_cohorts: int | None = None
 
     @property
     def enough(self) -> bool:
@@ -268,12 +271,17 @@ def _open_fds() -> int:
 
 
 def check_fd_headroom(settings: Settings) -> FdHeadroom:
-    """Raise the soft RLIMIT_NOFILE to the hard limit and warn once if it is still too low.
+    """Raise the soft RLIMIT_NOFILE to the hard limit; fit the admission limit to it, or warn.
 
     A server at `server.max_active_cohorts` holds up to max_active_cohorts × N waiting
     connections plus `judge.max_concurrency` judge connections; running out of descriptors turns
-    into refused connections and failed judge calls, far from the cause. The warning names the
-    numbers and the two remedies (`ulimit -n`, a lower `server.max_active_cohorts`).
+    into refused connections and failed judge calls, far from the cause. The default of 4,096
+    groups of 16 needs ~66,000 descriptors, more than most limits: when the key was left at its
+    default, the result names the largest `max_active_cohorts` that fits (`serve` admits that
+    many, so a new group past it gets the capacity 503, a clear answer at the cause) and one INFO
+    line says so. A warning naming the numbers and the two remedies (`ulimit -n`, a lower
+    `server.max_active_cohorts`) remains for what cannot be fitted: a value set explicitly, or a
+    limit too low for even one group.
     """
     needed = fds_needed(settings)
     open_now = _open_fds()
@@ -306,6 +314,23 @@ def check_fd_headroom(settings: Settings) -> FdHeadroom:
         open_now,
         needed,
     )
+    fitted = _fitted_admission(settings, result)
+    if fitted is not None:
+        log.info(
+            "server.max_active_cohorts: %d, what the open-file limit %d allows (%d open now, "
+            "%d judge connections, %d reserve, %d descriptors per group of "
+            "num_rollouts_per_prompt); the default %d would need %d: raise the limit "
+            "(ulimit -n) to admit more, or set the key",
+            fitted,
+            soft,
+            open_now,
+            settings.judge.max_concurrency,
+            FD_RESERVE,
+            settings.num_rollouts_per_prompt,
+            settings.server.max_active_cohorts,
+            needed,
+        )
+        return dataclasses.replace(result, max_active_cohorts=fitted)
     if not result.enough:
         requests = needed - settings.judge.max_concurrency - FD_RESERVE
         log.warning(
@@ -339,6 +364,26 @@ off the waiting requests that the graceful stop answers with 503. A signal after
 def is_repeat_delivery(first_at: float, now: float) -> bool:
     """Whether a stop signal at `now` repeats the one received at `first_at` (trio clock)."""
     return now - first_at < REPEAT_SIGNAL_WINDOW_S
+
+
+def _fitted_admission(settings: Settings, headroom: FdHeadroom) -> int | None:
+    """The largest max_active_cohorts the descriptors hold, when the default must be lowered
+    to fit (None: it fits, it was set explicitly, or no group size would fit)."""
+    if headroom.enough or headroom.soft is None or not settings.cohorting:
+        return None
+    if "max_active_cohorts" in settings.server.model_fields_set:
+        return None  # the operator's value: warn, never override it
+    spare = headroom.soft - headroom.open_now - settings.judge.max_concurrency - FD_RESERVE
+    groups = spare // settings.num_rollouts_per_prompt
+    return groups if groups >= 1 else None
+
+
+def with_admission(settings: Settings, headroom: FdHeadroom) -> Settings:
+    """`settings` with the admission limit `check_fd_headroom` fitted to the open-file limit."""
+    if headroom.max_active_cohorts is None:
+        return settings
+    server = settings.server.model_copy(update={"max_active_cohorts": headroom.max_active_cohorts})
+    return settings.model_copy(update={"server": server})
 
 
 def _sim_judge() -> Judge:
@@ -377,7 +422,7 @@ async def serve(
     try:
         for line in settings.startup_warnings():
             log.warning("%s", line)
-        check_fd_headroom(settings)
+        settings = with_admission(settings, check_fd_headroom(settings))
         if sim:
             log.warning("%s", SIM_WARNING)
         await _serve_on(settings, sock, judge=judge, sim=sim, token=token, task_status=task_status)
