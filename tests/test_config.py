@@ -549,11 +549,16 @@ def test_judge_create_params_is_a_copy() -> None:
 
 def test_genrm_model_server_accepted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=CONFIG_LOGGER)
-    s = load({"genrm_model_server": {"type": "responses_api_models", "name": "genrm_model"}})
-    assert s.genrm_model_server == {"type": "responses_api_models", "name": "genrm_model"}
+    reference = {"type": "responses_api_models", "name": "genrm_model"}
+    s = load({"genrm_model_server": reference, "judge": {"base_url": "http://127.0.0.1:1/v1"}})
+    assert s.genrm_model_server == reference
     lines = [r for r in caplog.records if "genrm_model_server" in r.getMessage()]
     assert len(lines) == 1
     assert lines[0].levelno == logging.INFO
+    # without a judge URL serve's "needs a judge" error follows: no line claiming one is used
+    caplog.clear()
+    assert load({"genrm_model_server": reference}).genrm_model_server == reference
+    assert not [r for r in caplog.records if "genrm_model_server" in r.getMessage()]
 
 
 def test_genrm_model_server_wrong_type_rejected() -> None:

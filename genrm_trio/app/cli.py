@@ -7,7 +7,7 @@ Exit codes: 0 after a graceful stop, 2 for a usage or config error (one stderr l
 usage line and `genrm-trio: error: a command is required: …`), 1 for any other start-up failure
 (one line: a busy port prints `genrm-trio: cannot listen on {host}:{port}: address already in
 use`, a state file held by another server `genrm-trio: state file {path}: in use by another
-genrm-trio process`).
+genrm-trio process (pid {pid}: {command})`).
 """
 
 from __future__ import annotations
@@ -157,11 +157,18 @@ def _serve_settings(args: argparse.Namespace) -> Settings:
     file = str(args.config) if args.config is not None else FLAGS_FILE
     sim = args.judge == "sim"
     if not sim and settings.judge.base_url is None:
+        reference = settings.genrm_model_server or {}
+        unresolved = (
+            f"the block's genrm_model_server ({reference.get('name')!r}) has no host and port "
+            "in this file (Gym fills them in when it launches the server); "
+            if reference
+            else ""
+        )
         raise ConfigError(
             file,
             "judge.base_url",
-            "serve needs a judge: give --judge-url URL, set judge.base_url in the config file, "
-            "or use --judge sim for simulated rewards",
+            f"serve needs a judge: {unresolved}give --judge-url URL, set judge.base_url in the "
+            "config file, or use --judge sim for simulated rewards",
         )
     if settings.state_path is not None:
         parent = Path(settings.state_path).expanduser().absolute().parent

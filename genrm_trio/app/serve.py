@@ -31,6 +31,7 @@ from hypercorn.config import Config, Sockets
 
 from genrm_trio.config import Settings, read_secret
 from genrm_trio.judge.base import Judge
+from genrm_trio.store.lock import check_not_in_use
 
 log = logging.getLogger("genrm_trio.serve")
 
@@ -420,6 +421,9 @@ async def serve(
         token = read_secret(settings.judge.api_key_env, key="judge.api_key_env")
     sock = bind_socket(settings.host, settings.port)
     try:
+        if settings.state_path is not None:
+            # a second server on the file stops here, before its start-up report and probes
+            check_not_in_use(os.fspath(settings.state_path))
         for line in settings.startup_warnings():
             log.warning("%s", line)
         settings = with_admission(settings, check_fd_headroom(settings))
