@@ -10,6 +10,7 @@ stack.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import select
 import signal
@@ -38,6 +39,17 @@ from genrm_trio.testing import SimConfig, SimJudge
 
 INSTANCE = "genrm_compare_resources_server"
 SERVER_DIR = gym_root() / "resources_servers" / "genrm_trio"
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """main() configures the `genrm_trio` logger; put it back afterwards."""
+    logger = logging.getLogger("genrm_trio")
+    saved = (logger.level, list(logger.handlers), logger.propagate)
+    yield
+    logger.setLevel(saved[0])
+    logger.handlers[:] = saved[1]
+    logger.propagate = saved[2]
 
 
 def gym_config(
@@ -152,7 +164,7 @@ def test_instance_on_a_flat_file_says_it_is_not_a_gym_config(tmp_path: Path) -> 
 
 
 def test_no_judge_in_a_gym_file_is_one_error_without_a_misleading_line(
-    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, restore_logging: None
 ) -> None:
     path = SERVER_DIR / "configs" / "genrm_trio.yaml"
     assert cli_main(["serve", "--config", str(path), "--instance", INSTANCE]) == 2

@@ -323,6 +323,11 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         return _config_error(UsageError("--fault", str(exc)))
+    served: Any = config
+    if args.policy:
+        from genrm_trio.testing import PolicyStandIn, sim_asgi_app
+
+        served = sim_asgi_app(config, policy=PolicyStandIn(seed=args.seed))
     try:
         # Fail fast with the one-line message; hypercorn would nest the error and leak the socket.
         bind_socket(args.host, args.port).close()
@@ -332,7 +337,7 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
     code = 0
     try:
         with tuned_gc():
-            trio.run(_sim_judge_main, config, args.host, args.port)
+            trio.run(_sim_judge_main, served, args.host, args.port)
     except* OSError as group:
         _say(f"cannot listen on {args.host}:{args.port}: {_first(group, OSError).strerror}")
         code = 1
@@ -395,6 +400,15 @@ def _add_sim_judge(sub: Any) -> None:
     )
     parser.add_argument(
         "--api-key-env", metavar="ENV", help="require this variable's value as bearer token"
+    )
+    parser.add_argument(
+        "--policy",
+        action="store_true",
+        help=(
+            "also stand in for the policy model: an ordinary chat or Responses request (not "
+            "judge-shaped) gets a deterministic answer, a different one each time a prompt "
+            "comes again, at once and without faults (a test tool: no GPU needed for a Gym trial)"
+        ),
     )
     parser.set_defaults(handler=_run_sim_judge)
 
