@@ -276,9 +276,13 @@ def test_a_state_file_held_by_another_server_is_one_line_exit_1(tmp_path: Path) 
     assert second.stdout == ""  # never listened
     assert "Traceback" not in second.stderr
     assert " ERROR " not in second.stderr
-    assert second.stderr.splitlines()[-1] == (
-        f"genrm-trio: state file {state}: in use by another genrm-trio process"
+    # before anything else: no start-up report, no judge, and the holder named
+    [line] = second.stderr.splitlines()
+    assert line.startswith(
+        f"genrm-trio: state file {state}: in use by another genrm-trio process (pid {first.pid}: "
     )
+    assert " serve --config " in line  # its command line, cut at 160 characters
+    assert line.endswith(")")
 
 
 # --- serve in-process: listening line, /health, graceful shutdown ---------------------------------
