@@ -33,6 +33,7 @@ from genrm_trio.testing.faults import (
     http_fault,
 )
 from genrm_trio.testing.judge import SimJudge
+from genrm_trio.testing.policy import PolicyStandIn
 from genrm_trio.testing.verdicts import FILLER
 
 __all__ = ["SIM_APIS", "SimJudgeApp", "serve_sim_judge", "sim_asgi_app"]
@@ -129,6 +130,45 @@ def _chat_call(body: Mapping[str, Any]) -> JudgeCall:
     )
 
 
+# Whether a request is a judge call (the answers in `metadata`, or as the last two chat roles)
+# rather than an ordinary policy request, and a policy request's text (its instructions and every
+# message's content, in order): one function per judge API.
+
+
+def _responses_shaped(request: Mapping[str, Any]) -> bool:
+    metadata = request.get("metadata")
+    return isinstance(metadata, dict) and "response_1" in metadata and "response_2" in metadata
+
+
+def _chat_shaped(request: Mapping[str, Any]) -> bool:
+    messages = request.get("messages")
+    roles = (
+        [m.get("role") for m in messages if isinstance(m, dict)]
+        if isinstance(messages, list)
+        else []
+    )
+    return roles[-2:] == ["response_1", "response_2"]
+
+
+def _responses_prompt(request: Mapping[str, Any]) -> str:
+    instructions = request.get("instructions")
+    raw = request.get("input")
+    items = [{"content": raw}] if isinstance(raw, str) else raw
+    return _joined([instructions] if isinstance(instructions, str) else [], items)
+
+
+def _chat_prompt(request: Mapping[str, Any]) -> str:
+    return _joined([], request.get("messages"))
+
+
+def _joined(parts: list[str], items: object) -> str:
+    if isinstance(items, list):
+        parts.extend(
+            _history_content(item.get("content")) for item in items if isinstance(item, dict)
+        )
+    return "\n".join(parts)
+
+
 def _json_bytes(value: object) -> bytes:
     return json.dumps(value, ensure_ascii=False).encode("utf-8", errors="surrogatepass")
 
@@ -206,11 +246,14 @@ def _chat_body(
 @dataclass(frozen=True, slots=True)
 class _SimApi:
     """The simulated judge's side of one judge API: the comparison a request asks for, the key
-    of its output budget, and the reply body."""
+    of its output budget, the reply body, and, for the policy stand-in, whether a request is a
+    judge call and a policy request's text."""
 
     call: Callable[[Mapping[str, Any]], JudgeCall]
     budget_key: str
     reply: Callable[[Mapping[str, Any], int, str, bool, tuple[int, int]], dict[str, Any]]
+    judge_shaped: Callable[[Mapping[str, Any]], bool]
+    policy_prompt: Callable[[Mapping[str, Any]], str]
 
 
 def _sim_api(name: JudgeApiName) -> _SimApi:
@@ -218,9 +261,15 @@ def _sim_api(name: JudgeApiName) -> _SimApi:
     `judge.api` value is served)."""
     match name:
         case "responses":
-            return _SimApi(_responses_call, "max_output_tokens", _responses_body)
+            return _SimApi(
+                _responses_call,
+                "max_output_tokens",
+                _responses_body,
+                _responses_shaped,
+                _responses_prompt,
+            )
         case "chat_completions":
-            return _SimApi(_chat_call, "max_tokens", _chat_body)
+            return _SimApi(_chat_call, "max_tokens", _chat_body, _chat_shaped, _chat_prompt)
         case _:
             assert_never(name)
 
@@ -258,10 +307,14 @@ class SimJudgeApp:
     `httpx.ASGITransport` hands the exception to the client as it is.
     """
 
-    def __init__(self, config: SimConfig | None = None) -> None:
+    def __init__(
+        self, config: SimConfig | None = None, *, policy: PolicyStandIn | None = None
+    ) -> None:
         self.sim = SimJudge(config)
         self._core = self.sim._core
         self._n = 0
+        # with a policy stand-in, requests that are not judge-shaped get its answers (no 400)
+        self.policy = policy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -291,8 +344,10 @@ class SimJudgeApp:
             return
         if path == "/stats" and method == "GET":
             # counters for load generators (genrm-trio bench --judge-stats-url)
-            stats = self.sim.statistics()
-            await _respond(send, 200, _json_bytes(dataclasses.asdict(stats)))
+            stats = dataclasses.asdict(self.sim.statistics())
+            if self.policy is not None:
+                stats["policy_calls"] = self.policy.calls  # not in `calls`: those are judge calls
+            await _respond(send, 200, _json_bytes(stats))
             return
         if path == "/v1/models":
             if method not in ("GET", "HEAD"):
@@ -321,8 +376,12 @@ class SimJudgeApp:
                 raise _BadRequest(400, f"body is not JSON: {error}") from error
             if not isinstance(request, dict):
                 raise _BadRequest(400, "body must be a JSON object")
-            call = SIM_APIS[api].call(request)
-            asked = request.get(SIM_APIS[api].budget_key)
+            sim = SIM_APIS[api]
+            if self.policy is not None and not sim.judge_shaped(request):
+                await self._answer_policy(sim, request, send)
+                return
+            call = sim.call(request)
+            asked = request.get(sim.budget_key)
             if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
                 call = dataclasses.replace(call, max_output_tokens=asked)
         except _BadRequest as error:
@@ -331,6 +390,14 @@ class SimJudgeApp:
             return
         self._n += 1
         await self._judge(api, request, call, self._n, receive, send)
+
+    async def _answer_policy(self, sim: _SimApi, request: Mapping[str, Any], send: Send) -> None:
+        assert self.policy is not None
+        prompt = sim.policy_prompt(request)
+        text = self.policy.answer(prompt)
+        self._n += 1
+        usage = (token_count(len(prompt)), token_count(len(text)))
+        await _respond(send, 200, _json_bytes(sim.reply(request, self._n, text, False, usage)))
 
     def _authorised(self, scope: Scope) -> bool:
         key = self._core.config.api_key
@@ -467,9 +534,12 @@ async def _respond(
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def sim_asgi_app(config: SimConfig | None = None) -> SimJudgeApp:
-    """A fresh simulated-judge ASGI app (its own counters; `app.sim` is its `SimJudge`)."""
-    return SimJudgeApp(config)
+def sim_asgi_app(
+    config: SimConfig | None = None, *, policy: PolicyStandIn | None = None
+) -> SimJudgeApp:
+    """A fresh simulated-judge ASGI app (its own counters; `app.sim` is its `SimJudge`); with a
+    `policy` it also answers ordinary (policy) requests."""
+    return SimJudgeApp(config, policy=policy)
 
 
 # --- serving ----------------------------------------------------------------------------------
