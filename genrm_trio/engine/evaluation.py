@@ -43,6 +43,7 @@ _RATE_KEYS: Final = (
     "genrm_masked_rollout_rate_per_group",
 )
 _DISAGREEMENT: Final = "genrm_position_disagreement_rate_per_group"
+EAGER_RATE_KEY: Final = "genrm_eager_comparison_rate_per_group"
 
 
 @final
@@ -85,6 +86,9 @@ class Evaluation:
         self.errors: list[str | None] = [None] * len(self.plan)
         self.error_usage: list[Usage | None] = [None] * len(self.plan)
         self.error_escalations: list[int] = [0] * len(self.plan)
+        # comparisons finished while the group still collected (the engine counts them with
+        # eager_comparisons; None: not reported)
+        self.done_before_complete: int | None = None
 
     @property
     def total(self) -> int:
@@ -224,6 +228,8 @@ def _metrics(
     if settings.position_balance == "alternate":
         pairs = [(judged, evaluation.plan[c].swapped) for c, judged in evaluation.judged()]
         metrics[_DISAGREEMENT] = position_disagreement_rate(pairs)
+    if evaluation.done_before_complete is not None:
+        metrics[EAGER_RATE_KEY] = evaluation.done_before_complete / max(1, evaluation.total)
     return metrics
 
 
@@ -253,6 +259,8 @@ def default_result(settings: Settings, text: MemberText) -> dict[str, JSONValue]
     result.update(metrics)
     if settings.position_balance == "alternate":
         result[_DISAGREEMENT] = None
+    if settings.eager_comparisons:
+        result[EAGER_RATE_KEY] = 0.0
     return result
 
 
