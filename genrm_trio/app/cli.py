@@ -101,6 +101,16 @@ def _non_negative(value: str) -> float:
     return number
 
 
+def _capacity(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
+    return number
+
+
 def _rate(value: str) -> float:
     number = _non_negative(value)
     if number > 1:
@@ -289,6 +299,7 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
             api_key=api_key,
             sticky_faults=args.sticky_faults,
             length_model=args.length_model,
+            capacity=args.capacity,
         )
     except ValueError as exc:
         return _config_error(UsageError("--fault", str(exc)))
@@ -360,6 +371,16 @@ def _add_sim_judge(sub: Any) -> None:
             "output tokens each verdict needs, drawn per pair and attempt from this preset; a "
             "request whose max_output_tokens / max_tokens is lower gets an exhausted budget "
             "(default: no length model; a [need=N] marker in an answer still applies)"
+        ),
+    )
+    parser.add_argument(
+        "--capacity",
+        type=_capacity,
+        default=None,
+        metavar="K",
+        help=(
+            "serve at most K calls at once, the rest queued first-in first-out, like a saturated "
+            "vLLM fleet; each call's latency runs while it is served (default: unlimited)"
         ),
     )
     parser.add_argument(
