@@ -231,16 +231,16 @@ async def test_supersession_hangs_up_the_older_attempts_comparisons(
 async def test_shutdown_hangs_up_the_started_comparisons(autojump_clock: MockClock) -> None:
     judge = ScriptedJudge(pairs={("a0", "a1"): hang()})
     t0 = trio.current_time()
-    async with running(eager(num_rollouts_per_prompt=3), judge) as engine:
-        async with trio.open_nursery() as nursery:
-            got: dict[int, Reply] = {}
+    got: dict[int, Reply] = {}
+    config = eager(num_rollouts_per_prompt=3)
+    async with running(config, judge) as engine, trio.open_nursery() as nursery:
 
-            async def send() -> None:
-                got.update((await arrive(engine, [(0.0, member(0)), (0.0, member(1))]))[0])
+        async def send() -> None:
+            got.update((await arrive(engine, [(0.0, member(0)), (0.0, member(1))]))[0])
 
-            nursery.start_soon(send)
-            await trio.sleep(0.5)
-            await engine.aclose()
+        nursery.start_soon(send)
+        await trio.sleep(0.5)
+        await engine.aclose()
     shutting_down = GroupFailed("cohort", "GenRM server is shutting down")
     assert got == {0: shutting_down, 1: shutting_down}
     [call] = judge.calls
@@ -272,7 +272,7 @@ async def test_an_eager_judge_failure_is_recorded_and_masking_waits_for_the_grou
         caplog.clear()
         async with running(config, judge) as engine, trio.open_nursery() as nursery:
 
-            async def check() -> None:
+            async def check(on: bool = on) -> None:
                 await trio.sleep(1.0)
                 [view] = engine.active_cohorts()
                 assert view.state == "collecting"  # the group keeps collecting
@@ -456,25 +456,24 @@ async def test_compare_batches_count_as_complete(autojump_clock: MockClock) -> N
     config = eager(num_rollouts_per_prompt=3, judge={"max_concurrency": 1})
     t0 = trio.current_time()
     results: list[object] = []
-    async with running(config, judge) as engine:
-        async with trio.open_nursery() as nursery:
+    async with running(config, judge) as engine, trio.open_nursery() as nursery:
 
-            async def groups() -> None:
-                await arrive(
-                    engine,
-                    [(0.0, member(i, group="A", answer=f"A{i}")) for i in range(2)]
-                    + [(0.1, member(i, group="C", answer=f"C{i}")) for i in range(2)]
-                    + [(20.0, member(2, group="A", answer="A2"))]
-                    + [(20.0, member(2, group="C", answer="C2"))],
-                )
+        async def groups() -> None:
+            await arrive(
+                engine,
+                [(0.0, member(i, group="A", answer=f"A{i}")) for i in range(2)]
+                + [(0.1, member(i, group="C", answer=f"C{i}")) for i in range(2)]
+                + [(20.0, member(2, group="A", answer="A2"))]
+                + [(20.0, member(2, group="C", answer="C2"))],
+            )
 
-            async def compare() -> None:
-                await trio.sleep(0.2)
-                results.append(await engine.compare(compare_input(["x0", "x1"])))
-                results.append(trio.current_time() - t0)
+        async def compare() -> None:
+            await trio.sleep(0.2)
+            results.append(await engine.compare(compare_input(["x0", "x1"])))
+            results.append(trio.current_time() - t0)
 
-            nursery.start_soon(groups)
-            nursery.start_soon(compare)
+        nursery.start_soon(groups)
+        nursery.start_soon(compare)
     order = starts(judge, t0)
     assert order[0] == ("A0", "A1", 0.0)
     # /compare is complete: both of its comparisons go before C's eager (0,1), waiting since 0.1
@@ -506,7 +505,8 @@ async def test_a_restart_judges_a_collecting_groups_comparisons_again(tmp_path: 
 
             for index in (0, 1):
                 nursery.start_soon(send, index)
-            while not engine.active_cohorts() or engine.active_cohorts()[0].comparisons_done < 1:
+            # real time: the store's worker thread moves the state, so poll
+            while not engine.active_cohorts() or engine.active_cohorts()[0].comparisons_done < 1:  # noqa: ASYNC110
                 await trio.sleep(0.01)
             assert [c.shown for c in first.calls] == [("a0", "a1")]
             await engine.aclose()
