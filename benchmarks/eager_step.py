@@ -275,13 +275,14 @@ async def _http_step(
 ) -> Step:
     bench._raise_fd_limit(cell.comparisons + 64)
     pool = bench._HttpPool(url, 3600.0, {})
+    run_id = time.monotonic_ns()  # fresh group ids: a server's retained records never replay
     bodies = [
         [
             json.dumps(
                 bench.verify_body(
                     task=group,
                     rollout=rollout,
-                    group_id=f"eager-{group}-{time.monotonic_ns()}",
+                    group_id=f"eager-{run_id}-{group}",
                     attempt=0,
                     prompt=f"Step prompt {group}: explain the result step by step.",
                     answer=bench.answer_text(group, rollout, 1000),
@@ -291,13 +292,6 @@ async def _http_step(
         ]
         for group in range(cell.groups)
     ]
-    # one group id per group: the rollouts of a group share it
-    for group, row in enumerate(bodies):
-        group_id = json.loads(row[0])["_ng_group_id"]
-        for rollout, body in enumerate(row):
-            decoded = json.loads(body)
-            decoded["_ng_group_id"] = group_id
-            row[rollout] = json.dumps(decoded).encode()
     rewards = [[math.nan] * SIZE for _ in range(cell.groups)]
     sent = [[math.nan] * SIZE for _ in range(cell.groups)]
     shares: list[float] = []
@@ -420,8 +414,10 @@ def main(argv: list[str] | None = None) -> int:
     custom = [args.groups, args.capacity, args.latency, args.median, args.sigma, args.clip]
     if any(v is not None for v in custom):
         if any(v is None for v in custom):
-            parser.error("a custom cell needs --groups --capacity --latency --median --sigma --clip")
-        name = f"{args.groups}x16-K{args.capacity}-{args.latency:g}s"
+            parser.error(
+                "a custom cell needs --groups --capacity --latency --median --sigma --clip"
+            )
+        name = f"{args.groups}x16-K{args.capacity}-{args.latency:g}s-m{args.median:g}"
         clip = (args.clip[0], args.clip[1])
         cells = [
             Cell(
