@@ -1,7 +1,9 @@
 """The engine: `/verify` cohorts and `/compare` batches on one engine-owned trio nursery.
 
 ``open_engine(settings, judge)`` opens the nursery that owns every cohort's run (collection
-deadline, then evaluation under the group deadline) and every `/verify` judge call; request
+deadline, then evaluation under the group deadline; with ``eager_comparisons`` each comparison
+starts once both of its members are in, while the group collects) and every `/verify` judge
+call, each waiting for its slot in the critical-path judge queue (judge/queue.py); request
 handlers only attach waiters and wait, so a client disconnect cancels its own wait and never a
 cohort (docs/architecture.md, "How cancellation flows"). Cohort tasks start in a fresh, empty
 ``contextvars`` context so that no per-request variable leaks into shared judge calls. `/compare`

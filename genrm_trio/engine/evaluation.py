@@ -28,6 +28,7 @@ from genrm_trio.domain.scoring import (
 from genrm_trio.judge.base import ComparisonResult, JudgeCall, Usage
 
 __all__ = [
+    "EAGER_RATE_KEY",
     "NON_FINITE_MESSAGE",
     "AllMasked",
     "Evaluation",
