@@ -72,11 +72,19 @@ from genrm_trio.engine.evaluation import (
     default_result,
     score_cohort,
 )
-from genrm_trio.engine.readiness import Readiness
+from genrm_trio.engine.readiness import Readiness, ReadinessIndex
 from genrm_trio.engine.registry import KEY_LOG_LIMIT, Registry
 from genrm_trio.engine.restore import apply_restore, plan_restore
 from genrm_trio.judge.attempts import Comparator, ComparatorStatistics
-from genrm_trio.judge.base import Judge, JudgeError, ReplicaReporting, ReplicaStats, Usage, one_line
+from genrm_trio.judge.base import (
+    Judge,
+    JudgeCall,
+    JudgeError,
+    ReplicaReporting,
+    ReplicaStats,
+    Usage,
+    one_line,
+)
 from genrm_trio.judge.queue import QueueGroup, QueueTicket
 from genrm_trio.metrics import Metrics
 from genrm_trio.store.protocol import CohortStore, Commit, QueuedCohortStore, queued
@@ -174,11 +182,17 @@ class _GroupRun:
 
     __slots__ = ("cohort", "evaluation", "members_seen", "queue_group", "readiness")
 
-    def __init__(self, cohort: Cohort, evaluation: Evaluation, queue_group: QueueGroup) -> None:
+    def __init__(
+        self,
+        cohort: Cohort,
+        evaluation: Evaluation,
+        readiness: ReadinessIndex,
+        queue_group: QueueGroup,
+    ) -> None:
         self.cohort = cohort
         self.evaluation = evaluation
         self.queue_group = queue_group
-        self.readiness = Readiness(evaluation.plan, cohort.size)
+        self.readiness = Readiness(readiness)
         self.members_seen = 0  # members in arrival order (`cohort.members`) already looked at
 
 
@@ -212,6 +226,8 @@ class Engine:
         self._idle = trio.Event()
         self._idle.set()
         self._compare_scopes: set[trio.CancelScope] = set()
+        # the plan of every rollout-cohort group and its readiness index, shared (made once)
+        self._shared_plan: tuple[list[PlannedComparison], ReadinessIndex] | None = None
 
     # --- public surface ---------------------------------------------------------------------
 
@@ -606,27 +622,33 @@ class Engine:
             return None
         return principle if principle else s.default_principle
 
-    def _plan(self, cohort: Cohort) -> Evaluation:
-        """The cohort's comparisons, known from its creation (size, strategy, key); the judge
-        texts are filled in as the members are read."""
+    def _new_run(self, cohort: Cohort) -> _GroupRun:
+        """The cohort's comparisons (known from its creation: size, strategy, key) and its place
+        in the judge queue; the judge texts are set once the group is complete
+        (`_read_members`)."""
         s = self.settings
         if s.comparison_mode == "fixed_baseline":
             plan = plan_fixed_baseline(cohort.size, s.num_judges_per_comparison, cohort.key)
+            index = ReadinessIndex(plan, cohort.size)
             slots = cohort.size + 1  # the baseline is index N
         else:
-            plan = plan_comparisons(
-                cohort.size,
-                s.comparison_strategy,
-                s.num_judges_per_comparison,
-                s.position_balance,
-            )
+            if self._shared_plan is None:
+                shared = plan_comparisons(
+                    cohort.size,
+                    s.comparison_strategy,
+                    s.num_judges_per_comparison,
+                    s.position_balance,
+                )
+                self._shared_plan = shared, ReadinessIndex(shared, cohort.size)
+            plan, index = self._shared_plan
             slots = cohort.size
         evaluation = Evaluation(
             plan, [""] * slots, cohort.history, self._judge_principle(cohort.principle)
         )
+        cohort.history = []  # the evaluation has its own copy from now on
         if s.eager_comparisons:
             evaluation.done_before_complete = 0
-        return evaluation
+        return _GroupRun(cohort, evaluation, index, self._queue.group(complete=False))
 
     def _consistent(self, cohort: Cohort, member: Member) -> bool:
         """The member agrees with its cohort on rubric ids and baseline (`_read_members`)."""
@@ -663,14 +685,14 @@ class Engine:
         started. The group deadline is set on the scope around that nursery when the group is
         complete, so it bounds the comparisons started earlier too, from that moment on."""
         s = self.settings
-        run = _GroupRun(cohort, self._plan(cohort), self._queue.group(complete=False))
-        evaluation = run.evaluation
+        # Without eager starts nothing is planned before the group is complete, as before.
+        run = self._new_run(cohort) if s.eager_comparisons else None
         texts: dict[int, MemberText] | None = None
         with trio.CancelScope() as group_deadline:
             async with trio.open_nursery() as nursery:
                 with trio.move_on_at(cohort.collect_deadline):
-                    if s.eager_comparisons:
-                        cohort.comparisons_total = evaluation.total
+                    if run is not None:
+                        cohort.comparisons_total = run.evaluation.total
                         await self._collect_eagerly(run, nursery)
                     else:
                         await cohort.full.wait()
@@ -687,44 +709,68 @@ class Engine:
                     return
                 cohort.eval_deadline = trio.current_time() + s.cohort_evaluation_timeout_s
                 group_deadline.deadline = cohort.eval_deadline
+                if run is None:
+                    run = self._new_run(cohort)
+                evaluation = run.evaluation
                 texts = self._read_members(cohort, evaluation)
                 cohort.comparisons_total = evaluation.total
                 run.queue_group.mark_complete()  # its waiting attempts go first from now on
                 for c in run.readiness.rest():
                     self._start(run, nursery, c)
-        if texts is not None and cohort.state == "judging":
-            self._conclude(cohort, evaluation, texts, deadline=group_deadline.cancelled_caught)
+        if run is not None and texts is not None and cohort.state == "judging":
+            self._conclude(cohort, run.evaluation, texts, deadline=group_deadline.cancelled_caught)
 
     async def _collect_eagerly(self, run: _GroupRun, nursery: trio.Nursery) -> None:
         """While the group collects, start each comparison once both of its members are in.
 
         Returns when the group is complete; the last member's comparisons are left to the
         complete group (they start with its priority)."""
-        cohort, evaluation = run.cohort, run.evaluation
-        if self.settings.comparison_mode == "fixed_baseline" and cohort.baseline is not None:
-            evaluation.judge_texts[cohort.size] = judge_text(cohort.baseline)  # known at once
+        cohort = run.cohort
         while True:
             arrived = list(itertools.islice(cohort.members, run.members_seen, None))
             run.members_seen += len(arrived)
             if cohort.state != "collecting":
                 return
             present = [m for m in arrived if self._consistent(cohort, cohort.members[m])]
-            for m in present:
-                evaluation.judge_texts[m] = judge_text(cohort.members[m].texts()[1])
             ready = run.readiness.arrive(present)
             if ready and machine.start_comparisons(cohort, count=len(ready)):
                 self.metrics.eager_comparisons.inc(len(ready))
-                for c in ready:
-                    self._start(run, nursery, c)
+                self._start_eagerly(run, nursery, ready)
             # No checkpoint between the scan above and this event: no arrival is missed.
             cohort.arrival = trio.Event()
             await cohort.arrival.wait()
 
-    def _start(self, run: _GroupRun, nursery: trio.Nursery, c: int) -> None:
+    def _start_eagerly(self, run: _GroupRun, nursery: trio.Nursery, ready: list[int]) -> None:
+        """Start comparisons of a collecting group. Each member's text is read once for them and
+        then held only by their calls: a waiting member keeps its compressed texts (D22), not a
+        judge text beside them (so this is a function of its own: no frame keeps ``texts``)."""
+        cohort, evaluation = run.cohort, run.evaluation
+        texts: dict[int, str] = {}
+        for c in ready:
+            planned = evaluation.plan[c]
+            for x in planned.shown:
+                if x not in texts:
+                    texts[x] = self._eager_judge_text(cohort, x)
+            self._start(run, nursery, c, evaluation.call(planned, texts))
+
+    def _eager_judge_text(self, cohort: Cohort, index: int) -> str:
+        if index == cohort.size:  # the fixed baseline, known from the first member
+            assert cohort.baseline is not None
+            return judge_text(cohort.baseline)
+        return judge_text(cohort.members[index].texts()[1])
+
+    def _start(
+        self, run: _GroupRun, nursery: trio.Nursery, c: int, call: JudgeCall | None = None
+    ) -> None:
         """Start comparison ``c`` with its place in the judge queue (taken now: ready order)."""
         ticket = self._queue.ticket(run.queue_group)
-        planned = run.evaluation.plan[c]
-        nursery.start_soon(self._verify_comparison, run.cohort, run.evaluation, c, planned, ticket)
+        evaluation = run.evaluation
+        planned = evaluation.plan[c]
+        if call is None:
+            call = evaluation.call(planned)
+        nursery.start_soon(
+            self._verify_comparison, run.cohort, evaluation, c, planned, call, ticket
+        )
 
     def _conclude(
         self,
@@ -767,10 +813,10 @@ class Engine:
         evaluation: Evaluation,
         c: int,
         planned: PlannedComparison,
+        call: JudgeCall,
         ticket: QueueTicket,
     ) -> None:
         """One comparison of a cohort: a JudgeError is recorded, anything else escapes."""
-        call = evaluation.call(planned)
         try:
             result = await self._comparator.compare(
                 call,

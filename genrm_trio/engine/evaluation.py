@@ -95,12 +95,14 @@ class Evaluation:
     def total(self) -> int:
         return len(self.plan)
 
-    def call(self, planned: PlannedComparison) -> JudgeCall:
+    def call(self, planned: PlannedComparison, texts: Mapping[int, str] | None = None) -> JudgeCall:
+        """The judge call of ``planned``, from ``judge_texts`` or the given texts by index."""
         first, second = planned.shown
+        shown: Mapping[int, str] | Sequence[str] = self.judge_texts if texts is None else texts
         return JudgeCall(
             history=self.history,
-            response_1=self.judge_texts[first],
-            response_2=self.judge_texts[second],
+            response_1=shown[first],
+            response_2=shown[second],
             principle=self.principle,
         )
 
