@@ -4,14 +4,16 @@ comparison), promotion, retries keeping their place, cancellation, metrics and c
 
 from __future__ import annotations
 
+import typing
+
 import trio
 import trio.testing
 from trio.testing import MockClock
 
 from genrm_trio.config import settings_from_mapping
 from genrm_trio.judge.attempts import Comparator
-from genrm_trio.judge.queue import JudgeQueue, QueueTicket
-from genrm_trio.metrics import Metrics
+from genrm_trio.judge.queue import JudgeQueue, Priority, QueueTicket
+from genrm_trio.metrics import QUEUE_PRIORITY_LABELS, Metrics
 from genrm_trio.testing import SimJudge
 
 
@@ -236,6 +238,14 @@ async def test_an_already_cancelled_caller_takes_no_slot(autojump_clock: MockClo
         await queue.acquire(queue.ticket())
     assert scope.cancelled_caught
     assert queue.statistics().in_use == 0
+
+
+def test_priority_labels_are_exported_from_the_start() -> None:
+    assert typing.get_args(Priority) == QUEUE_PRIORITY_LABELS
+    text = Metrics().render().decode()
+    for priority in QUEUE_PRIORITY_LABELS:
+        line = f'genrm_trio_judge_queue_wait_seconds_count{{priority="{priority}"}} 0.0'
+        assert line in text.splitlines()
 
 
 def test_the_comparator_queue_has_the_fleets_real_capacity() -> None:

@@ -611,10 +611,12 @@ class Engine:
                 log.exception(
                     "GenRM durable store failed to commit key=%r", cohort.key[:KEY_LOG_LIMIT]
                 )
+        if record.phase == "completed":  # published now: the waiters wake with their rewards
+            now = trio.current_time()
+            self.metrics.group_latency_seconds.observe(now - cohort.created_at)
+            if cohort.complete_at is not None:  # the last member in -> rewards published
+                self.metrics.reward_latency_seconds.observe(now - cohort.complete_at)
         cohort.release()
-        if record.phase == "completed" and cohort.complete_at is not None:
-            latency = trio.current_time() - cohort.complete_at
-            self.metrics.reward_latency_seconds.observe(latency)
 
     def _judge_principle(self, principle: str | None) -> str | None:
         s = self.settings
