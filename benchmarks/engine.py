@@ -17,7 +17,10 @@ is 2 x answer size + 1 KiB for what the engine holds beyond a bare waiting task 
 and inputs parked in `trio.sleep_forever()`, measured too).
 
     python benchmarks/engine.py [--groups 200] [--levels 1,16,64] [--repeat 3]
-                                [--hold 1000] [--answers 1000,16384]
+                                [--hold 1000] [--answers 1000,16384] [--no-eager]
+
+`--no-eager` runs with `eager_comparisons: false` (the default is the engine's, true), for a
+before/after of eager starts on the same build.
 """
 
 from __future__ import annotations
@@ -50,9 +53,13 @@ PROMPT = (
 FILLER = "The second train gains 20 km every hour on the first, which had an 80 km head start. "
 
 
+EAGER = True  # eager_comparisons; --no-eager sets it False (also in the RSS child)
+
+
 def settings(size: int) -> Settings:
     return Settings.model_validate(
         {
+            "eager_comparisons": EAGER,
             "num_rollouts_per_prompt": size,
             "comparison_strategy": "circular",
             "cohort_collection_timeout_s": 3600.0,
@@ -264,7 +271,13 @@ def _site(stat: Any) -> str:
 def rss_in_child(groups: int, size: int, chars: int, *, bare: bool) -> int:
     """RSS growth of the same hold in a fresh interpreter (no memory freed by earlier runs)."""
     out = subprocess.run(
-        [sys.executable, __file__, "--rss-child", f"{groups},{size},{chars},{int(bare)}"],
+        [
+            sys.executable,
+            __file__,
+            "--rss-child",
+            f"{groups},{size},{chars},{int(bare)}",
+            *([] if EAGER else ["--no-eager"]),
+        ],
         check=True,
         capture_output=True,
         text=True,
@@ -303,7 +316,10 @@ async def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hold", type=int, default=1000)
     parser.add_argument("--answers", type=_levels, default=[1000, 16384])
     parser.add_argument("--rss-child", type=_levels, help=argparse.SUPPRESS)
+    parser.add_argument("--no-eager", action="store_true", help="eager_comparisons: false")
     args = parser.parse_args(argv)
+    global EAGER
+    EAGER = not args.no_eager
     size = args.size
     logging.getLogger("genrm_trio").setLevel(logging.ERROR)  # one line per cohort otherwise
     if args.rss_child:

@@ -45,6 +45,8 @@ JUDGE_OUTCOME_LABELS: Final = (
 """The `outcome` label of `genrm_trio_judge_calls_total`: `ReplyStatus` and the attempt errors."""
 RETRY_CAUSE_LABELS: Final = ("transport", "http", "unusable", "parse", "budget")
 """The `cause` label of `genrm_trio_judge_retries_total` (timeouts and bad JSON are not retried)."""
+QUEUE_PRIORITY_LABELS: Final = ("complete", "collecting")
+"""The `priority` label of `genrm_trio_judge_queue_wait_seconds`: `judge.queue.Priority`."""
 
 
 class ReplicaCounters(Protocol):
@@ -170,8 +172,21 @@ class Metrics:
         )
         self.judge_queue_wait_seconds = Histogram(
             "genrm_trio_judge_queue_wait_seconds",
-            "Time spent waiting for a judge.max_concurrency slot",
+            "Time spent waiting for a judge.max_concurrency slot, by the priority class that got "
+            "the slot (complete: the group's members are all in; collecting: an eager comparison)",
+            ["priority"],
             buckets=(0.0, 0.001, 0.01, 0.1, 1, 10, 60, 600),
+            registry=r,
+        )
+        self.eager_comparisons = Counter(
+            "genrm_trio_eager_comparisons",
+            "Comparisons started before their group was complete (eager_comparisons)",
+            registry=r,
+        )
+        self.reward_latency_seconds = Histogram(
+            "genrm_trio_reward_latency_seconds",
+            "From a group's last member in to its rewards published (scored groups)",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
             registry=r,
         )
         self.cohorts_terminal = Counter(
@@ -222,6 +237,8 @@ class Metrics:
             self.judge_calls.labels(outcome)
         for cause in RETRY_CAUSE_LABELS:
             self.judge_retries.labels(cause)
+        for priority in QUEUE_PRIORITY_LABELS:
+            self.judge_queue_wait_seconds.labels(priority)
         # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ... (Linux)
         ProcessCollector(registry=r)
         self._replicas = _ReplicaCollector()

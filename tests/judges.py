@@ -106,6 +106,7 @@ class Call:
     probe: str | None
     ended: float | None = None
     cancelled: bool = False
+    cancelled_at: float | None = None  # when the caller hung up
 
     @property
     def shown(self) -> tuple[str, str]:
@@ -169,6 +170,7 @@ class ScriptedJudge:
                 await trio.sleep(math.inf)
         except BaseException:
             record.cancelled = True
+            record.cancelled_at = trio.current_time()
             raise
         record.ended = trio.current_time()
         if step.error is not None:

@@ -134,6 +134,7 @@ def test_every_top_level_default() -> None:
         "position_balance": "none",
         "evaluation_deadline_policy": "fail_group",
         "retry_backoff": "constant",
+        "eager_comparisons": True,
         "state_path": None,
     }
     dumped = Settings().model_dump()

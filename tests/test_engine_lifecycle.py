@@ -314,7 +314,8 @@ async def test_inconsistent_rubric_ids_fail_the_cohort(autojump_clock: MockClock
 
 async def test_inconsistent_baselines_fail_the_cohort(autojump_clock: MockClock) -> None:
     judge = ScriptedJudge()
-    config = settings(comparison_mode="fixed_baseline")
+    # Pins that nothing is judged: member 0's comparison would start at once when eager.
+    config = settings(comparison_mode="fixed_baseline", eager_comparisons=False)
     async with running(config, judge) as engine, trio.open_nursery() as nursery:
         replies: list[object] = []
 
@@ -485,7 +486,8 @@ async def test_cohort_views_oldest_first(autojump_clock: MockClock) -> None:
             "collection",
         )
         assert first.deadline_s_left == pytest.approx(0.7)
-        assert first.comparisons_total == 0
+        # the plan is known from the first member (eager_comparisons); none is ready yet
+        assert (first.comparisons_total, first.comparisons_done) == (2, 0)
         assert (second.group_id, second.state, second.deadline) == (
             "second",
             "judging",

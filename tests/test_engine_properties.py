@@ -31,7 +31,9 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     arrivals = draw(st.lists(st.sampled_from([0.0, 0.3, 0.9, 1.5]), min_size=n, max_size=n))
     disconnect = draw(st.lists(st.booleans(), min_size=n, max_size=n))
     latency = draw(st.sampled_from([0.0, 0.05, 0.15]))
+    eager = draw(st.booleans())
     return {
+        "eager": eager,
         "n": n,
         "strategy": strategy,
         "judges": judges,
@@ -56,6 +58,7 @@ def test_every_member_gets_one_consistent_story(scenario: dict[str, Any]) -> Non
         num_rollouts_per_prompt=n,
         comparison_strategy=scenario["strategy"],
         num_judges_per_comparison=scenario["judges"],
+        eager_comparisons=scenario["eager"],
     )
     replies: dict[int, object] = {}
     retried: dict[int, object] = {}
@@ -91,7 +94,17 @@ def test_every_member_gets_one_consistent_story(scenario: dict[str, Any]) -> Non
         [failure] = set(answers.values())
         assert isinstance(failure, GroupFailed) and failure.kind == "cohort"
         assert "did not collect" in failure.message
-        assert judge.calls == []
+        if not scenario["eager"]:
+            assert judge.calls == []
+            return
+        # eager comparisons started while collecting; the collection deadline hung them up
+        deadline = min(arrivals) + 1.0
+        assert len(judge.calls) <= len(
+            plan_comparisons(n, scenario["strategy"], scenario["judges"])
+        )
+        for call in judge.calls:
+            assert call.started < deadline
+            assert call.cancelled or (call.ended is not None and call.ended <= deadline)
         return
     masked = {m for pair in failing for m in pair}
     if masked == set(range(n)):

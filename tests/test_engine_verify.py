@@ -97,6 +97,7 @@ async def test_singleton_answers_defaults_without_judging(autojump_clock: MockCl
             "genrm_max_output_tokens_hit_rate_per_group": None,
             "genrm_failed_comparison_rate_per_group": 0.0,
             "genrm_masked_rollout_rate_per_group": 0.0,
+            "genrm_eager_comparison_rate_per_group": 0.0,  # eager_comparisons (the default)
         }
     assert judge.calls == []
 
@@ -267,7 +268,9 @@ async def test_full_cohort_matches_compare_and_circular_order(autojump_clock: Mo
 async def test_rewards_follow_rollout_index_not_arrival(autojump_clock: MockClock) -> None:
     judge = ScriptedJudge()
     t0 = trio.current_time()
-    async with running(settings(num_rollouts_per_prompt=3), judge) as engine:
+    # Pins that every comparison waits for the last member (eager: (2,0) starts at 0.1).
+    config = settings(num_rollouts_per_prompt=3, eager_comparisons=False)
+    async with running(config, judge) as engine:
         replies = await gather(engine, [member(2), member(0), member(1)], stagger=0.1)
     # circular over a0(q1), a1(q2), a2(q3): (0,1) (1,2) (2,0)
     assert rewards(replies) == [3.0, 1.0, 2.0]

@@ -363,6 +363,9 @@ def fleet_settings() -> Settings:
             "judge_request_timeout_s": 10.0,
             "genrm_parse_retries": 3,
             "genrm_parse_retry_sleep_s": 0.1,
+            # Pins exact per-replica counts for comparisons that all start at their group's
+            # last member (the routing order of eager starts differs).
+            "eager_comparisons": False,
             "judge": {
                 "base_url": ["http://a:8000/v1", "http://b:8000/v1", "http://c:8000/v1"],
                 "eject_after_failures": 3,

@@ -864,6 +864,7 @@ ROW_KEYS = {
     "genrm_max_output_tokens_hit_rate_per_group",
     "genrm_failed_comparison_rate_per_group",
     "genrm_masked_rollout_rate_per_group",
+    "genrm_eager_comparison_rate_per_group",  # eager_comparisons: true, the default (D48)
     "_ng_group_id",
     "_ng_group_attempt",
     "_ng_rollout_index",

@@ -33,6 +33,9 @@ class Model:
     def on_enter_judging(self, event: EventData) -> None:
         self.events.append(("enter", "judging", event.event.name))
 
+    def on_comparisons_started(self, event: EventData) -> None:
+        self.events.append(("started", str(event.kwargs["count"]), event.event.name))
+
     def on_enter_terminal(self, event: EventData) -> None:
         self.events.append(("enter", self.state, event.event.name))
         self.payloads.append(dict(event.kwargs))
@@ -93,6 +96,30 @@ def test_terminal_states_never_change(state: str) -> None:
     assert machine.is_terminal(state)
 
 
+def test_start_comparisons_is_internal_to_collecting() -> None:
+    """Collecting with comparisons in flight is still `collecting` (eager_comparisons): the
+    internal transition runs its callback and no entry callback; the state-change hook sees no
+    destination (`Cohort.on_state_changed` ignores it, so the state gauges stay put)."""
+    model = Model(full=False)
+    assert machine.start_comparisons(model, count=2)
+    assert machine.start_comparisons(model, count=1)
+    assert model.state == "collecting"
+    assert model.events == [
+        ("started", "2", "start_comparisons"),
+        ("changed", "collecting", None),
+        ("started", "1", "start_comparisons"),
+        ("changed", "collecting", None),
+    ]
+    model.full = True
+    assert machine.start_judging(model)
+    model.events.clear()
+    # once judging (or terminal), comparisons start with the evaluation: a no-op here
+    assert not machine.start_comparisons(model, count=1)
+    assert machine.fail(model, failure="boom")
+    assert not machine.start_comparisons(model, count=1)
+    assert model.events == [("enter", "failed", "fail"), ("changed", "judging", "failed")]
+
+
 def test_publish_from_collecting_is_a_no_op() -> None:
     model = Model()
     assert not machine.publish(model, outcomes={})
@@ -140,6 +167,7 @@ def test_diagram_comes_from_transitions_mermaid() -> None:
     assert "judging --> partially_masked: publish [has_masked_members]" in text
     assert "judging --> scored: publish [!has_masked_members]" in text
     assert "collecting --> failed: fail" in text
+    assert "collecting --> collecting: start_comparisons [internal]" in text
     assert "judging --> failed: fail" in text
 
 

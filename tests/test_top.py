@@ -186,7 +186,8 @@ async def test_frames_of_a_live_server(watched: Watched) -> None:
         assert "Oldest active cohorts (2 of 2)" in third, third
         rows = [line for line in third.splitlines() if "top-" in line]
         assert len(rows) == 2 and "top-collecting" in rows[0] and "top-judging" in rows[1]
-        assert re.search(r"collecting\s+│\s+\d+\.\ds\s+│\s+2/4\s+│\s+—\s+│ +collection", rows[0])
+        # eager_comparisons (the default): the two members' pair is judged while collecting
+        assert re.search(r"collecting\s+│\s+\d+\.\ds\s+│\s+2/4\s+│\s+1/4\s+│ +collection", rows[0])
         assert re.search(r"judging\s+│\s+\d+\.\ds\s+│\s+4/4\s+│\s+0/4\s+│ +evaluation", rows[1])
         age = re.search(r"│\s+(\d+\.\d)s\s+│\s+2/4", rows[0])
         assert age is not None and float(age.group(1)) >= 0.3

@@ -107,7 +107,7 @@ def _non_negative(value: str) -> float:
     return number
 
 
-def _group_size(value: str) -> int:
+def _positive_int(value: str) -> int:
     try:
         number = int(value)
     except ValueError:
@@ -273,7 +273,7 @@ def _add_serve(sub: Any) -> None:
     parser.add_argument(
         "--num-rollouts-per-prompt",
         metavar="N",
-        type=_group_size,
+        type=_positive_int,
         help="rollouts per group, as the trainer sends them (default 1: no grouping, no judging)",
     )
     parser.set_defaults(handler=_run_serve)
@@ -320,6 +320,7 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
             api_key=api_key,
             sticky_faults=args.sticky_faults,
             length_model=args.length_model,
+            capacity=args.capacity,
         )
     except ValueError as exc:
         return _config_error(UsageError("--fault", str(exc)))
@@ -396,6 +397,16 @@ def _add_sim_judge(sub: Any) -> None:
             "output tokens each verdict needs, drawn per pair and attempt from this preset; a "
             "request whose max_output_tokens / max_tokens is lower gets an exhausted budget "
             "(default: no length model; a [need=N] marker in an answer still applies)"
+        ),
+    )
+    parser.add_argument(
+        "--capacity",
+        type=_positive_int,
+        default=None,
+        metavar="K",
+        help=(
+            "serve at most K calls at once, the rest queued first-in first-out, like a saturated "
+            "vLLM fleet; each call's latency runs while it is served (default: unlimited)"
         ),
     )
     parser.add_argument(

@@ -332,6 +332,7 @@ class Settings(_Strict):
     retry_backoff: Literal["constant", "exponential"] = "constant"
 
     # own features
+    eager_comparisons: bool = True  # judge a pair once both of its members are in (issue #20)
     state_path: str | None = None
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)

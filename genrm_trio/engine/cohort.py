@@ -175,16 +175,19 @@ class Cohort:
         self.created_at = created_at
         self.collect_deadline = collect_deadline
         self.eval_deadline: float | None = None
+        self.complete_at: float | None = None  # when the last member arrived (`judging`)
         self.terminal_at: float | None = None
         self.state: str = state
         self.members: dict[int, Member] = {}
         self.record = record
         self.scope = trio.CancelScope()  # the run task's scope: cancelled when terminal
         self.full = trio.Event()  # set on entering `judging`
+        self.arrival = trio.Event()  # set when a member is added; the run task renews it
         self.released = trio.Event()  # set once the terminal record is committed and waiters woken
         self.comparisons_total = 0
         self.comparisons_done = 0
         self.comparisons_failed = 0
+        self.comparisons_started = 0  # started while collecting (eager_comparisons)
         self._host = host
         if record is not None:
             self.released.set()
@@ -204,6 +207,11 @@ class Cohort:
     def waiter_count(self) -> int:
         return sum(len(m.waiters) for m in self.members.values())
 
+    def add_member(self, member: Member) -> None:
+        """Register a new member and wake the run task (it may start the member's comparisons)."""
+        self.members[member.index] = member
+        self.arrival.set()
+
     # --- state machine callbacks (named in machine.STATES / TRANSITIONS) ----------------------
 
     def is_full(self, event: EventData) -> bool:
@@ -213,7 +221,11 @@ class Cohort:
         outcomes: Mapping[int, MemberOutcome] = event.kwargs["outcomes"]
         return any(isinstance(o, Masked) for o in outcomes.values())
 
+    def on_comparisons_started(self, event: EventData) -> None:
+        self.comparisons_started += event.kwargs["count"]
+
     def on_enter_judging(self, event: EventData) -> None:
+        self.complete_at = trio.current_time()
         self.full.set()
 
     def on_enter_terminal(self, event: EventData) -> None:
@@ -256,6 +268,8 @@ class Cohort:
 
     def on_state_changed(self, event: EventData) -> None:
         assert event.transition is not None
+        if event.transition.dest is None:  # an internal transition: the state did not change
+            return
         self._host.cohort_state_changed(self, event.transition.source, str(event.transition.dest))
 
     # --- replies ----------------------------------------------------------------------------

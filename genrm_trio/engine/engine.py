@@ -1,7 +1,9 @@
 """The engine: `/verify` cohorts and `/compare` batches on one engine-owned trio nursery.
 
 ``open_engine(settings, judge)`` opens the nursery that owns every cohort's run (collection
-deadline, then evaluation under the group deadline) and every `/verify` judge call; request
+deadline, then evaluation under the group deadline; with ``eager_comparisons`` each comparison
+starts once both of its members are in, while the group collects) and every `/verify` judge
+call, each waiting for its slot in the critical-path judge queue (judge/queue.py); request
 handlers only attach waiters and wait, so a client disconnect cancels its own wait and never a
 cohort (docs/architecture.md, "How cancellation flows"). Cohort tasks start in a fresh, empty
 ``contextvars`` context so that no per-request variable leaks into shared judge calls. `/compare`
@@ -24,6 +26,7 @@ submission order, so it sees watermark, then ``open``, then terminal.
 from __future__ import annotations
 
 import contextvars
+import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -69,10 +72,20 @@ from genrm_trio.engine.evaluation import (
     default_result,
     score_cohort,
 )
+from genrm_trio.engine.readiness import Readiness, ReadinessIndex
 from genrm_trio.engine.registry import KEY_LOG_LIMIT, Registry
 from genrm_trio.engine.restore import apply_restore, plan_restore
 from genrm_trio.judge.attempts import Comparator, ComparatorStatistics
-from genrm_trio.judge.base import Judge, JudgeError, ReplicaReporting, ReplicaStats, Usage, one_line
+from genrm_trio.judge.base import (
+    Judge,
+    JudgeCall,
+    JudgeError,
+    ReplicaReporting,
+    ReplicaStats,
+    Usage,
+    one_line,
+)
+from genrm_trio.judge.queue import QueueGroup, QueueTicket
 from genrm_trio.metrics import Metrics
 from genrm_trio.store.protocol import CohortStore, Commit, QueuedCohortStore, queued
 
@@ -164,6 +177,26 @@ class _Arrival:
 
 
 @final
+class _GroupRun:
+    """What one cohort's run task keeps between collection and evaluation."""
+
+    __slots__ = ("cohort", "evaluation", "members_seen", "queue_group", "readiness")
+
+    def __init__(
+        self,
+        cohort: Cohort,
+        evaluation: Evaluation,
+        readiness: ReadinessIndex,
+        queue_group: QueueGroup,
+    ) -> None:
+        self.cohort = cohort
+        self.evaluation = evaluation
+        self.queue_group = queue_group
+        self.readiness = Readiness(readiness)
+        self.members_seen = 0  # members in arrival order (`cohort.members`) already looked at
+
+
+@final
 class Engine:
     """Cohort verification and batch comparison. Create it with :func:`open_engine`."""
 
@@ -182,6 +215,7 @@ class Engine:
         self._opening: dict[Cohort, trio.Event] = {}
         self._nursery = nursery
         self._comparator = Comparator(judge, settings, metrics)
+        self._queue = self._comparator.limiter  # the critical-path judge queue (judge/queue.py)
         self._fleet = judge if isinstance(judge, ReplicaReporting) else None
         if self._fleet is not None:
             metrics.watch_replicas(self._fleet.replica_stats)
@@ -192,6 +226,8 @@ class Engine:
         self._idle = trio.Event()
         self._idle.set()
         self._compare_scopes: set[trio.CancelScope] = set()
+        # the plan of every rollout-cohort group and its readiness index, shared (made once)
+        self._shared_plan: tuple[list[PlannedComparison], ReadinessIndex] | None = None
 
     # --- public surface ---------------------------------------------------------------------
 
@@ -515,7 +551,7 @@ class Engine:
                 f"rollout_index={index} cannot be added",
             )
         member.waiters.append(waiter)
-        cohort.members[index] = member
+        cohort.add_member(member)
         machine.start_judging(cohort)  # guarded by is_full: a no-op until all N are present
         return waiter
 
@@ -541,22 +577,10 @@ class Engine:
         return machine.fail(cohort, failure=GroupFailed(kind, message))
 
     async def _run(self, cohort: Cohort) -> None:
-        """Collection deadline, then evaluation; finally commit the record and release."""
-        s = self.settings
+        """Collection, then evaluation (`_judge`); finally commit the record and release."""
         try:
             with cohort.scope:
-                with trio.move_on_at(cohort.collect_deadline):
-                    await cohort.full.wait()
-                if cohort.state == "collecting":
-                    self.metrics.deadline_failures.labels("collection").inc()
-                    self._fail(
-                        cohort,
-                        "cohort",
-                        f"GenRM cohort {cohort.key!r} did not collect {cohort.size} unique rollout "
-                        f"indices within {s.cohort_collection_timeout_s}s",
-                    )
-                elif cohort.state == "judging":
-                    await self._evaluate(cohort)
+                await self._judge(cohort)
         except Exception as exc:
             error = _first_leaf(exc)
             log.error(
@@ -588,7 +612,10 @@ class Engine:
                     "GenRM durable store failed to commit key=%r", cohort.key[:KEY_LOG_LIMIT]
                 )
         if record.phase == "completed":  # published now: the waiters wake with their rewards
-            self.metrics.group_latency_seconds.observe(trio.current_time() - cohort.created_at)
+            now = trio.current_time()
+            self.metrics.group_latency_seconds.observe(now - cohort.created_at)
+            if cohort.complete_at is not None:  # the last member in -> rewards published
+                self.metrics.reward_latency_seconds.observe(now - cohort.complete_at)
         cohort.release()
 
     def _judge_principle(self, principle: str | None) -> str | None:
@@ -597,7 +624,45 @@ class Engine:
             return None
         return principle if principle else s.default_principle
 
-    def _build_evaluation(self, cohort: Cohort) -> tuple[Evaluation, dict[int, MemberText]]:
+    def _new_run(self, cohort: Cohort) -> _GroupRun:
+        """The cohort's comparisons (known from its creation: size, strategy, key) and its place
+        in the judge queue; the judge texts are set once the group is complete
+        (`_read_members`)."""
+        s = self.settings
+        if s.comparison_mode == "fixed_baseline":
+            plan = plan_fixed_baseline(cohort.size, s.num_judges_per_comparison, cohort.key)
+            index = ReadinessIndex(plan, cohort.size)
+            slots = cohort.size + 1  # the baseline is index N
+        else:
+            if self._shared_plan is None:
+                shared = plan_comparisons(
+                    cohort.size,
+                    s.comparison_strategy,
+                    s.num_judges_per_comparison,
+                    s.position_balance,
+                )
+                self._shared_plan = shared, ReadinessIndex(shared, cohort.size)
+            plan, index = self._shared_plan
+            slots = cohort.size
+        evaluation = Evaluation(
+            plan, [""] * slots, cohort.history, self._judge_principle(cohort.principle)
+        )
+        cohort.history = []  # the evaluation has its own copy from now on
+        if s.eager_comparisons:
+            evaluation.done_before_complete = 0
+        return _GroupRun(cohort, evaluation, index, self._queue.group(complete=False))
+
+    def _consistent(self, cohort: Cohort, member: Member) -> bool:
+        """The member agrees with its cohort on rubric ids and baseline (`_read_members`)."""
+        if member.rubric_ids != cohort.rubric_ids:
+            return False
+        if self.settings.comparison_mode == "fixed_baseline":
+            return cohort.baseline is not None and member.baseline_digest == cohort.baseline_digest
+        return True
+
+    def _read_members(self, cohort: Cohort, evaluation: Evaluation) -> dict[int, MemberText]:
+        """The complete group's texts, once each; every judge text set. Raises ValueError for
+        members that disagree (a cohort failure)."""
         s = self.settings
         members = [cohort.members[i] for i in range(cohort.size)]
         for m in members:
@@ -605,38 +670,122 @@ class Engine:
                 raise ValueError("GenRM cohort members have inconsistent expected_rubric_ids")
         texts = {m.index: MemberText(*m.texts()) for m in members}  # one read of each
         judge_texts = [judge_text(t.answer_text) for t in texts.values()]
-        plan: list[PlannedComparison]
         if s.comparison_mode == "fixed_baseline":
             if cohort.baseline is None or any(
                 m.baseline_digest != cohort.baseline_digest for m in members
             ):
                 raise ValueError("GenRM cohort members have inconsistent baseline_response values")
-            plan = plan_fixed_baseline(cohort.size, s.num_judges_per_comparison, cohort.key)
             judge_texts.append(judge_text(cohort.baseline))
-        else:
-            plan = plan_comparisons(
-                cohort.size,
-                s.comparison_strategy,
-                s.num_judges_per_comparison,
-                s.position_balance,
-            )
-        evaluation = Evaluation(
-            plan, judge_texts, cohort.history, self._judge_principle(cohort.principle)
-        )
-        return evaluation, texts
+        evaluation.judge_texts = judge_texts
+        return texts
 
-    async def _evaluate(self, cohort: Cohort) -> None:
-        """All comparisons, collect-all (a failure masks, never cancels), under the deadline."""
+    async def _judge(self, cohort: Cohort) -> None:
+        """One group from its first member to its scores (docs/architecture.md, "One group").
+
+        Every comparison runs in one nursery inside the cohort's scope: a failure while the
+        group collects (collection deadline, supersession, shutdown) cancels the comparisons it
+        started. The group deadline is set on the scope around that nursery when the group is
+        complete, so it bounds the comparisons started earlier too, from that moment on."""
+        s = self.settings
+        # Without eager starts nothing is planned before the group is complete, as before.
+        run = self._new_run(cohort) if s.eager_comparisons else None
+        texts: dict[int, MemberText] | None = None
+        with trio.CancelScope() as group_deadline:
+            async with trio.open_nursery() as nursery:
+                with trio.move_on_at(cohort.collect_deadline):
+                    if run is not None:
+                        cohort.comparisons_total = run.evaluation.total
+                        await self._collect_eagerly(run, nursery)
+                    else:
+                        await cohort.full.wait()
+                if cohort.state == "collecting":
+                    self.metrics.deadline_failures.labels("collection").inc()
+                    self._fail(  # cancels the cohort's scope: every comparison started hangs up
+                        cohort,
+                        "cohort",
+                        f"GenRM cohort {cohort.key!r} did not collect {cohort.size} unique rollout "
+                        f"indices within {s.cohort_collection_timeout_s}s",
+                    )
+                    return
+                if cohort.state != "judging":
+                    return
+                cohort.eval_deadline = trio.current_time() + s.cohort_evaluation_timeout_s
+                group_deadline.deadline = cohort.eval_deadline
+                if run is None:
+                    run = self._new_run(cohort)
+                evaluation = run.evaluation
+                texts = self._read_members(cohort, evaluation)
+                cohort.comparisons_total = evaluation.total
+                run.queue_group.mark_complete()  # its waiting attempts go first from now on
+                for c in run.readiness.rest():
+                    self._start(run, nursery, c)
+        if run is not None and texts is not None and cohort.state == "judging":
+            self._conclude(cohort, run.evaluation, texts, deadline=group_deadline.cancelled_caught)
+
+    async def _collect_eagerly(self, run: _GroupRun, nursery: trio.Nursery) -> None:
+        """While the group collects, start each comparison once both of its members are in.
+
+        Returns when the group is complete; the last member's comparisons are left to the
+        complete group (they start with its priority)."""
+        cohort = run.cohort
+        while True:
+            arrived = list(itertools.islice(cohort.members, run.members_seen, None))
+            run.members_seen += len(arrived)
+            if cohort.state != "collecting":
+                return
+            present = [m for m in arrived if self._consistent(cohort, cohort.members[m])]
+            ready = run.readiness.arrive(present)
+            if ready and machine.start_comparisons(cohort, count=len(ready)):
+                self.metrics.eager_comparisons.inc(len(ready))
+                self._start_eagerly(run, nursery, ready)
+            # No checkpoint between the scan above and this event: no arrival is missed.
+            cohort.arrival = trio.Event()
+            await cohort.arrival.wait()
+
+    def _start_eagerly(self, run: _GroupRun, nursery: trio.Nursery, ready: list[int]) -> None:
+        """Start comparisons of a collecting group. Each member's text is read once for them and
+        then held only by their calls: a waiting member keeps its compressed texts (D22), not a
+        judge text beside them (so this is a function of its own: no frame keeps ``texts``)."""
+        cohort, evaluation = run.cohort, run.evaluation
+        texts: dict[int, str] = {}
+        for c in ready:
+            planned = evaluation.plan[c]
+            for x in planned.shown:
+                if x not in texts:
+                    texts[x] = self._eager_judge_text(cohort, x)
+            self._start(run, nursery, c, evaluation.call(planned, texts))
+
+    def _eager_judge_text(self, cohort: Cohort, index: int) -> str:
+        if index == cohort.size:  # the fixed baseline, known from the first member
+            assert cohort.baseline is not None
+            return judge_text(cohort.baseline)
+        return judge_text(cohort.members[index].texts()[1])
+
+    def _start(
+        self, run: _GroupRun, nursery: trio.Nursery, c: int, call: JudgeCall | None = None
+    ) -> None:
+        """Start comparison ``c`` with its place in the judge queue (taken now: ready order)."""
+        ticket = self._queue.ticket(run.queue_group)
+        evaluation = run.evaluation
+        planned = evaluation.plan[c]
+        if call is None:
+            call = evaluation.call(planned)
+        nursery.start_soon(
+            self._verify_comparison, run.cohort, evaluation, c, planned, call, ticket
+        )
+
+    def _conclude(
+        self,
+        cohort: Cohort,
+        evaluation: Evaluation,
+        texts: dict[int, MemberText],
+        *,
+        deadline: bool,
+    ) -> None:
+        """The group deadline's policy, then masking and scores, then publish."""
         s = self.settings
         timeout = s.cohort_evaluation_timeout_s
-        cohort.eval_deadline = trio.current_time() + timeout
-        evaluation, texts = self._build_evaluation(cohort)
-        cohort.comparisons_total = evaluation.total
-        with trio.move_on_at(cohort.eval_deadline) as deadline:
-            async with trio.open_nursery() as nursery:
-                for c, planned in enumerate(evaluation.plan):
-                    nursery.start_soon(self._verify_comparison, cohort, evaluation, c, planned)
-        if deadline.cancelled_caught:
+        if deadline:
             if s.evaluation_deadline_policy == "fail_group":
                 self.metrics.deadline_failures.labels("evaluation").inc()
                 self._fail(
@@ -661,16 +810,22 @@ class Engine:
             log.debug("Discarding late GenRM completion for key=%r", cohort.key[:KEY_LOG_LIMIT])
 
     async def _verify_comparison(
-        self, cohort: Cohort, evaluation: Evaluation, c: int, planned: PlannedComparison
+        self,
+        cohort: Cohort,
+        evaluation: Evaluation,
+        c: int,
+        planned: PlannedComparison,
+        call: JudgeCall,
+        ticket: QueueTicket,
     ) -> None:
         """One comparison of a cohort: a JudgeError is recorded, anything else escapes."""
-        call = evaluation.call(planned)
         try:
             result = await self._comparator.compare(
                 call,
                 pair=planned.pair,
                 judge_pass=planned.k,
                 expected_rubric_ids=cohort.rubric_ids,
+                ticket=ticket,
             )
         except JudgeError as error:
             self._comparison_failed(
@@ -678,7 +833,12 @@ class Engine:
             )
             return
         evaluation.results[c] = result
+        self._comparison_done(cohort, evaluation)
+
+    def _comparison_done(self, cohort: Cohort, evaluation: Evaluation) -> None:
         cohort.comparisons_done += 1
+        if cohort.state == "collecting" and evaluation.done_before_complete is not None:
+            evaluation.done_before_complete += 1
 
     def _comparison_failed(
         self,
@@ -693,7 +853,7 @@ class Engine:
         evaluation.errors[c] = message
         evaluation.error_usage[c] = usage
         evaluation.error_escalations[c] = escalations
-        cohort.comparisons_done += 1
+        self._comparison_done(cohort, evaluation)
         cohort.comparisons_failed += 1
         self.metrics.failed_comparisons.inc()
         log.warning(

@@ -28,6 +28,7 @@ from genrm_trio.domain.scoring import (
 from genrm_trio.judge.base import ComparisonResult, JudgeCall, Usage
 
 __all__ = [
+    "EAGER_RATE_KEY",
     "NON_FINITE_MESSAGE",
     "AllMasked",
     "Evaluation",
@@ -43,6 +44,7 @@ _RATE_KEYS: Final = (
     "genrm_masked_rollout_rate_per_group",
 )
 _DISAGREEMENT: Final = "genrm_position_disagreement_rate_per_group"
+EAGER_RATE_KEY: Final = "genrm_eager_comparison_rate_per_group"
 
 
 @final
@@ -85,17 +87,22 @@ class Evaluation:
         self.errors: list[str | None] = [None] * len(self.plan)
         self.error_usage: list[Usage | None] = [None] * len(self.plan)
         self.error_escalations: list[int] = [0] * len(self.plan)
+        # comparisons finished while the group still collected (the engine counts them with
+        # eager_comparisons; None: not reported)
+        self.done_before_complete: int | None = None
 
     @property
     def total(self) -> int:
         return len(self.plan)
 
-    def call(self, planned: PlannedComparison) -> JudgeCall:
+    def call(self, planned: PlannedComparison, texts: Mapping[int, str] | None = None) -> JudgeCall:
+        """The judge call of ``planned``, from ``judge_texts`` or the given texts by index."""
         first, second = planned.shown
+        shown: Mapping[int, str] | Sequence[str] = self.judge_texts if texts is None else texts
         return JudgeCall(
             history=self.history,
-            response_1=self.judge_texts[first],
-            response_2=self.judge_texts[second],
+            response_1=shown[first],
+            response_2=shown[second],
             principle=self.principle,
         )
 
@@ -224,6 +231,8 @@ def _metrics(
     if settings.position_balance == "alternate":
         pairs = [(judged, evaluation.plan[c].swapped) for c, judged in evaluation.judged()]
         metrics[_DISAGREEMENT] = position_disagreement_rate(pairs)
+    if evaluation.done_before_complete is not None:
+        metrics[EAGER_RATE_KEY] = evaluation.done_before_complete / max(1, evaluation.total)
     return metrics
 
 
@@ -253,6 +262,8 @@ def default_result(settings: Settings, text: MemberText) -> dict[str, JSONValue]
     result.update(metrics)
     if settings.position_balance == "alternate":
         result[_DISAGREEMENT] = None
+    if settings.eager_comparisons:
+        result[EAGER_RATE_KEY] = 0.0
     return result
 
 

@@ -2,6 +2,7 @@
 
 States (internal names, shown by ``GET /cohorts``, Prometheus labels and docs)::
 
+    collecting --start_comparisons (internal)--> collecting
     collecting --start_judging [is_full]--> judging
     judging --publish [has_masked_members]--> partially_masked
     judging --publish [unless has_masked_members]--> scored
@@ -66,6 +67,7 @@ __all__ = [
     "publish",
     "render_markdown",
     "render_mermaid",
+    "start_comparisons",
     "start_judging",
     "wire_phase",
 ]
@@ -93,6 +95,14 @@ STATES: Final[list[dict[str, Any]]] = [
 ]
 
 TRANSITIONS: Final[list[dict[str, Any]]] = [
+    # Collecting with comparisons in flight (eager_comparisons) is still `collecting`: an internal
+    # transition records that comparisons started, and `fail` cancels them with the cohort.
+    {
+        "trigger": "start_comparisons",
+        "source": "collecting",
+        "dest": None,
+        "after": ["on_comparisons_started"],
+    },
     {
         "trigger": "start_judging",
         "source": "collecting",
@@ -131,6 +141,7 @@ _SOURCES: Final[dict[str, frozenset[str]]] = {
     name: frozenset(event.transitions) for name, event in MACHINE.events.items()
 }
 _START: Final = MACHINE.events["start_judging"]
+_START_COMPARISONS: Final = MACHINE.events["start_comparisons"]
 _PUBLISH: Final = MACHINE.events["publish"]
 _FAIL: Final = MACHINE.events["fail"]
 
@@ -146,6 +157,8 @@ class CohortModel(Protocol):
 
     def on_enter_judging(self, event: EventData) -> None: ...
 
+    def on_comparisons_started(self, event: EventData) -> None: ...
+
     def on_enter_terminal(self, event: EventData) -> None: ...
 
     def on_state_changed(self, event: EventData) -> None: ...
@@ -154,6 +167,14 @@ class CohortModel(Protocol):
 def can(model: CohortModel, trigger: str) -> bool:
     """Whether ``trigger`` may leave the model's current state (conditions not evaluated)."""
     return model.state in _SOURCES[trigger]
+
+
+def start_comparisons(model: CohortModel, *, count: int) -> bool:
+    """collecting → collecting (internal): ``count`` comparisons start before the group is
+    complete. False from any other state (then they start with the group's evaluation)."""
+    if model.state not in _SOURCES["start_comparisons"]:
+        return False
+    return bool(_START_COMPARISONS.trigger(model, count=count))
 
 
 def start_judging(model: CohortModel) -> bool:
@@ -236,6 +257,13 @@ def render_markdown() -> str:
         " ([differences.md](differences.md#requests-and-replies), D39):\n\n"
         "| state | wire / log word |\n|---|---|\n"
         f"{rows}\n\n"
+        "- `start_comparisons` is internal to `collecting` (no state change): with"
+        " `eager_comparisons: true` (the default) each comparison starts as soon as both of its"
+        " members are present, while the group still collects. Such a cohort is `collecting`"
+        " with `Cohort.comparisons_started` > 0; its comparisons run in the cohort's scope, so"
+        " `fail` (collection deadline, supersession, shutdown) cancels them, and they keep"
+        " running through `start_judging`"
+        " ([configuration.md](configuration.md#cohorts-and-deadlines)).\n"
         "- `start_judging` is guarded by `is_full` (all N rollout indices present).\n"
         "- `publish` goes to `partially_masked` when at least one member was masked alone"
         " ([differences.md](differences.md#partial-masking-and-the-trainer-requirement)), else to"

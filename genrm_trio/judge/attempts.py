@@ -53,6 +53,7 @@ from genrm_trio.judge.base import (
     Usage,
     one_line,
 )
+from genrm_trio.judge.queue import JudgeQueue, QueueTicket
 from genrm_trio.metrics import Metrics
 
 log = logging.getLogger("genrm_trio.judge")
@@ -119,7 +120,7 @@ class Comparator:
         self._settings = settings
         self._metrics = metrics
         self._rng = rng if rng is not None else random.Random()
-        self._limiter = trio.CapacityLimiter(settings.judge.total_concurrency)
+        self._limiter = JudgeQueue(settings.judge.total_concurrency, metrics)
         self._timeout = settings.judge_request_timeout_s
         self._attempts = settings.attempts
         params = settings.judge_create_params
@@ -141,8 +142,8 @@ class Comparator:
         self._escalations = 0
 
     @property
-    def limiter(self) -> trio.CapacityLimiter:
-        """The `judge.max_concurrency` limiter every attempt takes a slot of."""
+    def limiter(self) -> JudgeQueue:
+        """The `judge.max_concurrency` slots every attempt takes one of (judge/queue.py)."""
         return self._limiter
 
     def statistics(self) -> ComparatorStatistics:
@@ -161,19 +162,17 @@ class Comparator:
 
     # --- one attempt ----------------------------------------------------------------------
 
-    async def _attempt(self, call: JudgeCall) -> JudgeReply:
+    async def _attempt(self, call: JudgeCall, ticket: QueueTicket) -> JudgeReply:
         """One judge call holding a concurrency slot, under the per-attempt deadline."""
         metrics = self._metrics
         self._queued += 1
         metrics.judge_queued.inc()
-        queued_at = trio.current_time()
         try:
-            await self._limiter.acquire()
+            await self._limiter.acquire(ticket)  # by priority: complete groups first
         finally:
             self._queued -= 1
             metrics.judge_queued.dec()
         try:
-            metrics.judge_queue_wait_seconds.observe(trio.current_time() - queued_at)
             return await self._timed_attempt(call)
         finally:
             self._limiter.release()
@@ -235,13 +234,18 @@ class Comparator:
         pair: tuple[int, int],
         judge_pass: int,
         expected_rubric_ids: Sequence[int] | None = None,
+        ticket: QueueTicket | None = None,
     ) -> ComparisonResult:
-        """Judge one pair within the shared budget; raise JudgeError when the comparison fails."""
+        """Judge one pair within the shared budget; raise JudgeError when the comparison fails.
+
+        Every attempt waits for its slot with ``ticket``, the comparison's place in the judge
+        queue (None: a fresh complete group, as for `/compare`)."""
         if self._rubric and expected_rubric_ids is None:
             raise ValueError("score_source=rubric_mean requires expected_rubric_ids")
         self._active += 1
         try:
-            result = await self._compare(call, pair, judge_pass, expected_rubric_ids)
+            place = ticket if ticket is not None else self._limiter.ticket()
+            result = await self._compare(call, pair, judge_pass, expected_rubric_ids, place)
         except JudgeError:
             self._failures += 1
             raise
@@ -256,6 +260,7 @@ class Comparator:
         pair: tuple[int, int],
         judge_pass: int,
         rubric_ids: Sequence[int] | None,
+        ticket: QueueTicket,
     ) -> ComparisonResult:
         settings = self._settings
         total = self._attempts
@@ -311,7 +316,7 @@ class Comparator:
                     ticket=AttemptTicket() if self._fleet is not None else None,
                 )
             try:
-                reply = await self._attempt(attempt_call)
+                reply = await self._attempt(attempt_call, ticket)
             except JudgeAttemptError as error:
                 retryable = error.retryable or (error.retry_elsewhere and self._elsewhere)
                 if retryable and n < total:

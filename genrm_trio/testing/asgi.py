@@ -420,7 +420,7 @@ class SimJudgeApp:
     ) -> None:
         decision = self._core.begin(call, api)
         try:
-            if not await _sleep_unless_disconnected(decision.delay_s, receive):
+            if not await _sleep_unless_disconnected(decision.delay_s, receive, self._core.serve):
                 return
             fault, rule = decision.fault, decision.rule
             http = http_fault(fault, rule) if fault is not None else None
@@ -493,8 +493,13 @@ async def _read_body(receive: Receive) -> bytes | None:
             return b"".join(chunks)
 
 
-async def _sleep_unless_disconnected(delay_s: float, receive: Receive) -> bool:
-    """Sleep `delay_s`; False if the client disconnected meanwhile (then nothing is sent)."""
+async def _sleep_unless_disconnected(
+    delay_s: float,
+    receive: Receive,
+    serve: Callable[[float], Awaitable[None]] = trio.sleep,
+) -> bool:
+    """Sleep `delay_s` (with `serve`: the simulator's capacity queue, then the latency); False
+    if the client disconnected meanwhile (then nothing is sent)."""
     if delay_s <= 0:
         return True
     disconnected = False
@@ -510,7 +515,7 @@ async def _sleep_unless_disconnected(delay_s: float, receive: Receive) -> bool:
                     return
 
         nursery.start_soon(watch)
-        await trio.sleep(delay_s)
+        await serve(delay_s)
         nursery.cancel_scope.cancel()
     return not disconnected
 

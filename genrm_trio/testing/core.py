@@ -37,6 +37,9 @@ class SimConfig:
     draws depend on `seed`, the call's content and how often that content was seen before, not on
     scheduling order, so they reproduce under concurrency. `api_key`, when set, is required as a
     bearer token over HTTP (401 otherwise). `record_calls=False` keeps `calls` empty (long runs).
+    `capacity`, when set, is how many calls are served at once, like a saturated vLLM fleet
+    (`max_num_seqs` x replicas): a call's latency runs only while it is served, and the calls
+    beyond the capacity wait first-in first-out (a caller that hangs up leaves the queue).
     """
 
     latency_s: float = 0.0
@@ -49,6 +52,7 @@ class SimConfig:
     record_calls: bool = True
     sticky_faults: bool = False  # random faults depend on content only: a drawn pair always fails
     length_model: LengthModel | None = None  # output tokens a verdict needs (None: never cut)
+    capacity: int | None = None  # calls served at once; None: every call at once
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple(self.rules))
@@ -60,6 +64,8 @@ class SimConfig:
                 raise ValueError(f"{name} must be a finite number >= 0")
         if not 0.0 <= self.fault_rate <= 1.0:
             raise ValueError("fault_rate must be within [0, 1]")
+        if self.capacity is not None and (type(self.capacity) is not int or self.capacity < 1):
+            raise ValueError("capacity must be an integer >= 1 (or None: unlimited)")
         if self.fault_kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault {self.fault_kind!r}; expected one of {FAULT_KINDS}")
         for rule in self.rules:
@@ -95,6 +101,13 @@ class SimStatistics:
     max_in_flight: int
     bad_requests: int  # HTTP requests refused with 4xx before reaching the judge logic
     exhausted: int = 0  # calls whose budget was below their verdict's need (not faults)
+    capacity: int | None = None  # SimConfig.capacity
+    serving: int = 0  # calls being served now (at most `capacity`)
+    max_serving: int = 0
+    queued: int = 0  # calls waiting for a place (with a capacity)
+    max_queued: int = 0
+    busy_s: float = 0.0  # call-seconds served: utilisation = busy_s / (capacity x elapsed)
+    hang_ups: int = 0  # calls whose caller went away before the answer (queued or served)
 
 
 def token_count(text_length: int) -> int:
@@ -130,6 +143,13 @@ class SimCore:
         self.max_in_flight = 0
         self.bad_requests = 0
         self.exhausted = 0
+        self._places = None if config.capacity is None else trio.CapacityLimiter(config.capacity)
+        self.serving = 0
+        self.max_serving = 0
+        self.queued = 0
+        self.max_queued = 0
+        self.busy_s = 0.0
+        self.hang_ups = 0
 
     def _need(self, call: JudgeCall) -> int | None:
         """Output tokens this call's verdict needs, or None (no length model, no marker)."""
@@ -223,6 +243,37 @@ class SimCore:
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         return Decision(delay, fault, rule if rule is not None else self._random_rule, need)
 
+    async def serve(self, delay_s: float) -> None:
+        """Wait `delay_s` while served: with a capacity, first wait for a place (FIFO: trio's
+        CapacityLimiter wakes its waiters in order). A cancelled call counts as a hang-up."""
+        try:
+            if self._places is None:
+                await self._served(delay_s)
+                return
+            self.queued += 1
+            self.max_queued = max(self.max_queued, self.queued)
+            try:
+                await self._places.acquire()
+            finally:
+                self.queued -= 1
+            try:
+                await self._served(delay_s)
+            finally:
+                self._places.release()
+        except trio.Cancelled:
+            self.hang_ups += 1
+            raise
+
+    async def _served(self, delay_s: float) -> None:
+        self.serving += 1
+        self.max_serving = max(self.max_serving, self.serving)
+        started = trio.current_time()
+        try:
+            await trio.sleep(delay_s)
+        finally:
+            self.serving -= 1
+            self.busy_s += trio.current_time() - started
+
     def cut_off(self, decision: Decision, budget: int) -> bool:
         """Whether a verdict reply runs out of `budget` before its verdict (and count it)."""
         if decision.need is None or decision.need <= budget:
@@ -242,6 +293,13 @@ class SimCore:
             max_in_flight=self.max_in_flight,
             bad_requests=self.bad_requests,
             exhausted=self.exhausted,
+            capacity=self.config.capacity,
+            serving=self.serving,
+            max_serving=self.max_serving,
+            queued=self.queued,
+            max_queued=self.max_queued,
+            busy_s=self.busy_s,
+            hang_ups=self.hang_ups,
         )
 
 

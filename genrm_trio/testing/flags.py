@@ -61,6 +61,7 @@ def sim_config_from_args(
     record_calls: bool = False,
     sticky_faults: bool = False,
     length_model: str | None = None,
+    capacity: int | None = None,
 ) -> SimConfig:
     """Build a SimConfig from `sim-judge` flags (milliseconds, `--fault` specs). ValueError if bad.
 
@@ -85,4 +86,5 @@ def sim_config_from_args(
         record_calls=record_calls,
         sticky_faults=sticky_faults,
         length_model=None if length_model is None else LENGTH_PRESETS[length_model],
+        capacity=capacity,
     )

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import final
 
-import trio
-
 from genrm_trio.judge.base import (
     JudgeBadJSON,
     JudgeCall,
@@ -68,7 +66,7 @@ class SimJudge:
     async def attempt(self, call: JudgeCall) -> JudgeReply:
         decision = self._core.begin(call, "in_process")
         try:
-            await trio.sleep(decision.delay_s)
+            await self._core.serve(decision.delay_s)
             return self._reply(call, decision)
         finally:
             self._core.end()

@@ -1,0 +1,79 @@
+"""Which planned comparisons of a group can start, as its members arrive (pure).
+
+With `eager_comparisons` a comparison starts as soon as both of its members are present
+(docs/architecture.md, "One group"); the fixed baseline (index N) is present from the start.
+:class:`Readiness` hands out each comparison exactly once, in plan order among those that became
+ready together, so the judge queue sees them in a reproducible order.
+
+A group waiting for its members holds only two bit sets here (members present, comparisons
+started); the member → comparisons index (:class:`ReadinessIndex`) depends only on the plan, so
+one is shared by every group of the same plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import final
+
+from genrm_trio.domain.scoring import PlannedComparison
+
+__all__ = ["Readiness", "ReadinessIndex"]
+
+
+@final
+class ReadinessIndex:
+    """For one plan: the comparisons each member takes part in, and the members each needs."""
+
+    __slots__ = ("by_member", "needs", "size", "total")
+
+    def __init__(self, plan: Sequence[PlannedComparison], size: int) -> None:
+        self.size = size  # members 0..size-1; an index >= size is the fixed baseline
+        self.total = len(plan)
+        by_member: list[list[int]] = [[] for _ in range(size)]
+        needs: list[int] = []  # per comparison, the bit set of the members it needs
+        for c, planned in enumerate(plan):
+            mask = 0
+            for m in {planned.i, planned.j}:
+                if m < size:
+                    by_member[m].append(c)
+                    mask |= 1 << m
+            needs.append(mask)
+        self.by_member = tuple(tuple(cs) for cs in by_member)
+        self.needs = tuple(needs)
+
+
+@final
+class Readiness:
+    """One group's progress through its plan: members present, comparisons handed out."""
+
+    __slots__ = ("_index", "_present", "_started", "unstarted")
+
+    def __init__(self, index: ReadinessIndex) -> None:
+        self._index = index
+        self._present = 0  # bit m: member m is present
+        self._started = 0  # bit c: comparison c was handed out
+        self.unstarted = index.total
+
+    def arrive(self, members: Sequence[int]) -> list[int]:
+        """Mark ``members`` present; the comparisons this makes ready, in plan order (each is
+        returned once, and counts as started from then on)."""
+        index = self._index
+        for m in members:
+            self._present |= 1 << m
+        ready: set[int] = set()
+        for m in members:
+            for c in index.by_member[m]:
+                need = index.needs[c]
+                if not self._started >> c & 1 and self._present & need == need:
+                    ready.add(c)
+        return self._take(sorted(ready))
+
+    def rest(self) -> list[int]:
+        """Every comparison not started yet, in plan order (the group is complete)."""
+        return self._take([c for c in range(self._index.total) if not self._started >> c & 1])
+
+    def _take(self, comparisons: list[int]) -> list[int]:
+        for c in comparisons:
+            self._started |= 1 << c
+        self.unstarted -= len(comparisons)
+        return comparisons

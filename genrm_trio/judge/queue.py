@@ -1,0 +1,267 @@
+"""The critical-path judge queue: `judge.max_concurrency` slots, complete groups first.
+
+Every judge attempt holds one slot while it runs (`Comparator._attempt`). When none is free the
+attempt waits here, and a freed slot goes to the waiting attempt that shortens a training step
+the most (docs/operations.md, "Sizing judge.max_concurrency"):
+
+1. an attempt of a **complete** group (every member is in: the trainer waits for its rewards)
+   before any attempt of a group that is still **collecting** (its comparisons started early,
+   `eager_comparisons`);
+2. among complete groups, the group that completed first; within a group, its comparisons in the
+   order they became ready;
+3. among collecting groups, the comparison that became ready first, whatever its group.
+
+A group is a :class:`QueueGroup`; it is promoted (:meth:`QueueGroup.mark_complete`) when its last
+member arrives, and its waiting attempts move to the complete class at once. Each comparison has a
+:class:`QueueTicket`, its place: its group and the moment it became ready. A retry waits with the
+same ticket, so it keeps its group's place instead of going to the back. A `/compare` batch is
+complete from the start (its members arrive together): a comparison without a ticket gets one of
+a fresh complete group.
+
+The queue sits where the priority is known only if it is where calls wait, so
+`judge.max_concurrency` should be the judge's real capacity (vLLM's `max_num_seqs` x replicas):
+above it, the judge's own first-in first-out queue decides instead.
+
+Waiting for a slot is never a failed attempt (D13). A cancelled waiter leaves the queue; a slot
+handed to a waiter that is cancelled in the same moment is passed on. Two heaps with lazy deletion
+make a grant O(log n); promoted and cancelled entries are compacted away when they outnumber the
+live ones.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+from typing import Final, Literal, final
+
+import trio
+
+from genrm_trio.metrics import Metrics
+
+__all__ = ["JudgeQueue", "Priority", "QueueGroup", "QueueStatistics", "QueueTicket"]
+
+Priority = Literal["complete", "collecting"]
+
+_COMPACT_SLACK: Final = 64
+
+
+@final
+class QueueGroup:
+    """One `/verify` group (or `/compare` batch) in the queue: collecting, then complete."""
+
+    __slots__ = ("_queue", "complete_seq", "waiting")
+
+    def __init__(self, queue: JudgeQueue, complete_seq: int | None) -> None:
+        self._queue = queue
+        self.complete_seq = complete_seq  # the order of completion; None while collecting
+        self.waiting: set[_Waiter] = set()
+
+    @property
+    def complete(self) -> bool:
+        return self.complete_seq is not None
+
+    def mark_complete(self) -> None:
+        """The group's last member is in: promote its waiting attempts. Idempotent."""
+        if self.complete_seq is None:
+            self._queue._promote(self)
+
+
+@final
+class QueueTicket:
+    """One comparison's place: its group and when it became ready (kept by its retries)."""
+
+    __slots__ = ("group", "ready_seq")
+
+    def __init__(self, group: QueueGroup, ready_seq: int) -> None:
+        self.group = group
+        self.ready_seq = ready_seq
+
+    @property
+    def priority(self) -> Priority:
+        return "complete" if self.group.complete else "collecting"
+
+
+@final
+class _Waiter:
+    __slots__ = ("event", "granted", "priority", "since", "ticket")
+
+    def __init__(self, ticket: QueueTicket, now: float) -> None:
+        self.ticket = ticket
+        self.event = trio.Event()
+        self.granted = False
+        self.priority: Priority | None = ticket.priority  # the heap it is live in; None: gone
+        self.since = now  # entered its current class (enqueued, or promoted)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class QueueStatistics:
+    total: int  # slots (judge.max_concurrency, or the fleet's total)
+    in_use: int
+    waiting_complete: int
+    waiting_collecting: int
+    granted_complete: int  # slots given since the start, by the class that won them
+    granted_collecting: int
+    promotions: int  # waiting attempts moved to the complete class when their group completed
+
+    @property
+    def waiting(self) -> int:
+        return self.waiting_complete + self.waiting_collecting
+
+
+@final
+class JudgeQueue:
+    """`total` judge slots shared by every comparison, granted by priority (module docstring).
+
+    Observes `genrm_trio_judge_queue_wait_seconds{priority}`: the wait of an attempt in the
+    class that served it (a promoted attempt counts from its group's completion; one served at
+    once waited 0).
+    """
+
+    def __init__(self, total: int, metrics: Metrics) -> None:
+        if total < 1:
+            raise ValueError("a judge queue needs at least one slot")
+        self._total = total
+        self._metrics = metrics
+        self._in_use = 0
+        self._ready = itertools.count()
+        self._completed = itertools.count()
+        self._tie = itertools.count()
+        # (complete_seq, ready_seq, tie, waiter) and (ready_seq, tie, waiter)
+        self._complete: list[tuple[int, int, int, _Waiter]] = []
+        self._collecting: list[tuple[int, int, _Waiter]] = []
+        self._live = {"complete": 0, "collecting": 0}
+        self._granted = {"complete": 0, "collecting": 0}
+        self._promotions = 0
+
+    # --- places -----------------------------------------------------------------------------
+
+    def group(self, *, complete: bool) -> QueueGroup:
+        """A new group; a complete one is ordered after every group completed before it."""
+        return QueueGroup(self, next(self._completed) if complete else None)
+
+    def ticket(self, group: QueueGroup | None = None) -> QueueTicket:
+        """The place of a comparison that is ready now (None: a fresh complete group)."""
+        if group is None:
+            group = self.group(complete=True)
+        return QueueTicket(group, next(self._ready))
+
+    # --- the CapacityLimiter-like surface -----------------------------------------------------
+
+    @property
+    def total_tokens(self) -> int:
+        return self._total
+
+    @property
+    def borrowed_tokens(self) -> int:
+        return self._in_use
+
+    def statistics(self) -> QueueStatistics:
+        return QueueStatistics(
+            total=self._total,
+            in_use=self._in_use,
+            waiting_complete=self._live["complete"],
+            waiting_collecting=self._live["collecting"],
+            granted_complete=self._granted["complete"],
+            granted_collecting=self._granted["collecting"],
+            promotions=self._promotions,
+        )
+
+    async def acquire(self, ticket: QueueTicket) -> None:
+        """Take a slot, waiting by priority when none is free. Pair with :meth:`release`."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        metrics = self._metrics
+        if self._in_use < self._total:  # then nobody waits: slots are handed over on release
+            self._in_use += 1
+            self._granted[ticket.priority] += 1
+            metrics.judge_queue_wait_seconds.labels(priority=ticket.priority).observe(0.0)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        waiter = _Waiter(ticket, trio.current_time())
+        self._push(waiter)
+        ticket.group.waiting.add(waiter)
+        try:
+            await waiter.event.wait()
+        except BaseException:
+            if waiter.granted:  # handed a slot in the same moment: pass it on
+                self.release()
+            else:
+                self._leave(waiter)
+            raise
+
+    def release(self) -> None:
+        """Give the slot back: to the best waiting attempt, else to the pool."""
+        waiter = self._pop()
+        if waiter is None:
+            self._in_use -= 1
+            return
+        priority = waiter.priority
+        assert priority is not None
+        self._live[priority] -= 1
+        self._granted[priority] += 1
+        waiter.priority = None
+        waiter.granted = True
+        waiter.ticket.group.waiting.discard(waiter)
+        self._metrics.judge_queue_wait_seconds.labels(priority=priority).observe(
+            trio.current_time() - waiter.since
+        )
+        waiter.event.set()
+
+    # --- the heaps ----------------------------------------------------------------------------
+
+    def _push(self, waiter: _Waiter) -> None:
+        ticket = waiter.ticket
+        complete_seq = ticket.group.complete_seq
+        if complete_seq is None:
+            waiter.priority = "collecting"
+            heapq.heappush(self._collecting, (ticket.ready_seq, next(self._tie), waiter))
+        else:
+            waiter.priority = "complete"
+            entry = (complete_seq, ticket.ready_seq, next(self._tie), waiter)
+            heapq.heappush(self._complete, entry)
+        self._live[waiter.priority] += 1
+
+    def _pop(self) -> _Waiter | None:
+        while self._complete:
+            waiter = heapq.heappop(self._complete)[3]
+            if waiter.priority == "complete":
+                return waiter
+        while self._collecting:
+            waiter = heapq.heappop(self._collecting)[2]
+            if waiter.priority == "collecting":
+                return waiter
+        return None
+
+    def _leave(self, waiter: _Waiter) -> None:
+        """A cancelled waiter: its heap entry becomes stale."""
+        priority = waiter.priority
+        if priority is None:
+            return
+        waiter.priority = None
+        self._live[priority] -= 1
+        waiter.ticket.group.waiting.discard(waiter)
+        self._compact()
+
+    def _promote(self, group: QueueGroup) -> None:
+        group.complete_seq = next(self._completed)
+        now = trio.current_time()
+        # in ready order, so the group's comparisons keep their order among themselves
+        for waiter in sorted(group.waiting, key=lambda w: w.ticket.ready_seq):
+            if waiter.priority != "collecting":
+                continue
+            self._live["collecting"] -= 1  # its collecting entry is now stale
+            waiter.since = now
+            self._push(waiter)
+            self._promotions += 1
+        self._compact()
+
+    def _compact(self) -> None:
+        """Drop stale entries once they outnumber the live ones (bounded memory)."""
+        live = self._live
+        if len(self._collecting) > 2 * live["collecting"] + _COMPACT_SLACK:
+            self._collecting = [e for e in self._collecting if e[2].priority == "collecting"]
+            heapq.heapify(self._collecting)
+        if len(self._complete) > 2 * live["complete"] + _COMPACT_SLACK:
+            self._complete = [e for e in self._complete if e[3].priority == "complete"]
+            heapq.heapify(self._complete)
