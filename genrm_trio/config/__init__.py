@@ -5,15 +5,20 @@ contract."""
 
 from genrm_trio.config.mapping import settings_from_mapping
 from genrm_trio.config.settings import (
+    DEFAULT_BRADLEY_TERRY_PRIOR,
     DEFAULT_JUDGE_CREATE_PARAMS,
     DEFAULT_PRINCIPLE,
     EJECT_MAX_FAILURES,
     IGNORED_GYM_KEYS,
     ONE_WORKER_MESSAGE,
     RESPONSES_CREATE_PARAM_KEYS,
+    AggregatorMethod,
     BudgetEscalation,
+    ComparisonStrategy,
     ConfigError,
     JudgeSettings,
+    MaskPolicy,
+    PositionBalance,
     ServerSettings,
     Settings,
     endpoint_of,
@@ -28,6 +33,7 @@ from genrm_trio.config.sources import (
 )
 
 __all__ = [
+    "DEFAULT_BRADLEY_TERRY_PRIOR",
     "DEFAULT_JUDGE_CREATE_PARAMS",
     "DEFAULT_PRINCIPLE",
     "EJECT_MAX_FAILURES",
@@ -35,9 +41,13 @@ __all__ = [
     "IGNORED_GYM_KEYS",
     "ONE_WORKER_MESSAGE",
     "RESPONSES_CREATE_PARAM_KEYS",
+    "AggregatorMethod",
     "BudgetEscalation",
+    "ComparisonStrategy",
     "ConfigError",
     "JudgeSettings",
+    "MaskPolicy",
+    "PositionBalance",
     "ServerSettings",
     "Settings",
     "endpoint_of",

@@ -1,0 +1,231 @@
+"""The penalised Bradley–Terry fit of a comparison graph (docs/scoring.md, "Bradley–Terry").
+
+Pure. Given, for each judged pair of vertices {a, b}, the number of observations and the sum of
+their outcomes y ∈ [0, 1] from a's side (y = 1: a clearly better), θ maximises
+
+    F(θ) = Σ_obs [y·log σ(θ_a − θ_b) + (1 − y)·log σ(θ_b − θ_a)] − (λ/2)·Σ_v θ_v²
+
+The solver is Newton's method with a backtracking (Armijo) line search, each step solving
+(L + λI)·δ = ∇F by a Cholesky factorisation kept inside the matrix's envelope. Why this solver:
+
+- F is strictly concave: each observation contributes −σ(d)σ(−d)·(e_a − e_b)(e_a − e_b)ᵀ to the
+  Hessian whatever y is, so the Hessian is −(L + λI) with L a weighted graph Laplacian (positive
+  semi-definite) and λ > 0. There is exactly one maximiser, and L + λI is symmetric positive
+  definite, so Cholesky always succeeds (no pivoting, no regularisation tricks).
+- Newton converges quadratically near the maximiser: 4–8 steps from θ = 0 for the groups this
+  service sees; the line search makes it globally convergent (the full step is taken whenever
+  it increases F enough, which is nearly always). Minorise–maximise (the classic BT iteration)
+  and gradient ascent converge linearly: hundreds of steps to reach 1e-9 on a circular graph.
+- A group has N ≤ a few hundred vertices. The envelope of a circular graph is two entries a
+  row plus one full row, so a step is O(N) there (a fixed-baseline star likewise); all_pairs is
+  dense, O(N³/3) a step, about 1.5 ms for a whole fit at N = 16 in pure Python. numpy is not a
+  runtime dependency of this service and nothing here needs it.
+
+It stops when every component of the gradient ∇F is within 1e-9 of zero (the optimality
+condition; F being λ-strongly concave, θ is then within ‖∇F‖₂/λ of the maximiser), or when a
+step no longer changes θ in double precision. Verdicts whose arithmetic overflows doubles (only
+unvalidated ones, `validate_verdict_range: false`, far outside [1, 6]) give nan θ, which the
+engine's finiteness check turns into a group failure; a fit that does not converge in 100 steps
+(never seen) raises ValueError rather than return an inexact reward.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from operator import mul
+from typing import Final, final
+
+from genrm_trio.domain.scoring.numeric import log_sigmoid, sigmoid
+
+__all__ = [
+    "GRADIENT_TOLERANCE",
+    "MAX_NEWTON_STEPS",
+    "BradleyTerryFit",
+    "PairObservations",
+    "fit_bradley_terry",
+    "gradient",
+    "log_likelihood",
+]
+
+GRADIENT_TOLERANCE: Final = 1e-9
+MAX_NEWTON_STEPS: Final = 100
+_ARMIJO: Final = 1e-4  # sufficient-increase constant of the line search
+_MIN_STEP: Final = 2.0**-40  # a step halved this far no longer moves θ in doubles
+# Newton decrement² gᵀ(L + λI)⁻¹g below which full steps are taken (F* − F ≈ half of it)
+_PURE_NEWTON: Final = 1e-4
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class PairObservations:
+    """Every observation of one pair of vertices ``a != b``: how many, and Σ y from a's side."""
+
+    a: int
+    b: int
+    count: int
+    wins_a: float
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class BradleyTerryFit:
+    """The maximiser θ (one per vertex), the log-likelihood Σ_obs at θ (without the prior
+    term), the number of observations and the Newton steps taken."""
+
+    theta: list[float]
+    log_likelihood: float
+    observations: int
+    newton_steps: int
+
+
+def log_likelihood(theta: Sequence[float], pairs: Sequence[PairObservations]) -> float:
+    """Σ_obs [y·log σ(θ_a − θ_b) + (1 − y)·log σ(θ_b − θ_a)], summed per pair."""
+    total = 0.0
+    for p in pairs:
+        d = theta[p.a] - theta[p.b]
+        total += p.wins_a * log_sigmoid(d) + (p.count - p.wins_a) * log_sigmoid(-d)
+    return total
+
+
+def _objective(theta: Sequence[float], pairs: Sequence[PairObservations], prior: float) -> float:
+    return log_likelihood(theta, pairs) - 0.5 * prior * sum(t * t for t in theta)
+
+
+def gradient(
+    theta: Sequence[float], pairs: Sequence[PairObservations], prior: float
+) -> list[float]:
+    """∇F: Σ over each vertex's observations of ±(y − σ(θ_a − θ_b)), minus λθ."""
+    grad = [-prior * t for t in theta]
+    for p in pairs:
+        g = p.wins_a - p.count * sigmoid(theta[p.a] - theta[p.b])
+        grad[p.a] += g
+        grad[p.b] -= g
+    return grad
+
+
+def _envelope(vertices: int, pairs: Sequence[PairObservations]) -> list[int]:
+    """For each row v of the Hessian, the first column with an entry: the lowest neighbour
+    below v (v itself without one). Cholesky fills in only inside this envelope."""
+    first = list(range(vertices))
+    for p in pairs:
+        low, high = (p.a, p.b) if p.a < p.b else (p.b, p.a)
+        first[high] = min(first[high], low)
+    return first
+
+
+def _negated_hessian(
+    theta: Sequence[float], pairs: Sequence[PairObservations], prior: float, first: Sequence[int]
+) -> list[list[float]]:
+    """The lower triangle of −∇²F = L + λI inside the envelope, L the Laplacian weighted by
+    count·σ(d)σ(−d): ``rows[v][u - first[v]]`` is entry (v, u), the diagonal last."""
+    rows = [[0.0] * (v - first[v]) + [prior] for v in range(len(theta))]
+    for p in pairs:
+        d = theta[p.a] - theta[p.b]
+        w = p.count * sigmoid(d) * sigmoid(-d)
+        low, high = (p.a, p.b) if p.a < p.b else (p.b, p.a)
+        rows[low][-1] += w
+        rows[high][-1] += w
+        rows[high][low - first[high]] -= w
+    return rows
+
+
+def _cholesky_solve(
+    rows: list[list[float]], first: Sequence[int], b: Sequence[float]
+) -> list[float]:
+    """x with A·x = b, A symmetric positive definite given by its envelope ``rows``
+    (`_negated_hessian`): the lower factor L (its entries stay inside the envelope), then
+    L z = b and Lᵀ x = z. A circular graph's envelope is two entries a row plus one full row,
+    so this is O(N) there and the dense O(N³/3) only for all_pairs. A non-positive pivot (only
+    from nan or inf entries) gives nan."""
+    n = len(b)
+    low: list[list[float]] = []  # low[i][j - first[i]] = L[i][j]
+    for i in range(n):
+        fi = first[i]
+        row = rows[i]
+        li = [0.0] * (i - fi + 1)
+        for j in range(fi, i):
+            lj, fj = low[j], first[j]
+            k0 = max(fi, fj)
+            dot = sum(map(mul, li[k0 - fi : j - fi], lj[k0 - fj : j - fj]))
+            li[j - fi] = (row[j - fi] - dot) / lj[-1]
+        pivot = row[-1] - sum(map(mul, li[:-1], li[:-1]))
+        if not pivot > 0:
+            return [math.nan] * n
+        li[-1] = math.sqrt(pivot)
+        low.append(li)
+    z = [0.0] * n
+    for i in range(n):
+        fi, li = first[i], low[i]
+        z[i] = (b[i] - sum(map(mul, li[:-1], z[fi:i]))) / li[-1]
+    x = z  # Lᵀ x = z, column by column from the last
+    for i in range(n - 1, -1, -1):
+        fi, li = first[i], low[i]
+        x[i] /= li[-1]
+        xi = x[i]
+        for k in range(fi, i):
+            x[k] -= li[k - fi] * xi
+    return x
+
+
+def _nan_fit(n: int, pairs: Sequence[PairObservations], steps: int) -> BradleyTerryFit:
+    return BradleyTerryFit([math.nan] * n, math.nan, sum(p.count for p in pairs), steps)
+
+
+def fit_bradley_terry(
+    vertices: int, pairs: Sequence[PairObservations], prior: float
+) -> BradleyTerryFit:
+    """θ maximising F over ``vertices`` vertices (module docstring), from θ = 0.
+
+    A vertex without observations keeps θ = 0 (the prior alone). Verdicts that overflow the
+    arithmetic give nan θ (the engine's finiteness check then fails the group), never an
+    exception; ValueError only when 100 Newton steps did not converge.
+    """
+    if not (math.isfinite(prior) and prior > 0):
+        raise ValueError(f"bradley_terry_prior must be finite and > 0, got {prior!r}")
+    for p in pairs:
+        if not (0 <= p.a < vertices and 0 <= p.b < vertices and p.a != p.b):
+            raise ValueError(f"bad pair {p.a}-{p.b} for {vertices} vertices")
+    first = _envelope(vertices, pairs)
+    theta = [0.0] * vertices
+    value = _objective(theta, pairs, prior)
+    for step in range(MAX_NEWTON_STEPS + 1):
+        grad = gradient(theta, pairs, prior)
+        if not all(math.isfinite(g) for g in grad) or not math.isfinite(value):
+            return _nan_fit(vertices, pairs, step)
+        if max(map(abs, grad), default=0.0) <= GRADIENT_TOLERANCE:
+            break
+        if step == MAX_NEWTON_STEPS:
+            raise ValueError(
+                f"GenRM Bradley–Terry fit did not converge in {MAX_NEWTON_STEPS} Newton steps"
+            )
+        delta = _cholesky_solve(_negated_hessian(theta, pairs, prior, first), first, grad)
+        if not all(math.isfinite(d) for d in delta):
+            return _nan_fit(vertices, pairs, step)
+        slope = sum(map(mul, grad, delta))  # gᵀ(L + λI)⁻¹g > 0: an ascent direction
+        if not math.isfinite(slope):
+            return _nan_fit(vertices, pairs, step)
+        if not slope > 0:
+            break  # rounding ate the direction: θ is as exact as doubles allow
+        t = 1.0
+        if slope > _PURE_NEWTON:
+            while True:
+                candidate = [th + t * d for th, d in zip(theta, delta, strict=True)]
+                new_value = _objective(candidate, pairs, prior)
+                if new_value >= value + _ARMIJO * t * slope:
+                    break
+                t *= 0.5
+                if t < _MIN_STEP:
+                    break
+            if t < _MIN_STEP:  # no step increases F in doubles: absurd unvalidated verdicts
+                return _nan_fit(vertices, pairs, step)
+        else:
+            # F is within about slope/2 of its maximum: the full step converges quadratically,
+            # and F's own rounding (1e-16·|F|) would make a line search on it meaningless
+            candidate = [th + d for th, d in zip(theta, delta, strict=True)]
+            new_value = _objective(candidate, pairs, prior)
+        if candidate == theta:
+            break  # θ is as exact as doubles allow
+        theta, value = candidate, new_value
+    return BradleyTerryFit(theta, log_likelihood(theta, pairs), sum(p.count for p in pairs), step)
