@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from operator import mul
 from typing import Final, final
 
-from genrm_trio.domain.scoring.numeric import log_sigmoid, sigmoid
+from genrm_trio.domain.scoring.numeric import log_sigmoid
 
 __all__ = [
     "GRADIENT_TOLERANCE",
@@ -45,7 +45,6 @@ __all__ = [
     "BradleyTerryFit",
     "PairObservations",
     "fit_bradley_terry",
-    "gradient",
     "log_likelihood",
 ]
 
@@ -93,18 +92,6 @@ def _objective(theta: Sequence[float], pairs: Sequence[PairObservations], prior:
     return log_likelihood(theta, pairs) - 0.5 * prior * sum(t * t for t in theta)
 
 
-def gradient(
-    theta: Sequence[float], pairs: Sequence[PairObservations], prior: float
-) -> list[float]:
-    """∇F: Σ over each vertex's observations of ±(y − σ(θ_a − θ_b)), minus λθ."""
-    grad = [-prior * t for t in theta]
-    for p in pairs:
-        g = p.wins_a - p.count * sigmoid(theta[p.a] - theta[p.b])
-        grad[p.a] += g
-        grad[p.b] -= g
-    return grad
-
-
 def _envelope(vertices: int, pairs: Sequence[PairObservations]) -> list[int]:
     """For each row v of the Hessian, the first column with an entry: the lowest neighbour
     below v (v itself without one). Cholesky fills in only inside this envelope."""
@@ -115,20 +102,27 @@ def _envelope(vertices: int, pairs: Sequence[PairObservations]) -> list[int]:
     return first
 
 
-def _negated_hessian(
+def _derivatives(
     theta: Sequence[float], pairs: Sequence[PairObservations], prior: float, first: Sequence[int]
-) -> list[list[float]]:
-    """The lower triangle of −∇²F = L + λI inside the envelope, L the Laplacian weighted by
-    count·σ(d)σ(−d): ``rows[v][u - first[v]]`` is entry (v, u), the diagonal last."""
+) -> tuple[list[float], list[list[float]]]:
+    """∇F, and the lower triangle of −∇²F = L + λI inside the envelope (L the Laplacian weighted
+    by count·σ(d)σ(−d)): ``rows[v][u - first[v]]`` is entry (v, u), the diagonal last. One
+    ``exp`` per pair: with e = e^−|d|, σ(|d|) = 1/(1 + e) and σ(d)σ(−d) = e/(1 + e)²."""
+    grad = [-prior * t for t in theta]
     rows = [[0.0] * (v - first[v]) + [prior] for v in range(len(theta))]
     for p in pairs:
         d = theta[p.a] - theta[p.b]
-        w = p.count * sigmoid(d) * sigmoid(-d)
+        e = math.exp(-abs(d))
+        s = 1.0 / (1.0 + e)
+        g = p.wins_a - p.count * (s if d >= 0 else e * s)  # y − σ(d), summed
+        grad[p.a] += g
+        grad[p.b] -= g
+        w = p.count * e * s * s
         low, high = (p.a, p.b) if p.a < p.b else (p.b, p.a)
         rows[low][-1] += w
         rows[high][-1] += w
         rows[high][low - first[high]] -= w
-    return rows
+    return grad, rows
 
 
 def _cholesky_solve(
@@ -189,10 +183,10 @@ def fit_bradley_terry(
             raise ValueError(f"bad pair {p.a}-{p.b} for {vertices} vertices")
     first = _envelope(vertices, pairs)
     theta = [0.0] * vertices
-    value = _objective(theta, pairs, prior)
+    value: float | None = None  # F(θ), evaluated only when a line search needs it
     for step in range(MAX_NEWTON_STEPS + 1):
-        grad = gradient(theta, pairs, prior)
-        if not all(math.isfinite(g) for g in grad) or not math.isfinite(value):
+        grad, rows = _derivatives(theta, pairs, prior, first)
+        if not all(math.isfinite(g) for g in grad):
             return _nan_fit(vertices, pairs, step)
         if max(map(abs, grad), default=0.0) <= GRADIENT_TOLERANCE:
             break
@@ -200,32 +194,31 @@ def fit_bradley_terry(
             raise ValueError(
                 f"GenRM Bradley–Terry fit did not converge in {MAX_NEWTON_STEPS} Newton steps"
             )
-        delta = _cholesky_solve(_negated_hessian(theta, pairs, prior, first), first, grad)
-        if not all(math.isfinite(d) for d in delta):
-            return _nan_fit(vertices, pairs, step)
+        delta = _cholesky_solve(rows, first, grad)
         slope = sum(map(mul, grad, delta))  # gᵀ(L + λI)⁻¹g > 0: an ascent direction
         if not math.isfinite(slope):
             return _nan_fit(vertices, pairs, step)
         if not slope > 0:
             break  # rounding ate the direction: θ is as exact as doubles allow
-        t = 1.0
         if slope > _PURE_NEWTON:
+            if value is None:
+                value = _objective(theta, pairs, prior)
+            t = 1.0
             while True:
                 candidate = [th + t * d for th, d in zip(theta, delta, strict=True)]
                 new_value = _objective(candidate, pairs, prior)
                 if new_value >= value + _ARMIJO * t * slope:
                     break
                 t *= 0.5
-                if t < _MIN_STEP:
-                    break
-            if t < _MIN_STEP:  # no step increases F in doubles: absurd unvalidated verdicts
-                return _nan_fit(vertices, pairs, step)
+                if t < _MIN_STEP:  # no step increases F in doubles: absurd unvalidated verdicts
+                    return _nan_fit(vertices, pairs, step)
+            value = new_value
         else:
             # F is within about slope/2 of its maximum: the full step converges quadratically,
             # and F's own rounding (1e-16·|F|) would make a line search on it meaningless
             candidate = [th + d for th, d in zip(theta, delta, strict=True)]
-            new_value = _objective(candidate, pairs, prior)
+            value = None
         if candidate == theta:
             break  # θ is as exact as doubles allow
-        theta, value = candidate, new_value
+        theta = candidate
     return BradleyTerryFit(theta, log_likelihood(theta, pairs), sum(p.count for p in pairs), step)
