@@ -24,6 +24,7 @@ alternate; all_pairs J = 1; all_pairs J = 1 alternate; all_pairs J = 2 alternate
 
     python benchmarks/reward_quality.py [--groups 2000] [--seed 0] [--check-engine 3]
                                         [--only-family comparative] [--only-graph circular-J1]
+                                        [--prior 0.1]
                                         [--out benchmarks/results/reward-quality.json]
 """
 
@@ -233,8 +234,11 @@ class Scoring:
     cycle_rate: float | None
 
 
-def fast_scorings(graph: Graph, judged: Judged, rate: float) -> dict[tuple[str, str], Scoring]:
-    """Every (method, policy) of one group at failure rate ``rate``."""
+def fast_scorings(
+    graph: Graph, judged: Judged, rate: float, prior: float = DEFAULT_BRADLEY_TERRY_PRIOR
+) -> dict[tuple[str, str], Scoring]:
+    """Every (method, policy) of one group at failure rate ``rate`` (``prior``: λ of
+    bradley_terry)."""
     plan = plan_comparisons(SIZE, graph.strategy, graph.judges, graph.balance)
     errors: list[str | None] = []
     comparisons: list[JudgedComparison] = []
@@ -262,7 +266,7 @@ def fast_scorings(graph: Graph, judged: Judged, rate: float) -> dict[tuple[str, 
                 {},
                 **NO_ADJUSTMENTS,
                 method=method,
-                bradley_terry_prior=DEFAULT_BRADLEY_TERRY_PRIOR,
+                bradley_terry_prior=prior,
             )
             out[(method, policy)] = Scoring(agg.final, agg.method_metrics.get(CYCLE_RATE))
     return out
@@ -297,7 +301,11 @@ def summarise(values: Sequence[float]) -> tuple[float, float]:
 
 
 def run_cells(
-    family: str, graph: Graph, groups: int, seed: int
+    family: str,
+    graph: Graph,
+    groups: int,
+    seed: int,
+    prior: float = DEFAULT_BRADLEY_TERRY_PRIOR,
 ) -> tuple[list[Cell], dict[tuple[float, str], list[float]]]:
     """Every cell of one family and graph; also the paired τ differences BT − ST per (p, policy)
     (per group, where both are defined)."""
@@ -314,7 +322,7 @@ def run_cells(
         judged = judge_group(model, graph, seed, group)
         quality = [latent_quality(seed, answer(group, i)) for i in range(SIZE)]
         for rate in RATES:
-            scorings = fast_scorings(graph, judged, rate)
+            scorings = fast_scorings(graph, judged, rate, prior)
             for policy in POLICIES:
                 taus: dict[str, float | None] = {}
                 for method in METHODS:
@@ -628,6 +636,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--check-engine", type=int, default=0, metavar="N")
+    parser.add_argument(
+        "--prior",
+        type=float,
+        default=DEFAULT_BRADLEY_TERRY_PRIOR,
+        help="bradley_terry_prior of the direct path (the engine check uses the default)",
+    )
     parser.add_argument("--only-family", action="append", choices=list(FAMILIES))
     parser.add_argument("--only-graph", action="append", choices=[g.name for g in GRAPHS])
     parser.add_argument("--out")
@@ -648,7 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             if family not in FULL_GRID and graph.name not in EXTRA_GRAPHS:
                 continue
-            cells, paired = run_cells(family, graph, args.groups, args.seed)
+            cells, paired = run_cells(family, graph, args.groups, args.seed, args.prior)
             records.extend(cell_record(c) for c in cells)
             for (rate, policy), values in paired.items():
                 mean, se = summarise(values)
@@ -676,6 +690,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ),
             "groups": args.groups,
             "seed": args.seed,
+            "bradley_terry_prior": args.prior,
             "engine_groups_checked": checked,
             "families": {name: asdict(model) for name, model in FAMILIES.items()},
             "cells": records,

@@ -166,6 +166,20 @@ class TestBradleyTerryOptimum:
         assert base[0] == pytest.approx(1 + 4 * sigma(t), abs=1e-12)  # θ_0 − θ̄ = t
         assert base[1] == pytest.approx(1 + 4 * sigma(-t), abs=1e-12)
 
+    def test_worked_example(self) -> None:
+        """docs/scoring.md, "Bradley–Terry": σ(3t) = 0.8 − 0.1t, solved here by bisection."""
+        lo, hi = 0.0, 2.0
+        for _ in range(200):
+            t = (lo + hi) / 2
+            lo, hi = (lo, t) if sigma(3 * t) > 0.8 - 0.1 * t else (t, hi)
+        comparisons = [jc(0, 1, 2.0), jc(1, 2, 5.0), jc(2, 0, 3.5)]
+        agg = aggregate(comparisons, [0, 1, 2], {}, **NO_ADJ, method="bradley_terry")
+        assert agg.base[0] == agg.base[2] == pytest.approx(1 + 4 * sigma(t), abs=1e-12)
+        assert agg.base[1] == pytest.approx(1 + 4 * sigma(-2 * t), abs=1e-12)
+        assert round(t, 4) == 0.3867
+        assert (round(agg.base[0], 4), round(agg.base[1], 4)) == (3.3819, 2.2630)
+        assert round(agg.method_metrics[BT_LOG_LIKELIHOOD], 4) == -0.5675
+
     def test_observation_is_six_minus_ranking_over_five_from_the_first_shown(self) -> None:
         """A verdict of the swapped orientation is the same observation: (i, j, r) and
         (j, i, 7 − r) give the same fit."""

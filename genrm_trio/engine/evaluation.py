@@ -97,9 +97,6 @@ class Evaluation:
     def pending(self) -> list[int]:
         return [c for c in range(self.total) if self.results[c] is None and self.errors[c] is None]
 
-    def failed(self) -> list[int]:
-        return [c for c in range(self.total) if self.errors[c] is not None]
-
     def judged(self, *, overall: bool = False) -> list[tuple[int, JudgedComparison]]:
         """Successful comparisons in member orientation (flipped back when shown swapped)."""
         out: list[tuple[int, JudgedComparison]] = []
