@@ -14,11 +14,14 @@ The solver is Newton's method with a backtracking (Armijo) line search, each ste
   definite, so Cholesky always succeeds (no pivoting, no regularisation tricks).
 - Newton converges quadratically near the maximiser: 4–8 steps from θ = 0 for the groups this
   service sees; the line search makes it globally convergent (the full step is taken whenever
-  it increases F enough, which is nearly always). Minorise–maximise (the classic BT iteration)
-  and gradient ascent converge linearly: hundreds of steps to reach 1e-9 on a circular graph.
+  it increases F enough, which is nearly always; once the Newton decrement gᵀ(L + λI)⁻¹g is
+  below 1e-4, F is within about half of that of its maximum and full steps are taken without
+  the search, whose comparisons of F would drown in F's rounding). Minorise–maximise (the
+  classic BT iteration) and gradient ascent converge linearly, slowest on weakly connected
+  graphs such as a ring.
 - A group has N ≤ a few hundred vertices. The envelope of a circular graph is two entries a
   row plus one full row, so a step is O(N) there (a fixed-baseline star likewise); all_pairs is
-  dense, O(N³/3) a step, about 1.5 ms for a whole fit at N = 16 in pure Python. numpy is not a
+  dense, O(N³/3) a step; a whole fit at N = 16 takes 1–3 ms in pure Python. numpy is not a
   runtime dependency of this service and nothing here needs it.
 
 It stops when every component of the gradient ∇F is within 1e-9 of zero (the optimality
