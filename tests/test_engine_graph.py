@@ -453,3 +453,13 @@ async def test_compare_ignores_mask_policy_and_stays_fail_fast(autojump_clock: M
     async with running(config, judge) as engine:
         result = await compare(engine, compare_input(["a0", "a1", "a2"]))
     assert isinstance(result, CompareFailed) and str(result) == JUDGE_500.format(pair=(0, 1))
+
+
+async def test_the_singleton_path_is_unchanged_under_both_keys(autojump_clock: MockClock) -> None:
+    judge = ScriptedJudge()
+    config = settings(num_rollouts_per_prompt=1, **BT, **COMPONENT)
+    async with running(config, judge) as engine:
+        [reply] = await gather(engine, [member(0)])
+    assert isinstance(reply, Scored) and reply.result["reward"] == 3.0
+    assert BT_LOG_LIKELIHOOD not in reply.result and CYCLE_RATE not in reply.result
+    assert judge.calls == []
