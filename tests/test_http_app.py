@@ -471,6 +471,7 @@ async def test_cohorts_route() -> None:
         comparisons_pending=4,
         deadline="collection",
         deadline_s_left=12.5,
+        age_s=7.25,
     )
     app = app_for(FakeEngine(cohorts=[view]))
     status, reply, _ = await call(app, "/cohorts", method="GET")
@@ -490,6 +491,7 @@ async def test_cohorts_route() -> None:
             "comparisons_pending": 4,
             "deadline": "collection",
             "deadline_s_left": 12.5,
+            "age_s": 7.25,
         }
     ]
     assert (await call(app_for(FakeEngine()), "/cohorts", method="GET"))[:2] == (200, [])
@@ -505,6 +507,7 @@ async def test_judge_replicas_route() -> None:
         ejected=True,
         ejections=1,
         consecutive_failures=3,
+        stalls=1,
         back_in_s=4.5,
         latency_sum_s=2.0,
         latency_count=8,
@@ -523,7 +526,10 @@ async def test_judge_replicas_route() -> None:
             "ejected": True,
             "ejections": 1,
             "consecutive_failures": 3,
+            "stalls": 1,
             "back_in_s": 4.5,
+            "latency_sum_s": 2.0,
+            "latency_count": 8,
             "latency_mean_s": 0.25,
             "last_error": "ConnectError: [Errno 111] Connection refused",
         }

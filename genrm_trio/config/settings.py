@@ -13,7 +13,7 @@ import logging
 import math
 import os
 from collections.abc import Sequence
-from typing import Any, Literal, final
+from typing import Any, Final, Literal, final
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -175,6 +175,17 @@ def endpoint_of(url: str) -> str:
 EJECT_MAX_FAILURES = 3
 """The largest `judge.eject_after_failures` accepted."""
 
+JudgeApiName = Literal["responses", "chat_completions"]
+"""Every `judge.api` value: `judge.apis.JUDGE_APIS` has one object for each (mypy checks that
+`judge_api_type` covers them all, tests/test_judge_http.py that the table has no other)."""
+
+KEEPALIVE_EXPIRY_S: Final = 4.0
+"""The default `judge.keepalive_expiry_s`: an idle judge connection is closed after this long,
+below the 5 s after which uvicorn (so vLLM) and hypercorn close an idle keep-alive connection."""
+
+MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
+"""The default `judge.max_response_bytes`: a judge reply longer than this ends the attempt."""
+
 
 @final
 class JudgeSettings(_Strict):
@@ -182,7 +193,7 @@ class JudgeSettings(_Strict):
     (docs/configuration.md, "The judge", "A judge fleet")."""
 
     base_url: str | list[str] | None = None
-    api: Literal["responses", "chat_completions"] = "responses"
+    api: JudgeApiName = "responses"
     model: str | None = None
     api_key_env: str | None = None
     max_concurrency: int = Field(default=256, ge=1)
@@ -193,8 +204,10 @@ class JudgeSettings(_Strict):
     max_concurrency_per_replica: int | None = Field(default=None, ge=1)
     eject_after_failures: int = Field(default=EJECT_MAX_FAILURES, ge=1, le=EJECT_MAX_FAILURES)
     eject_backoff_s: float = 5.0
-    keepalive_expiry_s: float = 4.0
-    max_response_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # Off by default: the right value depends on the judge's longest call (docs/operations.md).
+    replica_stall_s: float | None = None
+    keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S
+    max_response_bytes: int = Field(default=MAX_RESPONSE_BYTES, ge=1024)
     ca_file: str | None = None
 
     @field_validator("base_url", mode="before")
@@ -223,6 +236,11 @@ class JudgeSettings(_Strict):
     @classmethod
     def _positive_seconds(cls, value: float) -> float:
         return _finite("value", value, positive=True)
+
+    @field_validator("replica_stall_s")
+    @classmethod
+    def _stall_seconds(cls, value: float | None) -> float | None:
+        return None if value is None else _finite("value", value, positive=True)
 
     @field_validator("ca_file")
     @classmethod
@@ -452,10 +470,23 @@ class Settings(_Strict):
         return params
 
     def startup_warnings(self) -> list[str]:
-        """The start-up warning lines of D12 and D37 (docs/configuration.md, "Start-up
-        warnings")."""
+        """The start-up warning lines: N = 1 (D50), D12 and D37 (docs/configuration.md,
+        "Start-up warnings")."""
         lines: list[str] = []
-        if self.judge_request_timeout_s >= self.cohort_evaluation_timeout_s:
+        if not self.cohorting:
+            # Gym's default too, and silent there: a server started without the trainer's group
+            # size answers every /verify without a judge call and looks healthy doing so.
+            lines.append(
+                f"num_rollouts_per_prompt is {self.num_rollouts_per_prompt}: every /verify is "
+                f"answered at once with default_score ({self.default_score}) and no judge call; "
+                "set num_rollouts_per_prompt (serve --num-rollouts-per-prompt N) to the "
+                "rollouts per prompt the trainer sends"
+            )
+        elif (
+            self.evaluation_deadline_policy == "fail_group"
+            and self.judge_request_timeout_s >= self.cohort_evaluation_timeout_s
+        ):
+            # under mask_pending a hung call masks its own comparison at the group deadline
             lines.append(
                 f"judge_request_timeout_s ({self.judge_request_timeout_s}s) >= "
                 f"cohort_evaluation_timeout_s ({self.cohort_evaluation_timeout_s}s): a hung judge "

@@ -49,6 +49,7 @@ from genrm_trio.store.codec import (
     text_column,
 )
 from genrm_trio.store.errors import StoreError
+from genrm_trio.store.lock import in_use_message
 from genrm_trio.store.protocol import CommitsBySubmit
 from genrm_trio.store.schema import prepare_schema, present_schema
 from genrm_trio.store.worker import Worker
@@ -761,7 +762,7 @@ def _open_sync(
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise StoreError(path, "in use by another genrm-trio process") from None
+            raise StoreError(path, in_use_message(path)) from None
         db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=5.0)
         present = prepare_schema(db, path)
         return SqliteStore(path, settings, db, lock_fd, clock, present, synchronous)
