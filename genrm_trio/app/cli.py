@@ -107,6 +107,16 @@ def _non_negative(value: str) -> float:
     return number
 
 
+def _finite_number(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {value}")
+    return number
+
+
 def _positive_int(value: str) -> int:
     try:
         number = int(value)
@@ -298,7 +308,7 @@ async def _sim_judge_main(config: Any, host: str, port: int) -> None:
 
 def _run_sim_judge(args: argparse.Namespace) -> int:
     from genrm_trio.app.serve import ListenError, bind_socket, tuned_gc
-    from genrm_trio.testing.flags import sim_config_from_args
+    from genrm_trio.testing.flags import judgment_from_args, sim_config_from_args
 
     api_key: str | None = None
     if args.api_key_env:
@@ -309,6 +319,15 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
                     "--api-key-env", f"environment variable {args.api_key_env} is unset or empty"
                 )
             )
+    try:
+        judgment = judgment_from_args(
+            args.judgment,
+            noise=args.judgment_noise,
+            bias=args.judgment_bias,
+            beta=args.judgment_beta,
+        )
+    except ValueError as exc:
+        return _config_error(UsageError("--judgment", str(exc)))
     try:
         config = sim_config_from_args(
             latency_ms=args.latency_ms,
@@ -321,6 +340,7 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
             sticky_faults=args.sticky_faults,
             length_model=args.length_model,
             capacity=args.capacity,
+            judgment=judgment,
         )
     except ValueError as exc:
         return _config_error(UsageError("--fault", str(exc)))
@@ -349,6 +369,7 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
 
 def _add_sim_judge(sub: Any) -> None:
     from genrm_trio.testing.faults import FAULT_KINDS
+    from genrm_trio.testing.judgment import JUDGMENT_PRESETS
     from genrm_trio.testing.verdicts import LENGTH_PRESETS
 
     parser = sub.add_parser(
@@ -408,6 +429,36 @@ def _add_sim_judge(sub: Any) -> None:
             "serve at most K calls at once, the rest queued first-in first-out, like a saturated "
             "vLLM fleet; each call's latency runs while it is served (default: unlimited)"
         ),
+    )
+    parser.add_argument(
+        "--judgment",
+        choices=sorted(JUDGMENT_PRESETS),
+        default=None,
+        help=(
+            "a noisy judge: verdicts from latent answer qualities, comparative (one noisy "
+            "judgment of the difference drives ranking and scores) or pointwise (each score "
+            "measures its own answer; the ranking is a separate position-biased preference); "
+            "docs/benchmarks.md, 'Reward quality' (default: deterministic verdicts)"
+        ),
+    )
+    parser.add_argument(
+        "--judgment-noise",
+        type=_non_negative,
+        default=None,
+        help="noise sd of the judgment (comparative) or of each score (pointwise); "
+        "default: the family's (1.11, 0.75)",
+    )
+    parser.add_argument(
+        "--judgment-bias",
+        type=_finite_number,
+        default=None,
+        help="position bias toward the first answer; default: the family's (0.57, 0.90)",
+    )
+    parser.add_argument(
+        "--judgment-beta",
+        type=_non_negative,
+        default=None,
+        help="pointwise preference sharpness beta; default: 1.57",
     )
     parser.add_argument(
         "--api-key-env", metavar="ENV", help="require this variable's value as bearer token"

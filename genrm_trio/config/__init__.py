@@ -5,6 +5,7 @@ contract."""
 
 from genrm_trio.config.mapping import settings_from_mapping
 from genrm_trio.config.settings import (
+    DEFAULT_BRADLEY_TERRY_PRIOR,
     DEFAULT_JUDGE_CREATE_PARAMS,
     DEFAULT_PRINCIPLE,
     EJECT_MAX_FAILURES,
@@ -13,10 +14,14 @@ from genrm_trio.config.settings import (
     MAX_RESPONSE_BYTES,
     ONE_WORKER_MESSAGE,
     RESPONSES_CREATE_PARAM_KEYS,
+    AggregatorMethod,
     BudgetEscalation,
+    ComparisonStrategy,
     ConfigError,
     JudgeApiName,
     JudgeSettings,
+    MaskPolicy,
+    PositionBalance,
     ServerSettings,
     Settings,
     endpoint_of,
@@ -31,6 +36,7 @@ from genrm_trio.config.sources import (
 )
 
 __all__ = [
+    "DEFAULT_BRADLEY_TERRY_PRIOR",
     "DEFAULT_JUDGE_CREATE_PARAMS",
     "DEFAULT_PRINCIPLE",
     "EJECT_MAX_FAILURES",
@@ -40,10 +46,14 @@ __all__ = [
     "MAX_RESPONSE_BYTES",
     "ONE_WORKER_MESSAGE",
     "RESPONSES_CREATE_PARAM_KEYS",
+    "AggregatorMethod",
     "BudgetEscalation",
+    "ComparisonStrategy",
     "ConfigError",
     "JudgeApiName",
     "JudgeSettings",
+    "MaskPolicy",
+    "PositionBalance",
     "ServerSettings",
     "Settings",
     "endpoint_of",

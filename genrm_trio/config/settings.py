@@ -67,6 +67,17 @@ IGNORED_GYM_KEYS = frozenset(
     {"entrypoint", "domain", "name", "verified", "description", "value", "expose_tools_over_mcp"}
 )
 
+# The vocabularies of the scoring keys, one source each: the settings fields below use them, and
+# genrm_trio.domain.scoring reads them (pair plans check their strategy and balance against these;
+# tests/test_scoring_graph.py checks the aggregation table against `AggregatorMethod`).
+ComparisonStrategy = Literal["all_pairs", "circular"]
+PositionBalance = Literal["none", "alternate"]
+AggregatorMethod = Literal["simple_tiebreaker", "bradley_terry"]
+MaskPolicy = Literal["pair", "component"]
+
+DEFAULT_BRADLEY_TERRY_PRIOR = 0.1
+"""λ of `bradley_terry_prior` (docs/scoring.md, "Bradley–Terry")."""
+
 ONE_WORKER_MESSAGE = (
     "GenRM cohort verification requires one HTTP worker because group state is process-local"
 )
@@ -307,11 +318,12 @@ class Settings(_Strict):
     cohort_result_ttl_s: float | None = 3600.0
     max_terminal_cohorts: int = Field(default=4096, ge=1)
     comparison_mode: Literal["rollout_cohort", "fixed_baseline"] = "rollout_cohort"
-    comparison_strategy: Literal["all_pairs", "circular"] = "circular"
+    comparison_strategy: ComparisonStrategy = "circular"
     num_judges_per_comparison: int = Field(default=1, ge=1)
     use_principle: bool = False
     default_principle: str = DEFAULT_PRINCIPLE
-    aggregator_method: Literal["simple_tiebreaker"] = "simple_tiebreaker"
+    aggregator_method: AggregatorMethod = "simple_tiebreaker"
+    bradley_terry_prior: float = DEFAULT_BRADLEY_TERRY_PRIOR
     score_source: Literal["overall", "rubric_mean"] = "overall"
     reasoning_bonus: float = 0.0
     answer_bonus: float = 0.0
@@ -327,7 +339,8 @@ class Settings(_Strict):
 
     # decisions (docs/differences.md)
     validate_verdict_range: bool = True
-    position_balance: Literal["none", "alternate"] = "none"
+    position_balance: PositionBalance = "none"
+    mask_policy: MaskPolicy = "pair"
     evaluation_deadline_policy: Literal["fail_group", "mask_pending"] = "fail_group"
     retry_backoff: Literal["constant", "exponential"] = "constant"
 
@@ -348,6 +361,11 @@ class Settings(_Strict):
     @classmethod
     def _ttl(cls, value: float | None) -> float | None:
         return None if value is None else _finite("ttl", value, positive=True)
+
+    @field_validator("bradley_terry_prior")
+    @classmethod
+    def _prior(cls, value: float) -> float:
+        return _finite("bradley_terry_prior", value, positive=True)
 
     @field_validator("genrm_parse_retry_sleep_s")
     @classmethod

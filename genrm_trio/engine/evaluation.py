@@ -1,9 +1,10 @@
-"""From comparison outcomes to member outcomes: masking, aggregation and result rows.
+"""From comparison outcomes to member outcomes and result rows.
 
 Pure (no trio): the engine runs the judge calls and records each planned comparison's outcome in
-an :class:`Evaluation`; :func:`score_cohort` turns those into scored and masked members
-(docs/scoring.md, "4. Masking") or an all-masked group failure (D30), and :func:`compare_result`
-into the `/compare` reply (docs/http-api.md, "POST /compare").
+an :class:`Evaluation`; :func:`score_cohort` turns those into scored and masked members (the
+masking rule is `domain/scoring/masking.py`, docs/scoring.md "4. Masking") or an all-masked group
+failure (D30), and :func:`compare_result` into the `/compare` reply (docs/http-api.md,
+"POST /compare"). The aggregation method is `domain/scoring/aggregation.py`'s table.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from genrm_trio.config import Settings
 from genrm_trio.domain.model import CompareResult, JSONValue, Masked, Scored
 from genrm_trio.domain.scoring import (
     Aggregation,
+    AllMasked,
     ComparisonStats,
     JudgedComparison,
     MemberTexts,
     PlannedComparison,
     aggregate,
     group_metrics,
+    mask_members,
     position_disagreement_rate,
 )
 from genrm_trio.judge.base import ComparisonResult, JudgeCall, Usage
@@ -54,14 +57,6 @@ class MemberText:
 
     reasoning_text: str
     answer_text: str
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class AllMasked:
-    """Every member lost a comparison: the group fails as a judge failure (D30)."""
-
-    message: str
 
 
 class Evaluation:
@@ -108,9 +103,6 @@ class Evaluation:
 
     def pending(self) -> list[int]:
         return [c for c in range(self.total) if self.results[c] is None and self.errors[c] is None]
-
-    def failed(self) -> list[int]:
-        return [c for c in range(self.total) if self.errors[c] is not None]
 
     def judged(self, *, overall: bool = False) -> list[tuple[int, JudgedComparison]]:
         """Successful comparisons in member orientation (flipped back when shown swapped)."""
@@ -188,6 +180,8 @@ def _aggregate(
         ),
         group_answer_length_penalty_coeff=s.group_answer_length_penalty_coeff if adjust else 0.0,
         group_style_penalty_coeff=s.group_style_penalty_coeff if adjust else 0.0,
+        method=s.aggregator_method,
+        bradley_terry_prior=s.bradley_terry_prior,
     )
 
 
@@ -273,44 +267,34 @@ def score_cohort(
     size: int,
     texts: Mapping[int, MemberText],
 ) -> dict[int, Scored | Masked] | AllMasked:
-    """Mask the members of failed comparisons and score the rest from all their comparisons.
+    """Mask members by `mask_policy` and score the rest from all their successful comparisons.
 
     Raises ValueError when a reward is not finite (a cohort-kind failure, docs/scoring.md).
     """
-    total = evaluation.total
-    failed = evaluation.failed()
-    first_error: dict[int, str] = {}
-    for c in failed:  # comparison order: judge-major, then pair order (D31)
-        planned = evaluation.plan[c]
-        message = evaluation.errors[c]
-        assert message is not None
-        for m in (planned.i, planned.j):
-            if m < size:  # the fixed baseline (index N) is never masked
-                first_error.setdefault(m, message)
-    f = len(failed)
-    if len(first_error) == size:
-        first = evaluation.errors[failed[0]]
-        return AllMasked(
-            "GenRM masked every rollout of the group after judge failures "
-            f"({f} of {total} comparisons failed): {first}"
-        )
-    population = [m for m in range(size) if m not in first_error]
+    masking = mask_members(settings.mask_policy, size, evaluation.plan, evaluation.errors)
+    if isinstance(masking, AllMasked):
+        return masking
+    population = masking.scored
     member_texts = {m: _member_texts(settings, texts[m]) for m in population}
     selected = [judged for _, judged in evaluation.judged()]
     overall = [judged for _, judged in evaluation.judged(overall=True)]
     agg = _aggregate(settings, selected, population, member_texts, adjust=True)
-    ovr = _aggregate(settings, overall, population, member_texts, adjust=True)
+    # the same verdicts (score_source: overall) need no second fit
+    ovr = (
+        agg
+        if overall == selected
+        else _aggregate(settings, overall, population, member_texts, adjust=True)
+    )
     if not all(math.isfinite(agg.final[m]) for m in population):
         raise ValueError(NON_FINITE_MESSAGE)
     valid = _rubric_valid(settings, evaluation, population, member_texts)
-    metrics = _metrics(settings, evaluation, masked=len(first_error), members=size)
+    metrics = _metrics(settings, evaluation, masked=len(masking.reasons), members=size)
+    metrics.update(agg.method_metrics)
     outcomes: dict[int, Scored | Masked] = {}
     for m in range(size):
-        if m in first_error:
-            outcomes[m] = Masked(
-                f"GenRM rollout_index={m} lost a comparison to a judge failure "
-                f"({f} of {total} comparisons failed): {first_error[m]}"
-            )
+        reason = masking.reasons.get(m)
+        if reason is not None:
+            outcomes[m] = Masked(reason)
             continue
         result: dict[str, JSONValue] = {
             "reward": agg.final[m],
@@ -360,6 +344,7 @@ def compare_result(
     for key in _RATE_KEYS:
         group.pop(key, None)
     metrics.update(group)
+    metrics.update(agg.method_metrics)
     numbers = [*agg.final.values(), *metrics.values()]
     if not all(math.isfinite(v) for v in numbers if type(v) is float):
         raise ValueError(NON_FINITE_MESSAGE)

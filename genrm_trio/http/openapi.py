@@ -60,6 +60,13 @@ class VerifyRow(BaseModel):
     genrm_budget_escalation_rate_per_group: float | None = Field(
         default=None, description="Only with judge.budget_escalation set"
     )
+    genrm_bradley_terry_log_likelihood_per_observation: float | None = Field(
+        default=None, description="Only under aggregator_method: bradley_terry"
+    )
+    genrm_preference_cycle_rate_per_group: float | None = Field(
+        default=None,
+        description="Only under aggregator_method: bradley_terry, where decided triangles exist",
+    )
     ng_group_id: str | None = Field(alias="_ng_group_id")
     ng_group_attempt: int = Field(alias="_ng_group_attempt")
     ng_rollout_index: int | None = Field(alias="_ng_rollout_index")

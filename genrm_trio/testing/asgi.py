@@ -435,7 +435,11 @@ class SimJudgeApp:
                 return
             limit = _budget_tokens(request, api)
             budget = fault == "budget_exhausted" or self._core.cut_off(decision, limit)
-            text = "" if budget else fault_text(fault, rule, call.response_1, call.response_2)
+            text = (
+                ""
+                if budget
+                else fault_text(fault, rule, call.response_1, call.response_2, decision.verdict)
+            )
             if budget:
                 out_tokens = limit
             elif decision.need is not None:

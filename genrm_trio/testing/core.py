@@ -15,6 +15,7 @@ import trio
 from genrm_trio.config import JudgeApiName
 from genrm_trio.judge.base import JudgeCall
 from genrm_trio.testing.faults import FAULT_KINDS, FaultKind, FaultRule
+from genrm_trio.testing.judgment import JudgmentModel, call_key, judged_verdict, latent_quality
 from genrm_trio.testing.verdicts import LengthModel, answer_digest, forced_need, normal_from_digest
 
 __all__ = ["Api", "SimCall", "SimConfig", "SimStatistics"]
@@ -53,11 +54,14 @@ class SimConfig:
     sticky_faults: bool = False  # random faults depend on content only: a drawn pair always fails
     length_model: LengthModel | None = None  # output tokens a verdict needs (None: never cut)
     capacity: int | None = None  # calls served at once; None: every call at once
+    judgment: JudgmentModel | None = None  # noisy verdicts from latent qualities (testing.judgment)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple(self.rules))
         if self.length_model is not None and not isinstance(self.length_model, LengthModel):
             raise TypeError(f"length_model must be a LengthModel, got {self.length_model!r}")
+        if self.judgment is not None and not isinstance(self.judgment, JudgmentModel):
+            raise TypeError(f"judgment must be a JudgmentModel, got {self.judgment!r}")
         for name in ("latency_s", "jitter_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -125,6 +129,7 @@ class Decision:
     fault: FaultKind | None
     rule: FaultRule
     need: int | None = None  # output tokens the verdict needs; None: any budget suffices
+    verdict: tuple[int, int, int] | None = None  # the noisy judgment's; None: sim_verdict's
 
 
 class SimCore:
@@ -136,6 +141,7 @@ class SimCore:
         self._rule_uses = [0] * len(config.rules)
         self._occurrences: dict[bytes, int] = {}
         self._pair_attempts: dict[bytes, int] = {}
+        self._judged: dict[bytes, int] = {}  # judgment mode: times each shown content was judged
         self._random_rule = FaultRule(fault=config.fault_kind)
         self.n_calls = 0
         self.faults_by_kind: dict[str, int] = {}
@@ -175,6 +181,21 @@ class SimCore:
         z_pair = normal_from_digest(hashlib.sha256(seed + pair).digest())
         z_attempt = normal_from_digest(hashlib.sha256(seed + pair + b"%d" % attempt).digest())
         return model.need(z_pair, z_attempt)
+
+    def _judgment(self, call: JudgeCall) -> tuple[int, int, int] | None:
+        """The noisy judgment's verdict for this call (`SimConfig.judgment`), else None."""
+        model = self.config.judgment
+        if model is None:
+            return None
+        key = call_key(call)
+        if len(self._judged) >= _OCCURRENCE_CAP and key not in self._judged:
+            self._judged.clear()
+        occurrence = self._judged.get(key, 0)
+        self._judged[key] = occurrence + 1
+        seed = self.config.seed
+        q_first = latent_quality(seed, call.response_1)
+        q_second = latent_quality(seed, call.response_2)
+        return judged_verdict(model, seed, key, occurrence, q_first, q_second)
 
     def _draws(self, call: JudgeCall) -> tuple[float, float]:
         """Two seeded uniforms in [0, 1) for this call: (fault, jitter)."""
@@ -241,7 +262,8 @@ class SimCore:
             )
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        return Decision(delay, fault, rule if rule is not None else self._random_rule, need)
+        chosen = rule if rule is not None else self._random_rule
+        return Decision(delay, fault, chosen, need, self._judgment(call))
 
     async def serve(self, delay_s: float) -> None:
         """Wait `delay_s` while served: with a capacity, first wait for a place (FIFO: trio's

@@ -16,6 +16,7 @@ from genrm_trio.testing.verdicts import (
     sim_verdict_text,
     verdict_json,
     verdict_prose,
+    verdict_text,
 )
 
 __all__ = ["FAULT_KINDS", "FaultKind", "FaultRule", "Position"]
@@ -93,19 +94,30 @@ class FaultRule:
         return in_1 or in_2
 
 
-def fault_text(kind: FaultKind | None, rule: FaultRule, response_1: str, response_2: str) -> str:
-    """The answer text of the text-level faults (and of normal and slow verdicts)."""
+def fault_text(
+    kind: FaultKind | None,
+    rule: FaultRule,
+    response_1: str,
+    response_2: str,
+    verdict: tuple[int, int, float] | None = None,
+) -> str:
+    """The answer text of the text-level faults (and of normal and slow verdicts): the given
+    ``verdict`` (a noisy judgment's), else `sim_verdict`'s."""
     if kind == "empty":
         return ""
     if kind == "garbage":
         return "I have carefully compared both responses and I cannot decide between them."
-    q1, q2, ranking = sim_verdict(response_1, response_2)
+    q1, q2, ranking = verdict if verdict is not None else sim_verdict(response_1, response_2)
     prose = verdict_prose(q1, q2, ranking)
     if kind == "nan":
         return f"{prose}\n\n```json\n{verdict_json('NaN', q2, format_ranking(ranking))}\n```"
     if kind == "out_of_range":
         return f"{prose}\n\n```json\n{verdict_json(9, q2, format_ranking(ranking))}\n```"
-    text = sim_verdict_text(response_1, response_2)
+    text = (
+        verdict_text(q1, q2, ranking)
+        if verdict is not None
+        else sim_verdict_text(response_1, response_2)
+    )
     if kind == "huge":
         repeats = rule.huge_chars // len(FILLER) + 1
         return (FILLER * repeats)[: rule.huge_chars] + "\n\n" + text

@@ -9,9 +9,10 @@ from typing import Any, cast
 
 from genrm_trio.testing.core import SimConfig
 from genrm_trio.testing.faults import FAULT_KINDS, FaultKind, FaultRule
+from genrm_trio.testing.judgment import JUDGMENT_PRESETS, JudgmentModel
 from genrm_trio.testing.verdicts import LENGTH_PRESETS
 
-__all__ = ["parse_fault_rule", "sim_config_from_args"]
+__all__ = ["judgment_from_args", "parse_fault_rule", "sim_config_from_args"]
 
 
 def parse_fault_rule(spec: str) -> FaultRule:
@@ -49,6 +50,33 @@ def parse_fault_rule(spec: str) -> FaultRule:
     return FaultRule(fault=cast(FaultKind, kind), **fields)
 
 
+def judgment_from_args(
+    family: str | None,
+    *,
+    noise: float | None = None,
+    bias: float | None = None,
+    beta: float | None = None,
+) -> JudgmentModel | None:
+    """The `--judgment` family's preset with the `--judgment-noise/-bias/-beta` overrides; None
+    without a family. ValueError for an unknown family or an override without one."""
+    given = [n for n, v in (("noise", noise), ("bias", bias), ("beta", beta)) if v is not None]
+    if family is None:
+        if given:
+            raise ValueError(f"--judgment-{given[0]} needs --judgment")
+        return None
+    preset = JUDGMENT_PRESETS.get(family)
+    if preset is None:
+        raise ValueError(
+            f"unknown judgment family {family!r}; expected one of {', '.join(JUDGMENT_PRESETS)}"
+        )
+    return JudgmentModel(
+        preset.family,
+        noise=preset.noise if noise is None else noise,
+        bias=preset.bias if bias is None else bias,
+        beta=preset.beta if beta is None else beta,
+    )
+
+
 def sim_config_from_args(
     *,
     latency_ms: float = 0.0,
@@ -62,6 +90,7 @@ def sim_config_from_args(
     sticky_faults: bool = False,
     length_model: str | None = None,
     capacity: int | None = None,
+    judgment: JudgmentModel | None = None,
 ) -> SimConfig:
     """Build a SimConfig from `sim-judge` flags (milliseconds, `--fault` specs). ValueError if bad.
 
@@ -87,4 +116,5 @@ def sim_config_from_args(
         sticky_faults=sticky_faults,
         length_model=None if length_model is None else LENGTH_PRESETS[length_model],
         capacity=capacity,
+        judgment=judgment,
     )

@@ -85,7 +85,7 @@ class SimJudge:
         budget = call.max_output_tokens or DEFAULT_BUDGET_TOKENS
         if fault == "budget_exhausted" or self._core.cut_off(decision, budget):
             return JudgeReply(ReplyStatus.BUDGET_EXHAUSTED, "", input_tokens, budget)
-        text = fault_text(fault, rule, call.response_1, call.response_2)
+        text = fault_text(fault, rule, call.response_1, call.response_2, decision.verdict)
         status = ReplyStatus.COMPLETED if text.strip() else ReplyStatus.UNUSABLE
         tokens = decision.need if decision.need is not None else token_count(len(text))
         return JudgeReply(status, text, input_tokens, tokens)

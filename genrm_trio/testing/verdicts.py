@@ -124,12 +124,16 @@ def verdict_prose(q1: int, q2: int, ranking: float) -> str:
     )
 
 
-def sim_verdict_text(response_1: str, response_2: str) -> str:
-    """The judge's full answer: one line of reasoning, then a fenced json verdict (parsed as
-    docs/scoring.md, "Overall verdict", says)."""
-    q1, q2, ranking = sim_verdict(response_1, response_2)
+def verdict_text(q1: int, q2: int, ranking: float) -> str:
+    """A judge's full answer for a verdict: one line of reasoning, then a fenced json verdict
+    (parsed as docs/scoring.md, "Overall verdict", says)."""
     verdict = verdict_json(q1, q2, format_ranking(ranking))
     return f"{verdict_prose(q1, q2, ranking)}\n\n```json\n{verdict}\n```"
+
+
+def sim_verdict_text(response_1: str, response_2: str) -> str:
+    """The deterministic judge's full answer for a pair (`sim_verdict`, `verdict_text`)."""
+    return verdict_text(*sim_verdict(response_1, response_2))
 
 
 # --- the length model -------------------------------------------------------------------------
