@@ -135,6 +135,7 @@ def test_every_top_level_default() -> None:
         "evaluation_deadline_policy": "fail_group",
         "retry_backoff": "constant",
         "state_path": None,
+        "state_commit_timeout_s": 10.0,
     }
     dumped = Settings().model_dump()
     nested = {"judge", "server"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, closing, contextmanager
 from functools import partial
@@ -570,13 +571,18 @@ async def test_a_failed_transaction_rolls_back_and_the_store_goes_on(tmp_path: P
                     errors.append(str(exc))
 
             before = store.statistics().transactions
-            # Hold the connection so that the last two share one batch.
-            async with trio.open_nursery() as nursery, store._io:
+            # Hold the writer thread so that the last two share one batch.
+            held = threading.Event()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(store._commits.writer.run, held.wait)
+                await trio.testing.wait_all_tasks_blocked()
                 nursery.start_soon(store.commit_watermark, WatermarkRecord("w", 0, DIGEST))
                 await trio.testing.wait_all_tasks_blocked()
                 nursery.start_soon(store.commit_terminal, failed(explicit_key("other")))
                 nursery.start_soon(submit_explode)
                 await trio.testing.wait_all_tasks_blocked()
+                assert store.statistics().queued == 2  # behind the watermark's transaction
+                held.set()
             assert len(errors) == 1 and "no such table" in errors[0]
             # the watermark, the failed shared batch, then one transaction per operation
             assert store.statistics().transactions == before + 2
@@ -591,12 +597,15 @@ async def test_a_failed_transaction_rolls_back_and_the_store_goes_on(tmp_path: P
 
 
 async def test_commit_survives_the_callers_cancellation(tmp_path: Path) -> None:
+    """A cancelled wait abandons the wait, never the commit: it is applied in order."""
     config = state(tmp_path)
     with trio.fail_after(LIMIT_S):
         async with open_store(path_of(config), config) as store:
             with trio.CancelScope() as scope:
                 scope.cancel()
                 await store.commit_terminal(record(explicit_key("x")))
+            assert scope.cancelled_caught
+            await store.commit_watermark(WatermarkRecord("after", 0, DIGEST))  # queued later
             assert store.statistics().terminal_records == 1
 
 

@@ -74,6 +74,7 @@ from genrm_trio.engine.restore import apply_restore, plan_restore
 from genrm_trio.judge.attempts import Comparator, ComparatorStatistics
 from genrm_trio.judge.base import Judge, JudgeError, ReplicaReporting, ReplicaStats, Usage, one_line
 from genrm_trio.metrics import Metrics
+from genrm_trio.store.errors import CommitTimeout
 from genrm_trio.store.protocol import CohortStore, Commit, QueuedCohortStore, queued
 
 __all__ = ["Engine", "EngineStatistics", "open_engine"]
@@ -177,7 +178,10 @@ class Engine:
     ) -> None:
         self.settings = settings
         self.metrics = metrics
-        self._store: QueuedCohortStore | None = None if store is None else queued(store)
+        self._commit_timeout_s = settings.state_commit_timeout_s
+        self._store: QueuedCohortStore | None = (
+            None if store is None else queued(store, timeout_s=self._commit_timeout_s)
+        )
         # Cohorts whose `open` record is queued but not yet committed: set by the creator.
         self._opening: dict[Cohort, trio.Event] = {}
         self._nursery = nursery
@@ -257,11 +261,10 @@ class Engine:
         try:
             await cohort.released.wait()
         except BaseException:
-            # Detach only this request; shielded so it completes even if it awaits.
-            with trio.CancelScope(shield=True):  # noqa: ASYNC100
-                slot = cohort.members.get(index)
-                if slot is not None and attached in slot.waiters:
-                    slot.waiters.remove(attached)
+            # Detach only this request. No await here, so no cancellation can cut it short.
+            slot = cohort.members.get(index)
+            if slot is not None and attached in slot.waiters:
+                slot.waiters.remove(attached)
             raise
         outcome = attached.outcome
         assert outcome is not None  # handed over by Cohort.release before it wakes us
@@ -347,34 +350,42 @@ class Engine:
                 cohort, created = self._resolve(arrival, commits)
             except BaseException:
                 if commits:  # a commit queued before the refusal is still waited for
-                    with trio.CancelScope(shield=True):
+                    # bounded: a stalled store holds the lock for at most the commit timeout
+                    with trio.CancelScope(shield=True, deadline=self._commit_deadline()):
                         await self._wait_commits(commits)
                 raise
             opening = self._opening.get(cohort) if self._opening else None
             if not commits and opening is None:
                 return cohort, index, self._attach(cohort, member, digest)
         # Durable store: the commits were queued in registry order; wait for them unlocked.
-        with trio.CancelScope(shield=True):  # the creator must set `opening` in every case
+        # Shielded, so that the creator sets `opening` in every case; bounded by the commit
+        # timeout, so that a stalled store fails the request (not confirmed: CommitTimeout)
+        # instead of holding it and a shutdown. Another member waits for `opening`, which the
+        # creator sets at its own, earlier, deadline at the latest.
+        failure: Exception | None = None
+        with trio.CancelScope(shield=True, deadline=self._commit_deadline()) as bound:
             failure = await self._wait_commits(commits)
-            if opening is not None:
-                if created:  # this request queued the cohort's `open` record: it is done
-                    del self._opening[cohort]
-                    if failure is not None:
-                        self._fail(
-                            cohort,
-                            "cohort",
-                            f"GenRM durable store could not record cohort "
-                            f"{key[:KEY_LOG_LIMIT]!r}: {type(failure).__name__}: {failure}",
-                        )
-                    opening.set()
-                else:
-                    await opening.wait()
+            if opening is not None and not created:
+                await opening.wait()
+        if bound.cancelled_caught and failure is None:
+            failure = CommitTimeout("GenRM durable store commit", self._commit_timeout_s)
+        if opening is not None and created:  # this request queued the `open` record: done
+            del self._opening[cohort]
+            if failure is not None:
+                self._fail(
+                    cohort,
+                    "cohort",
+                    f"GenRM durable store could not record cohort "
+                    f"{key[:KEY_LOG_LIMIT]!r}: {type(failure).__name__}: {failure}",
+                )
+            opening.set()
         if failure is not None:
             raise failure
         return cohort, index, self._attach(cohort, member, digest)
 
     async def _wait_commits(self, commits: list[Commit]) -> Exception | None:
-        """Wait for every commit (shielded by the caller); returns the first failure."""
+        """Wait for every commit (shielded and bounded by the caller); returns the first
+        failure."""
         error: Exception | None = None
         for commit in commits:
             try:
@@ -537,6 +548,10 @@ class Engine:
         if self._running == 0:
             self._idle.set()
 
+    def _commit_deadline(self) -> float:
+        """The deadline of a wait for the store: ``state_commit_timeout_s`` from now."""
+        return trio.current_time() + self._commit_timeout_s
+
     def _fail(self, cohort: Cohort, kind: FailureKind, message: str) -> bool:
         return machine.fail(cohort, failure=GroupFailed(kind, message))
 
@@ -572,22 +587,35 @@ class Engine:
         finally:
             if not cohort.terminal:
                 self._fail(cohort, "cohort", "GenRM cohort evaluation was cancelled")
-            with trio.CancelScope(shield=True):
+            # bounded: _finalize releases the waiters whether or not the store confirms in time
+            with trio.CancelScope(shield=True, deadline=self._commit_deadline()):
                 await self._finalize(cohort)
             self._task_done()
 
     async def _finalize(self, cohort: Cohort) -> None:
-        """Commit the terminal record, then wake every waiter (no reply before its commit)."""
+        """Commit the terminal record, then wake every waiter (no reply before its commit). A
+        commit that fails, or is not confirmed by the caller's deadline (the commit timeout), is
+        logged and the waiters are released all the same: no request hangs on the store."""
         record = cohort.record
         assert record is not None
-        if self._store is not None:
-            try:
-                await self._store.submit_terminal(record).wait()
-            except Exception:
-                log.exception(
-                    "GenRM durable store failed to commit key=%r", cohort.key[:KEY_LOG_LIMIT]
-                )
-        cohort.release()
+        try:
+            if self._store is not None:
+                try:
+                    await self._store.submit_terminal(record).wait()
+                except Exception:
+                    log.exception(
+                        "GenRM durable store failed to commit key=%r", cohort.key[:KEY_LOG_LIMIT]
+                    )
+                except trio.Cancelled:  # shielded by the caller: only its deadline gets here
+                    log.error(
+                        "GenRM durable store did not confirm the commit of key=%r within %ss "
+                        "(state_commit_timeout_s); answering without it",
+                        cohort.key[:KEY_LOG_LIMIT],
+                        self._commit_timeout_s,
+                    )
+                    raise
+        finally:
+            cohort.release()
 
     def _judge_principle(self, principle: str | None) -> str | None:
         s = self.settings
@@ -833,10 +861,13 @@ class Engine:
                 raise RequestRejected(Rejection.UNAVAILABLE, SHUTTING_DOWN)
             plan = plan_restore(self._registry, records, watermarks)
             if self._store is not None and (plan.adds or plan.raises):
-                with trio.CancelScope(shield=True):
+                # bounded: the lock is held; a stalled store fails the restore, nothing applied
+                with trio.CancelScope(shield=True, deadline=self._commit_deadline()) as bound:
                     await self._store.commit_many(
                         list(plan.adds.values()), list(plan.raises.values())
                     )
+                if bound.cancelled_caught:
+                    raise CommitTimeout("the restore's commit", self._commit_timeout_s)
             apply_restore(
                 self._registry,
                 plan,
@@ -865,6 +896,12 @@ async def open_engine(
         try:
             yield engine
         finally:
-            with trio.CancelScope(shield=True):
+            # bounded: aclose waits for the lock (a refused request may hold it for one commit
+            # timeout) and then for the cohort tasks (their terminal commits, one timeout each,
+            # side by side); a margin of a second for the rest
+            close_s = 2 * settings.state_commit_timeout_s + 1.0
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + close_s) as bound:
                 await engine.aclose()
+            if bound.cancelled_caught:
+                log.error("GenRM engine did not close within %ss; cancelling its tasks", close_s)
             nursery.cancel_scope.cancel()
