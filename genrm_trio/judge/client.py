@@ -228,7 +228,8 @@ class HttpJudge:
         try:
             body = await response.aread()
         except BaseException:
-            with trio.CancelScope(shield=True):
+            # bounded: closing the response drops its connection; one second caps it anyway
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + 1.0):
                 await response.aclose()
             raise
         await response.aclose()
