@@ -35,6 +35,7 @@ import trio
 from genrm_trio.config import Settings
 from genrm_trio.domain.checkpoint import RestoreReport, checkpoint, restore
 from genrm_trio.domain.model import (
+    SHUTTING_DOWN,
     CohortView,
     CompareFailed,
     CompareInput,
@@ -50,25 +51,24 @@ from genrm_trio.domain.model import (
 from genrm_trio.domain.records import OpenRecord, TerminalRecord, WatermarkRecord
 from genrm_trio.domain.scoring import PlannedComparison, plan_comparisons, plan_fixed_baseline
 from genrm_trio.domain.text import (
-    HistoryError,
     answer_text,
-    digest_text,
     judge_text,
-    normalize_history,
-    prompt_digest,
     reasoning_text,
     response_digest,
 )
 from genrm_trio.engine import machine
 from genrm_trio.engine.cohort import Cohort, Member, Waiter
+from genrm_trio.engine.compare import Comparisons
 from genrm_trio.engine.evaluation import (
     AllMasked,
     Evaluation,
     MemberText,
-    compare_result,
     default_result,
+    judge_principle,
     score_cohort,
 )
+from genrm_trio.engine.exceptions import leaves
+from genrm_trio.engine.keys import RUBRIC_REQUIRED, CohortKey, cohort_key
 from genrm_trio.engine.registry import KEY_LOG_LIMIT, Registry
 from genrm_trio.engine.restore import apply_restore, plan_restore
 from genrm_trio.judge.attempts import Comparator, ComparatorStatistics
@@ -77,15 +77,10 @@ from genrm_trio.metrics import Metrics
 from genrm_trio.store.errors import CommitTimeout
 from genrm_trio.store.protocol import CohortStore, Commit, QueuedCohortStore, queued
 
-__all__ = ["Engine", "EngineStatistics", "open_engine"]
+__all__ = ["SHUTTING_DOWN", "Engine", "EngineStatistics", "open_engine"]
 
 log = logging.getLogger("genrm_trio.engine")
 
-SHUTTING_DOWN: Final = "GenRM server is shutting down"
-RUBRIC_REQUIRED: Final = "score_source=rubric_mean requires expected_rubric_ids"
-BASELINE_REQUIRED: Final = (
-    "fixed_baseline requires responses_create_params.metadata.baseline_response"
-)
 LEGACY_ATTEMPT_MESSAGE: Final = (
     "GenRM group attempt omitted; treating legacy requests as group attempt zero"
 )
@@ -99,13 +94,6 @@ def _log_legacy_attempt_once() -> None:
     if not _legacy_attempt_logged:
         _legacy_attempt_logged = True
         log.warning(LEGACY_ATTEMPT_MESSAGE)
-
-
-def _first_leaf(error: BaseException) -> BaseException:
-    """The first non-group exception inside (possibly nested) exception groups."""
-    while isinstance(error, BaseExceptionGroup) and error.exceptions:
-        error = error.exceptions[0]
-    return error
 
 
 @final
@@ -142,25 +130,16 @@ class _Arrival:
         "rubric_ids",
     )
 
-    def __init__(
-        self,
-        item: VerifyInput,
-        key: str,
-        digest: str,
-        history: list[dict[str, str]],
-        baseline: str | None,
-        baseline_digest: str | None,
-        member: Member,
-    ) -> None:
+    def __init__(self, item: VerifyInput, keyed: CohortKey, member: Member) -> None:
         self.group_id = item.group_id
         self.group_attempt = item.group_attempt
         self.principle = item.principle
         self.rubric_ids = item.expected_rubric_ids
-        self.key = key
-        self.digest = digest
-        self.history = history
-        self.baseline = baseline
-        self.baseline_digest = baseline_digest
+        self.key = keyed.key
+        self.digest = keyed.digest
+        self.history = keyed.history
+        self.baseline = keyed.baseline
+        self.baseline_digest = keyed.baseline_digest
         self.member = member
 
 
@@ -195,7 +174,7 @@ class Engine:
         self._running = 0
         self._idle = trio.Event()
         self._idle.set()
-        self._compare_scopes: set[trio.CancelScope] = set()
+        self._compares = Comparisons(settings, self._comparator, metrics)
 
     # --- public surface ---------------------------------------------------------------------
 
@@ -222,7 +201,7 @@ class Engine:
             watermarks=r.watermarks,
             waiters=r.waiters,
             running_tasks=self._running,
-            compares_in_flight=len(self._compare_scopes),
+            compares_in_flight=self._compares.in_flight,
             judge=self._comparator.statistics(),
         )
 
@@ -234,8 +213,7 @@ class Engine:
             async with self._lock:  # let a request already inside the registry finish
                 for cohort in list(self._registry.active):
                     self._fail(cohort, "cohort", SHUTTING_DOWN)
-            for scope in list(self._compare_scopes):
-                scope.cancel()
+            self._compares.close()
         await self._idle.wait()
         self._registry.clear()
 
@@ -284,55 +262,16 @@ class Engine:
         if not s.cohorting:
             text = MemberText(reasoning_text(item.response), answer_text(item.response))
             return Scored(default_result(s, text))
-
-        size = s.num_rollouts_per_prompt
-        index = item.rollout_index
-        if index is None:
-            raise RequestRejected(
-                Rejection.INVALID, "_ng_rollout_index is required for cohort comparison"
-            )
-        if not 0 <= index < size:
-            raise RequestRejected(
-                Rejection.INVALID, f"_ng_rollout_index must be in [0, {size}); got {index}"
-            )
-        baseline: str | None = None
-        if s.comparison_mode == "fixed_baseline":
-            raw = (item.metadata or {}).get("baseline_response")
-            if not isinstance(raw, str) or not raw.strip():
-                raise RequestRejected(Rejection.INVALID, BASELINE_REQUIRED)
-            baseline = raw
-        try:
-            history = normalize_history(item.input)
-        except HistoryError as error:
-            raise RequestRejected(Rejection.INVALID, str(error)) from None
-
-        base_digest = prompt_digest(item.input, item.principle)
-        if item.group_id is not None:
-            key = f"group_id::{item.group_id}::group_attempt::{item.group_attempt}"
-        elif item.task_index is not None:
-            key = f"task_idx::{item.task_index}::{base_digest}::group_attempt::{item.group_attempt}"
-        elif item.prompt_id is not None:
-            key = f"prompt_id::{item.prompt_id}::{base_digest}::group_attempt::{item.group_attempt}"
-        else:
-            key = f"{base_digest}::group_attempt::{item.group_attempt}"
-        suffix = ""
-        baseline_digest: str | None = None
-        if baseline is not None:
-            baseline_digest = digest_text(baseline)
-            suffix += f":{baseline_digest}"
-        if item.expected_rubric_ids is not None:
-            suffix += ":rubrics:" + ",".join(map(str, item.expected_rubric_ids))
-        key += suffix
-        digest = base_digest + suffix
+        keyed = cohort_key(s, item)  # engine/keys.py (pure)
         member = Member(
-            index=index,
+            index=keyed.index,
             response_digest=response_digest(item.response),
             answer_text=answer_text(item.response),
             reasoning_text=reasoning_text(item.response),
             rubric_ids=item.expected_rubric_ids,
-            baseline_digest=baseline_digest,
+            baseline_digest=keyed.baseline_digest,
         )
-        return _Arrival(item, key, digest, history, baseline, baseline_digest, member)
+        return _Arrival(item, keyed, member)
 
     async def _join(self, arrival: _Arrival) -> tuple[Cohort, int, Waiter | MemberOutcome]:
         """Resolve the request's cohort and attach it (docs/architecture.md "One /verify request",
@@ -573,12 +512,15 @@ class Engine:
                 elif cohort.state == "judging":
                     await self._evaluate(cohort)
         except Exception as exc:
-            error = _first_leaf(exc)
-            log.error(
-                "GenRM cohort evaluation failed for key=%r",
-                cohort.key[:KEY_LOG_LIMIT],
-                exc_info=error,
-            )
+            errors = leaves(exc)  # every leaf of a (nested) group, each with its traceback
+            for n, error in enumerate(errors, 1):
+                log.error(
+                    "GenRM cohort evaluation failed for key=%r%s",
+                    cohort.key[:KEY_LOG_LIMIT],
+                    f" ({n} of {len(errors)} errors)" if len(errors) > 1 else "",
+                    exc_info=error,
+                )
+            error = errors[0]
             self._fail(
                 cohort,
                 "cohort",
@@ -618,10 +560,7 @@ class Engine:
             cohort.release()
 
     def _judge_principle(self, principle: str | None) -> str | None:
-        s = self.settings
-        if not s.use_principle:
-            return None
-        return principle if principle else s.default_principle
+        return judge_principle(self.settings, principle)
 
     def _build_evaluation(self, cohort: Cohort) -> tuple[Evaluation, dict[int, MemberText]]:
         s = self.settings
@@ -733,86 +672,10 @@ class Engine:
     # --- /compare -----------------------------------------------------------------------------
 
     async def compare(self, item: CompareInput) -> CompareResult:
-        """Batch comparison (docs/http-api.md, "POST /compare"), fail-fast, in the caller's task."""
-        s = self.settings
-        if self._closed:
+        """Batch comparison (docs/http-api.md, "POST /compare"): ``engine/compare.py``."""
+        if self._closed:  # closed at once, before the batches in flight are cancelled
             raise CompareFailed(SHUTTING_DOWN)
-        if s.score_source == "rubric_mean" and not item.expected_rubric_ids:
-            raise RequestRejected(Rejection.INVALID, RUBRIC_REQUIRED)
-        n = len(item.responses)
-        if s.debug_logging:
-            log.info("GenRM compare request: %s responses", n)
-        if n < 2:
-            return CompareResult([s.default_score] * n, None, None)
-        texts = [MemberText(reasoning_text(r), answer_text(r)) for r in item.responses]
-        plan = plan_comparisons(
-            n, s.comparison_strategy, s.num_judges_per_comparison, s.position_balance
-        )
-        evaluation = Evaluation(
-            plan,
-            [judge_text(t.answer_text) for t in texts],
-            item.history,
-            self._judge_principle(item.principle),
-        )
-        first_error: list[JudgeError] = []
-        timeout = s.cohort_evaluation_timeout_s
-        scope = trio.CancelScope(deadline=trio.current_time() + timeout)
-        self._compare_scopes.add(scope)
-        try:
-            with scope:
-                async with trio.open_nursery() as nursery:
-                    for c, planned in enumerate(plan):
-                        nursery.start_soon(
-                            self._compare_one,
-                            evaluation,
-                            c,
-                            planned,
-                            item.expected_rubric_ids,
-                            first_error,
-                            nursery.cancel_scope,
-                        )
-        except BaseExceptionGroup as group:
-            leaf = _first_leaf(group)
-            if len(group.exceptions) == 1 and isinstance(leaf, Exception):
-                raise leaf from group
-            raise
-        finally:
-            self._compare_scopes.discard(scope)
-        if first_error:
-            raise CompareFailed(first_error[0].message)
-        if scope.cancelled_caught:
-            if self._closed:
-                raise CompareFailed(SHUTTING_DOWN)
-            self.metrics.deadline_failures.labels("compare").inc()
-            raise CompareFailed(f"GenRM compare deadline exceeded after {timeout}s")
-        try:
-            result = compare_result(s, evaluation, texts)
-        except ValueError as exc:  # non-finite rewards: a failure, as for /verify
-            raise CompareFailed(str(exc)) from None
-        if s.debug_logging:
-            log.info("GenRM compare final rewards: %s", [f"{r:.4f}" for r in result.rewards])
-        return result
-
-    async def _compare_one(
-        self,
-        evaluation: Evaluation,
-        c: int,
-        planned: PlannedComparison,
-        rubric_ids: tuple[int, ...] | None,
-        first_error: list[JudgeError],
-        siblings: trio.CancelScope,
-    ) -> None:
-        try:
-            evaluation.results[c] = await self._comparator.compare(
-                evaluation.call(planned),
-                pair=planned.pair,
-                judge_pass=planned.k,
-                expected_rubric_ids=rubric_ids,
-            )
-        except JudgeError as error:
-            if not first_error:
-                first_error.append(error)
-            siblings.cancel()  # fail-fast: every other comparison ends now
+        return await self._compares.compare(item)
 
     # --- terminal records (durable state and checkpoints) ------------------------------------
 

@@ -41,6 +41,7 @@ from typing import Any, Final, Literal, final
 import trio
 
 from genrm_trio.config import Settings
+from genrm_trio.domain.model import SHUTTING_DOWN
 from genrm_trio.domain.records import OpenRecord, TerminalRecord, WatermarkRecord, members_json
 from genrm_trio.domain.retention import Retention
 from genrm_trio.store.codec import int_column, optional_text_column, text_column
@@ -70,11 +71,9 @@ __all__ = [
 
 log = logging.getLogger("genrm_trio.store")
 
-# The engine's shutdown failure (docs/differences.md, D28). A cohort failed by a graceful stop
-# keeps its `open` record, so that the next start turns it into the interrupted fence
-# (docs/durable-state.md, "What happens at start") instead of
-# answering "shutting down" forever.
-_SHUTTING_DOWN: Final = "GenRM server is shutting down"
+# A cohort failed by a graceful stop (SHUTTING_DOWN, docs/differences.md, D28) keeps its `open`
+# record, so that the next start turns it into the interrupted fence (docs/durable-state.md,
+# "What happens at start") instead of answering "shutting down" forever.
 # The TTL pass runs at most this often (wall seconds); the count cap is checked on every commit.
 _TTL_PRUNE_INTERVAL_S: Final = 1.0
 _KEY_LOG_LIMIT: Final = 160
@@ -205,7 +204,7 @@ class SqliteStore(CommitsBySubmit):
         """
         if self._adopted.pop(record.key, None) == record:
             return _NOTHING
-        if record.phase == "failed" and record.failure == _SHUTTING_DOWN:
+        if record.phase == "failed" and record.failure == SHUTTING_DOWN:
             return _NOTHING
         rows = self._terminal_rows(record)
         return self._enqueue(lambda cur, now: self._put_terminal(rows, now), sync=True)
