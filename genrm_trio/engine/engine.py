@@ -206,8 +206,9 @@ class Engine:
         )
 
     async def aclose(self) -> None:
-        """Shutdown (docs/differences.md, D28): refuse new work, fail active cohorts with 503,
-        cancel timers, evaluations and `/compare` calls, wait for them, then clear every record."""
+        """Shutdown (docs/differences.md, D28): refuse new work, fail active cohorts (cohort
+        kind, SHUTTING_DOWN), cancel timers, evaluations and `/compare` calls, wait for them,
+        then clear every record."""
         if not self._closed:
             self._closed = True  # refuse new requests at once (D28)
             async with self._lock:  # let a request already inside the registry finish
@@ -221,8 +222,9 @@ class Engine:
 
     async def verify(self, item: VerifyInput) -> MemberOutcome:
         """One `/verify` request (docs/architecture.md, "One /verify request"). Raises
-        RequestRejected for 422, 409 and 503 refusals; a cohort-kind GroupFailed is the caller's
-        503, the others are 200 rows."""
+        RequestRejected (its ``Rejection`` reason: invalid, conflict, unavailable) for a refusal;
+        otherwise the member's outcome (Scored, Masked, or GroupFailed of either kind). What
+        each becomes at HTTP is the HTTP layer's (``http/asgi.py``, ``rejection_status``)."""
         arrival = self._arrive(item)
         # From here a request holds only what its cohort needs (queued at the registry lock, a
         # few hundred bytes beside its answer text), then only its cohort, slot and waiter
@@ -701,7 +703,8 @@ class Engine:
         return checkpoint(self)
 
     async def restore(self, data: object) -> RestoreReport:
-        """Merge a checkpoint v1 body; raises CheckpointError (422) before applying anything."""
+        """Merge a checkpoint v1 body; raises CheckpointError (an invalid body) before applying
+        anything."""
         return await restore(self, data, num_rollouts=self.settings.num_rollouts_per_prompt)
 
     async def restore_records(

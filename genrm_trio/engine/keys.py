@@ -3,7 +3,7 @@
 docs/architecture.md, "Keys, digests and replay": the key names the cohort (by group id and
 attempt, else task index, prompt id or the prompt digest, each with the attempt), the digest is
 what every member of it must agree on (prompt and principle, plus the baseline's digest and the
-rubric ids, which suffix the key too). Refusals are :class:`RequestRejected` (422 at HTTP).
+rubric ids, which suffix the key too). Refusals are :class:`RequestRejected` (``INVALID``).
 """
 
 from __future__ import annotations

@@ -37,8 +37,9 @@ class CohortStore(Protocol):
     through :class:`SerialCommits`, which runs them one at a time in submission order; a store
     that can queue commits itself implements :class:`QueuedCohortStore` as well.
     ``commit_terminal`` replaces the cohort's ``open`` record in one transaction. An exception
-    from a hook is a bug (the request that hit it gets a 500; a terminal commit failure is
-    logged and the waiters are still released so that no request hangs).
+    from a hook is a bug (it reaches the request that hit it; a terminal commit failure is
+    logged and the waiters are still released so that no request hangs). A hook call that takes
+    longer than ``state_commit_timeout_s`` is cancelled and fails with ``CommitTimeout``.
     """
 
     async def commit_watermark(self, record: WatermarkRecord) -> None: ...
