@@ -202,16 +202,29 @@ async def judge_idle(http: httpx.AsyncClient, judge: Proc, *, within: float = 5.
 
 
 async def wait_cohort_state(
-    http: httpx.AsyncClient, base: str, group_id: str, state: str, *, within: float = 10.0
+    http: httpx.AsyncClient,
+    base: str,
+    group_id: str,
+    state: str,
+    *,
+    within: float = 10.0,
+    **fields: Any,
 ) -> dict[str, Any]:
-    """Poll /cohorts until the group's cohort is in `state`; returns its view."""
-    with trio.fail_after(within):
+    """Poll /cohorts until the group's cohort is in `state` (and its view has the given
+    `fields`, e.g. `requests_waiting=0`); returns its view. Fails after `within` seconds with
+    the group's last view."""
+    last: list[dict[str, Any]] = []
+    with trio.move_on_after(within):
         while True:
-            for view in (await http.get(f"{base}/cohorts")).json():
-                if view["group_id"] == group_id and view["state"] == state:
+            last = [
+                v for v in (await http.get(f"{base}/cohorts")).json() if v["group_id"] == group_id
+            ]
+            for view in last:
+                if view["state"] == state and all(view.get(k) == v for k, v in fields.items()):
                     found: dict[str, Any] = view
                     return found
             await trio.sleep(0.02)
+    raise AssertionError(f"cohort {group_id!r} not {state} {fields} within {within}s: {last}")
 
 
 async def clean_group_scores(http: httpx.AsyncClient, base: str, group_id: str, n: int) -> None:

@@ -75,6 +75,7 @@ async def test_connection_close_and_close_delimited_bodies() -> None:
 
 async def test_a_keep_alive_connection_closed_while_idle_is_retried_on_a_new_one() -> None:
     connections = 0
+    closed = trio.Event()
 
     async def answer_once_then_close(stream: trio.SocketStream) -> None:
         nonlocal connections
@@ -84,6 +85,7 @@ async def test_a_keep_alive_connection_closed_while_idle_is_retried_on_a_new_one
             data += await stream.receive_some(4096)
         await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
         await stream.aclose()  # without `connection: close`, as an expired keep-alive looks
+        closed.set()
 
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
@@ -93,7 +95,7 @@ async def test_a_keep_alive_connection_closed_while_idle_is_retried_on_a_new_one
             port = listeners[0].socket.getsockname()[1]
             pool = _HttpPool(f"http://127.0.0.1:{port}", 5.0, {})
             assert await pool.post("/x", b"{}") == (200, b"ok")
-            await trio.sleep(0.05)  # the server has closed the idle connection by now
+            await closed.wait()  # the server has closed the idle connection
             assert await pool.post("/x", b"{}") == (200, b"ok")
             assert connections == 2
             await pool.aclose()

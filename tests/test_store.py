@@ -30,6 +30,7 @@ from judges import (
     verify,
 )
 from procs import command
+from trio.testing import MockClock
 
 from genrm_trio.app.compose import durable_engine, restore_from_store
 from genrm_trio.config import Settings
@@ -266,9 +267,10 @@ async def test_restart_keeps_lone_surrogates_and_exact_floats(tmp_path: Path) ->
     assert isinstance(after[0], Scored) and after[0].result["answer_text"] == "a0 \udc80"
 
 
-async def test_restored_records_keep_their_age(tmp_path: Path) -> None:
+async def test_restored_records_keep_their_age(tmp_path: Path, mock_clock: MockClock) -> None:
     """Monotonic clocks are set back by the stored age: with a 1 s TTL, a record and a watermark
-    stored 0.9 s before the restart are gone 0.2 s after it; ones stored later are not."""
+    stored 0.9 s before the restart are gone 0.2 s after it; ones stored later are not. (Virtual
+    time that moves only when jumped: the store's threads need no autojump.)"""
     config = state(tmp_path, cohort_result_ttl_s=1.0)
     wall = Wall()
     async with durable(config, ScriptedJudge(), wall) as engine:
@@ -280,7 +282,7 @@ async def test_restored_records_keep_their_age(tmp_path: Path) -> None:
     judge = ScriptedJudge()
     async with durable(config, judge, wall) as engine:
         assert engine.statistics().terminal_records == 2
-        await trio.sleep(0.2)
+        mock_clock.jump(0.2)
         await gather(engine, [member(i, group="probe") for i in range(2)])  # prunes
         assert {r.key for r in engine.terminal_records()} == {
             explicit_key("young"),
