@@ -22,7 +22,7 @@ import trio
 import yaml
 
 from genrm_trio.app.bench import verify_body
-from genrm_trio.testing.procs import Proc, command, start
+from genrm_trio.testing.procs import START_TIMEOUT_S, Proc, command, start
 
 __all__ = ["Proc", "command", "start"]  # the harness, re-exported for the tests
 
@@ -31,10 +31,15 @@ PROMPT = "Why is ice slippery?"
 
 
 def start_judge(
-    directory: Path, *flags: str, name: str = "judge", env: Mapping[str, str] | None = None
+    directory: Path,
+    *flags: str,
+    name: str = "judge",
+    env: Mapping[str, str] | None = None,
+    timeout: float = START_TIMEOUT_S,
 ) -> Proc:
     """`genrm-trio sim-judge --port 0 FLAGS` (flags may set `--port` again: the last wins)."""
-    return start(["sim-judge", "--port", "0", *flags], directory / f"{name}.err", env=env)
+    args = ["sim-judge", "--port", "0", *flags]
+    return start(args, directory / f"{name}.err", env=env, timeout=timeout)
 
 
 def start_server(
@@ -45,13 +50,14 @@ def start_server(
     name: str = "serve",
     extra: Iterable[str] = (),
     env: Mapping[str, str] | None = None,
+    timeout: float = START_TIMEOUT_S,
 ) -> Proc:
     """`genrm-trio serve --config F --port 0` against `judge_url` (or `--judge sim`)."""
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
     judge = ["--judge-url", judge_url] if judge_url is not None else ["--judge", "sim"]
     args = ["serve", "--config", str(path), "--port", "0", *judge, *extra]
-    return start(args, directory / f"{name}.err", env=env)
+    return start(args, directory / f"{name}.err", env=env, timeout=timeout)
 
 
 # --- HTTP helpers ---------------------------------------------------------------------------------

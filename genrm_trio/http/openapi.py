@@ -12,7 +12,6 @@ from pydantic.json_schema import models_json_schema
 
 from genrm_trio.domain.model import CohortView
 from genrm_trio.http.asgi import PUBLIC_PATHS
-
 from genrm_trio.http.rows import FAILSAFE_REASON_LIMIT
 from genrm_trio.http.schema import (
     AggregateMetricsRequest,

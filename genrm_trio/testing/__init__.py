@@ -18,7 +18,8 @@ With a `LengthModel` (or a `[need=N]` marker in an answer) each attempt's verdic
 of output tokens; an attempt whose budget (`max_output_tokens`, chat `max_tokens`) is below it
 answers as an exhausted budget, as a reasoning judge cut off before its verdict does. See
 `LengthModel` for the distribution and its presets. `FaultRule` (`faults`) scripts the faults;
-`flags` maps the `sim-judge` command's flags onto a `SimConfig`.
+`flags` maps the `sim-judge` command's flags onto a `SimConfig`. `procs` starts real
+`genrm-trio` processes for the tests and the benchmarks (one harness for both).
 
 Nothing in the library imports this package; only the app layer (`genrm-trio sim-judge`,
 `--judge sim`, the demo) does.
