@@ -1,19 +1,50 @@
 """Prometheus metrics, one registry per engine so that engines (and tests) never share counters.
 
-The names are those of docs/http-api.md, "GET /metrics", and all start with `genrm_trio_`.
+The names are those of docs/http-api.md, "GET /metrics", and all start with `genrm_trio_`, besides
+the standard `process_*` series of the process (CPU, memory, open files, start time). The label
+values of the cohort, deadline, judge-outcome and retry-cause series are closed sets, exported at
+0 from the start, so that a query dividing or adding them (the dashboard's, the alert rules') has
+a series before the first event of each kind.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Protocol, final
+from typing import TYPE_CHECKING, Final, Protocol, final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
+
+TERMINAL_STATE_LABELS: Final = ("scored", "partially_masked", "failed")
+"""The `state` label of the terminal cohort series: `TerminalRecord.state`'s values (a test
+keeps these three tuples equal to the engine's own sets)."""
+ACTIVE_STATE_LABELS: Final = ("collecting", "judging")
+"""The `state` label of `genrm_trio_active_cohorts`: `engine.machine.ACTIVE_STATES`."""
+DEADLINE_LABELS: Final = ("collection", "evaluation", "compare")
+"""The `deadline` label of `genrm_trio_deadline_failures_total`."""
+JUDGE_OUTCOME_LABELS: Final = (
+    "completed",
+    "budget_exhausted",
+    "unusable",
+    "http_error",
+    "transport_error",
+    "timeout",
+    "bad_json",
+)
+"""The `outcome` label of `genrm_trio_judge_calls_total`: `ReplyStatus` and the attempt errors."""
+RETRY_CAUSE_LABELS: Final = ("transport", "http", "unusable", "parse", "budget")
+"""The `cause` label of `genrm_trio_judge_retries_total` (timeouts and bad JSON are not retried)."""
 
 
 class ReplicaCounters(Protocol):
@@ -147,6 +178,19 @@ class Metrics:
             ["state"],
             registry=r,
         )
+        self.cohort_rollouts = Counter(
+            "genrm_trio_cohort_rollouts",
+            "Rollouts (members present) of cohorts that reached a terminal state, by that state",
+            ["state"],
+            registry=r,
+        )
+        self.group_latency_seconds = Histogram(
+            "genrm_trio_group_latency_seconds",
+            "Time from a group's first member arriving to its rewards being published, for "
+            "groups that completed (scored or partially masked)",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600),
+            registry=r,
+        )
         self.masked_rollouts = Counter(
             "genrm_trio_masked_rollouts", "Rollouts masked alone after a judge failure", registry=r
         )
@@ -159,6 +203,19 @@ class Metrics:
             ["deadline"],
             registry=r,
         )
+        for state in TERMINAL_STATE_LABELS:
+            self.cohorts_terminal.labels(state)
+            self.cohort_rollouts.labels(state)
+        for state in ACTIVE_STATE_LABELS:
+            self.active_cohorts.labels(state)
+        for deadline in DEADLINE_LABELS:
+            self.deadline_failures.labels(deadline)
+        for outcome in JUDGE_OUTCOME_LABELS:
+            self.judge_calls.labels(outcome)
+        for cause in RETRY_CAUSE_LABELS:
+            self.judge_retries.labels(cause)
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ... (Linux)
+        ProcessCollector(registry=r)
         self._replicas = _ReplicaCollector()
         r.register(self._replicas)
 

@@ -13,7 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
-from genrm_trio.app.cli import main
+from genrm_trio.app.cli import run
 from genrm_trio.store.sqlite import SqliteStore
 
 
@@ -31,4 +31,4 @@ def stall_once_flagged(flag: Path) -> None:
 
 if __name__ == "__main__":
     stall_once_flagged(Path(sys.argv.pop(1)))
-    sys.exit(main())
+    run()

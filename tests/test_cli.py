@@ -125,8 +125,9 @@ def test_no_command_is_a_usage_error_with_the_usage_line(
     lines = captured.err.splitlines()
     assert lines[0].startswith("usage: genrm-trio [-h] [--version] COMMAND")
     assert lines[-1] == (
-        "genrm-trio: error: a command is required: serve, demo, sim-judge, bench, checkpoint or "
-        "gym-root (genrm-trio --help describes them)"
+        "genrm-trio: error: a command is required: serve, demo, sim-judge, bench, checkpoint, "
+        "gym-root, grafana-dashboard, prometheus-rules, prometheus-config or top (genrm-trio "
+        "--help describes them)"
     )
     assert "config error" not in captured.err
 
@@ -271,9 +272,13 @@ def test_a_state_file_held_by_another_server_is_one_line_exit_1(tmp_path: Path) 
     assert second.stdout == ""  # never listened
     assert "Traceback" not in second.stderr
     assert " ERROR " not in second.stderr
-    assert second.stderr.splitlines()[-1] == (
-        f"genrm-trio: state file {state}: in use by another genrm-trio process"
+    # before anything else: no start-up report, no judge, and the holder named
+    [line] = second.stderr.splitlines()
+    assert line.startswith(
+        f"genrm-trio: state file {state}: in use by another genrm-trio process (pid {first.pid}: "
     )
+    assert " serve --config " in line  # its command line, cut at 160 characters
+    assert line.endswith(")")
 
 
 # --- serve in-process: listening line, /health, graceful shutdown ---------------------------------

@@ -550,11 +550,16 @@ def test_judge_create_params_is_a_copy() -> None:
 
 def test_genrm_model_server_accepted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=CONFIG_LOGGER)
-    s = load({"genrm_model_server": {"type": "responses_api_models", "name": "genrm_model"}})
-    assert s.genrm_model_server == {"type": "responses_api_models", "name": "genrm_model"}
+    reference = {"type": "responses_api_models", "name": "genrm_model"}
+    s = load({"genrm_model_server": reference, "judge": {"base_url": "http://127.0.0.1:1/v1"}})
+    assert s.genrm_model_server == reference
     lines = [r for r in caplog.records if "genrm_model_server" in r.getMessage()]
     assert len(lines) == 1
     assert lines[0].levelno == logging.INFO
+    # without a judge URL serve's "needs a judge" error follows: no line claiming one is used
+    caplog.clear()
+    assert load({"genrm_model_server": reference}).genrm_model_server == reference
+    assert not [r for r in caplog.records if "genrm_model_server" in r.getMessage()]
 
 
 def test_genrm_model_server_wrong_type_rejected() -> None:
@@ -684,11 +689,24 @@ def test_api_key_env_names_are_settings() -> None:
 
 
 def test_startup_warnings_defaults_have_d12_and_d37() -> None:
-    assert Settings().startup_warnings() == [D12_DEFAULT_LINE, D37_LINE]
+    # N = 16: the default N = 1 warns about that instead (tests/test_group_size.py)
+    assert load({"num_rollouts_per_prompt": 16}).startup_warnings() == [D12_DEFAULT_LINE, D37_LINE]
 
 
 def test_startup_warnings_d12_absent_when_judge_deadline_is_shorter() -> None:
-    s = load({"judge_request_timeout_s": 300, "cohort_evaluation_timeout_s": 1800})
+    s = load(
+        {
+            "num_rollouts_per_prompt": 16,
+            "judge_request_timeout_s": 300,
+            "cohort_evaluation_timeout_s": 1800,
+        }
+    )
+    assert s.startup_warnings() == [D37_LINE]
+
+
+def test_startup_warnings_d12_absent_under_mask_pending() -> None:
+    # a hung call is cancelled at the group deadline and masks only its own comparison
+    s = load({"num_rollouts_per_prompt": 16, "evaluation_deadline_policy": "mask_pending"})
     assert s.startup_warnings() == [D37_LINE]
 
 
@@ -696,7 +714,13 @@ def test_startup_warnings_d12_absent_when_judge_deadline_is_shorter() -> None:
 def test_startup_warnings_d12_when_judge_deadline_is_not_shorter(
     judge: float, group: float
 ) -> None:
-    s = load({"judge_request_timeout_s": judge, "cohort_evaluation_timeout_s": group})
+    s = load(
+        {
+            "num_rollouts_per_prompt": 16,
+            "judge_request_timeout_s": judge,
+            "cohort_evaluation_timeout_s": group,
+        }
+    )
     assert s.startup_warnings() == [
         f"judge_request_timeout_s ({float(judge)}s) >= cohort_evaluation_timeout_s "
         f"({float(group)}s): a hung judge call fails the whole group instead of masking one "

@@ -138,14 +138,26 @@ def test_every_row_is_filled(key: str) -> None:
 
 def test_startup_warning_texts_are_documented() -> None:
     text = DOC.read_text(encoding="utf-8")
-    d12, d37 = Settings().startup_warnings()
+    d12, d37 = Settings(num_rollouts_per_prompt=16).startup_warnings()
     assert d37 in text
     template = d12.replace("1800.0", "{a}", 1).replace("1800.0", "{b}", 1)
     assert template in text
+    n1, _ = Settings().startup_warnings()  # N = 1: no judging, so no deadline line
+    assert n1.replace("(3.0)", "({default_score})") in text
 
 
 @pytest.mark.parametrize(
-    "flag", ["--config", "--instance", "--host", "--port", "--judge-url", "--judge sim", "--state"]
+    "flag",
+    [
+        "--config",
+        "--instance",
+        "--host",
+        "--port",
+        "--judge-url",
+        "--judge sim",
+        "--state",
+        "--num-rollouts-per-prompt",
+    ],
 )
 def test_serve_flags_are_documented(flag: str) -> None:
     assert f"`{flag}" in DOC.read_text(encoding="utf-8")

@@ -10,6 +10,7 @@ stack.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import select
 import signal
@@ -38,6 +39,17 @@ from genrm_trio.testing import SimConfig, SimJudge
 
 INSTANCE = "genrm_compare_resources_server"
 SERVER_DIR = gym_root() / "resources_servers" / "genrm_trio"
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """main() configures the `genrm_trio` logger; put it back afterwards."""
+    logger = logging.getLogger("genrm_trio")
+    saved = (logger.level, list(logger.handlers), logger.propagate)
+    yield
+    logger.setLevel(saved[0])
+    logger.handlers[:] = saved[1]
+    logger.propagate = saved[2]
 
 
 def gym_config(
@@ -128,6 +140,47 @@ def test_shipped_config_loads_with_serve_and_needs_a_judge_url(tmp_path: Path) -
     )
     assert flagged.judge.base_url == "http://127.0.0.1:8000/v1"
     assert flagged.judge.probe is True
+
+
+def test_shipped_config_starts_without_the_deadline_warning() -> None:
+    # Gym's 1800 s for the judge and the group, with mask_pending: a hung call masks only its
+    # comparison, so the warning the README tells users to avoid does not apply
+    settings = load_settings(SERVER_DIR / "configs" / "genrm_trio.yaml", instance=INSTANCE)
+    assert settings.judge_request_timeout_s == settings.cohort_evaluation_timeout_s == 1800
+    assert settings.evaluation_deadline_policy == "mask_pending"
+    assert [line.split(" ")[0] for line in settings.startup_warnings()] == ["masked"]
+
+
+def test_instance_on_a_flat_file_says_it_is_not_a_gym_config(tmp_path: Path) -> None:
+    flat = tmp_path / "genrm.yaml"
+    flat.write_text("num_rollouts_per_prompt: 16\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(flat, instance="foo")
+    assert (info.value.file, info.value.key) == (str(flat), "--instance")
+    assert info.value.message == (
+        "this is not a Gym config file but a flat one (genrm-trio keys at the top level): "
+        "--instance picks a block of a Gym config; drop it"
+    )
+
+
+def test_no_judge_in_a_gym_file_is_one_error_without_a_misleading_line(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, restore_logging: None
+) -> None:
+    path = SERVER_DIR / "configs" / "genrm_trio.yaml"
+    assert cli_main(["serve", "--config", str(path), "--instance", INSTANCE]) == 2
+    assert not [r for r in caplog.records if "is not used" in r.getMessage()]
+    assert capsys.readouterr().err.splitlines()[-1:] == [
+        f"genrm-trio: config error: {path}: judge.base_url: serve needs a judge: the block's "
+        "genrm_model_server ('genrm_model') has no host and port in this file (Gym fills them in "
+        "when it launches the server); give --judge-url URL, set judge.base_url in the config "
+        "file, or use --judge sim for simulated rewards"
+    ]
+    # with a judge URL the reference is indeed unused, and the line says so
+    caplog.clear()
+    load_settings(path, instance=INSTANCE, overrides={"judge.base_url": "http://127.0.0.1:1/v1"})
+    assert [r.getMessage() for r in caplog.records if "is not used" in r.getMessage()] == [
+        "genrm_model_server is not used: the judge is reached through judge.base_url"
+    ]
 
 
 def test_instance_error_lists_the_instances_found() -> None:

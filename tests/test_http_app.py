@@ -471,6 +471,7 @@ async def test_cohorts_route() -> None:
         comparisons_pending=4,
         deadline="collection",
         deadline_s_left=12.5,
+        age_s=7.25,
     )
     app = app_for(FakeEngine(cohorts=[view]))
     status, reply, _ = await call(app, "/cohorts", method="GET")
@@ -490,6 +491,7 @@ async def test_cohorts_route() -> None:
             "comparisons_pending": 4,
             "deadline": "collection",
             "deadline_s_left": 12.5,
+            "age_s": 7.25,
         }
     ]
     assert (await call(app_for(FakeEngine()), "/cohorts", method="GET"))[:2] == (200, [])

@@ -239,3 +239,75 @@ async def test_serve_checks_the_headroom_once_at_start(
     assert len(warnings) == 1
     assert capsys.readouterr().out.startswith("listening on")
     assert serve_module.check_fd_headroom is check_fd_headroom
+
+
+# --- the default admission limit fitted to the open-file limit ------------------------------------
+
+
+def _fixed_limit(monkeypatch: pytest.MonkeyPatch, soft: int, open_now: int) -> None:
+    """A soft = hard open-file limit (nothing to raise) and a known count of open descriptors."""
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (soft, soft))
+    monkeypatch.setattr(serve_module, "_open_fds", lambda: open_now)
+
+
+def test_the_default_admission_limit_is_fitted_to_the_descriptors(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 20,000 descriptors, 30 open, 256 judge connections, 64 reserve: 1,228 groups of 16
+    _fixed_limit(monkeypatch, 20_000, 30)
+    settings = settings_from_mapping({"num_rollouts_per_prompt": 16})
+    with caplog.at_level(logging.INFO, logger="genrm_trio"):
+        found = check_fd_headroom(settings)
+    assert found.max_active_cohorts == (20_000 - 30 - 256 - FD_RESERVE) // 16 == 1228
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage() for r in caplog.records] == [
+        "server.max_active_cohorts: 1228, what the open-file limit 20000 allows (30 open now, "
+        "256 judge connections, 64 reserve, 16 descriptors per group of num_rollouts_per_prompt);"
+        " the default 4096 would need 65856: raise the limit (ulimit -n) to admit more, or set "
+        "the key"
+    ]
+    fitted = serve_module.with_admission(settings, found)
+    assert fitted.server.max_active_cohorts == 1228
+    assert fitted.model_copy(update={"server": settings.server}) == settings  # nothing else
+
+
+@pytest.mark.parametrize(
+    ("config", "soft"),
+    [
+        # set explicitly: the operator's value stands, and the warning names the numbers
+        ({"num_rollouts_per_prompt": 16, "server": {"max_active_cohorts": 4096}}, 20_000),
+        # not even one group of 16 fits beside the judge connections
+        ({"num_rollouts_per_prompt": 16}, 30 + 256 + FD_RESERVE + 15),
+    ],
+)
+def test_what_cannot_be_fitted_still_warns(
+    config: dict[str, Any],
+    soft: int,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _fixed_limit(monkeypatch, soft, 30)
+    settings = settings_from_mapping(config)
+    with caplog.at_level(logging.INFO, logger="genrm_trio"):
+        found = check_fd_headroom(settings)
+    assert found.max_active_cohorts is None
+    assert serve_module.with_admission(settings, found) is settings
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith(f"open-file limit {soft} (hard limit {soft}, 30 open now)")
+
+
+async def test_serve_admits_what_the_descriptors_hold(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # room for exactly two groups of 4 beside 16 judge connections: a third group is refused
+    _fixed_limit(monkeypatch, 20 + 16 + FD_RESERVE + 2 * 4, 20)
+    config = {"num_rollouts_per_prompt": 4, "judge": {"max_concurrency": 16}}
+    with trio.fail_after(20), caplog.at_level(logging.INFO, logger="genrm_trio"):
+        async with _served(config) as base, client() as http, trio.open_nursery() as nursery:
+            for name in ("a", "b"):
+                nursery.start_soon(post, http, f"{base}/verify", bodies(name, answers(name))[0])
+            await _wait_active(http, base, 2)
+            _refused(await post(http, f"{base}/verify", bodies("c", answers("c"))[0]))
+            nursery.cancel_scope.cancel()
+    assert not [r for r in caplog.records if r.getMessage().startswith("open-file limit")]
+    assert any(r.getMessage().startswith("server.max_active_cohorts: 2,") for r in caplog.records)

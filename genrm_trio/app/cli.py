@@ -1,17 +1,19 @@
 """The `genrm-trio` command (docs/configuration.md, "Command line"): serve, sim-judge, demo,
-bench, checkpoint, gym-root.
+bench, checkpoint, gym-root, and the watching commands of app/watch.py (grafana-dashboard,
+prometheus-rules, prometheus-config, top).
 
 Exit codes: 0 after a graceful stop, 2 for a usage or config error (one stderr line
 `genrm-trio: config error: {file}: {key}: {message}`, no traceback; no command at all prints the
 usage line and `genrm-trio: error: a command is required: …`), 1 for any other start-up failure
 (one line: a busy port prints `genrm-trio: cannot listen on {host}:{port}: address already in
 use`, a state file held by another server `genrm-trio: state file {path}: in use by another
-genrm-trio process`).
+genrm-trio process (pid {pid}: {command})`).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import re
@@ -27,10 +29,14 @@ import trio
 from genrm_trio import __version__
 from genrm_trio.app.checkpoint_cli import add_checkpoint_arguments
 from genrm_trio.app.logs import configure_logging
+from genrm_trio.app.watch import add_watch_commands
 from genrm_trio.config import ConfigError, Settings, load_settings
 
 PROG: Final = "genrm-trio"
-COMMANDS: Final = "serve, demo, sim-judge, bench, checkpoint or gym-root"
+COMMANDS: Final = (
+    "serve, demo, sim-judge, bench, checkpoint, gym-root, grafana-dashboard, prometheus-rules, "
+    "prometheus-config or top"
+)
 FLAGS_FILE: Final = "<flags>"
 
 log = logging.getLogger("genrm_trio.cli")
@@ -101,6 +107,16 @@ def _non_negative(value: str) -> float:
     return number
 
 
+def _group_size(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
+    return number
+
+
 def _rate(value: str) -> float:
     number = _non_negative(value)
     if number > 1:
@@ -135,15 +151,24 @@ def _serve_settings(args: argparse.Namespace) -> Settings:
         overrides["judge.base_url"] = urls[0] if len(urls) == 1 else urls
     if args.state is not None:
         overrides["state_path"] = args.state
+    if args.num_rollouts_per_prompt is not None:
+        overrides["num_rollouts_per_prompt"] = args.num_rollouts_per_prompt
     settings = load_settings(args.config, instance=args.instance, overrides=overrides)
     file = str(args.config) if args.config is not None else FLAGS_FILE
     sim = args.judge == "sim"
     if not sim and settings.judge.base_url is None:
+        reference = settings.genrm_model_server or {}
+        unresolved = (
+            f"the block's genrm_model_server ({reference.get('name')!r}) has no host and port "
+            "in this file (Gym fills them in when it launches the server); "
+            if reference
+            else ""
+        )
         raise ConfigError(
             file,
             "judge.base_url",
-            "serve needs a judge: give --judge-url URL, set judge.base_url in the config file, "
-            "or use --judge sim for simulated rewards",
+            f"serve needs a judge: {unresolved}give --judge-url URL, set judge.base_url in the "
+            "config file, or use --judge sim for simulated rewards",
         )
     if settings.state_path is not None:
         parent = Path(settings.state_path).expanduser().absolute().parent
@@ -245,6 +270,12 @@ def _add_serve(sub: Any) -> None:
     parser.add_argument(
         "--state", metavar="PATH", help="SQLite state file (created if absent; its dir must exist)"
     )
+    parser.add_argument(
+        "--num-rollouts-per-prompt",
+        metavar="N",
+        type=_group_size,
+        help="rollouts per group, as the trainer sends them (default 1: no grouping, no judging)",
+    )
     parser.set_defaults(handler=_run_serve)
 
 
@@ -292,6 +323,11 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         return _config_error(UsageError("--fault", str(exc)))
+    served: Any = config
+    if args.policy:
+        from genrm_trio.testing import PolicyStandIn, sim_asgi_app
+
+        served = sim_asgi_app(config, policy=PolicyStandIn(seed=args.seed))
     try:
         # Fail fast with the one-line message; hypercorn would nest the error and leak the socket.
         bind_socket(args.host, args.port).close()
@@ -301,7 +337,7 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
     code = 0
     try:
         with tuned_gc():
-            trio.run(_sim_judge_main, config, args.host, args.port)
+            trio.run(_sim_judge_main, served, args.host, args.port)
     except* OSError as group:
         _say(f"cannot listen on {args.host}:{args.port}: {_first(group, OSError).strerror}")
         code = 1
@@ -364,6 +400,15 @@ def _add_sim_judge(sub: Any) -> None:
     )
     parser.add_argument(
         "--api-key-env", metavar="ENV", help="require this variable's value as bearer token"
+    )
+    parser.add_argument(
+        "--policy",
+        action="store_true",
+        help=(
+            "also stand in for the policy model: an ordinary chat or Responses request (not "
+            "judge-shaped) gets a deterministic answer, a different one each time a prompt "
+            "comes again, at once and without faults (a test tool: no GPU needed for a Gym trial)"
+        ),
     )
     parser.set_defaults(handler=_run_sim_judge)
 
@@ -450,10 +495,30 @@ def build_parser() -> argparse.ArgumentParser:
         _add_bench,
         add_checkpoint_arguments,
         _add_gym_root,
+        add_watch_commands,
     )
     for add in adders:
         add(sub)
     return parser
+
+
+def exit_process(code: int) -> NoReturn:
+    """End the process with `code`, without the cyclic collector's last pass over the heap.
+
+    Interpreter finalization runs a full collection over every object still alive (every module
+    loaded, hypercorn's, quart's and pydantic's included): 150-250 ms of CPU after the last
+    reply of a stop, most of the stop's cost, and Gym kills a server one second after its
+    SIGINT while it stops its other servers on the same cores (benchmarks/stop_under_load.py).
+    Frozen objects are left out of that pass; they go with the process. `sys.exit`, not
+    `os._exit`: atexit handlers and the flush of logs and stdio still run.
+    """
+    gc.freeze()
+    sys.exit(code)
+
+
+def run() -> NoReturn:
+    """The `genrm-trio` console script: `main()` with the command line, then exit."""
+    exit_process(main())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -477,4 +542,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

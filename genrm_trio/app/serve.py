@@ -7,11 +7,13 @@ socket. SIGINT/SIGTERM stop it gracefully (D28): stop accepting, fail the active
 waiters get 503 `GenRM server is shutting down`, give those replies up to
 `server.shutdown_grace_s` to be delivered, then stop at once: idle keep-alive connections do not
 hold the shutdown, and a stalled durable store holds it at most `state_commit_timeout_s` longer.
-A second signal exits the process at once (`exit_at_once`).
+A second signal exits the process at once (`exit_at_once`), unless it is the first one delivered
+twice (`REPEAT_SIGNAL_WINDOW_S`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import gc
 import ipaddress
@@ -32,6 +34,7 @@ from hypercorn.config import Config, Sockets
 
 from genrm_trio.config import Settings, read_secret
 from genrm_trio.judge.base import Judge
+from genrm_trio.store.lock import check_not_in_use
 
 log = logging.getLogger("genrm_trio.serve")
 
@@ -248,6 +251,8 @@ class FdHeadroom:
     raised_from: int | None  # the soft limit before it was raised, when it was
     open_now: int
     needed: int
+    # the lower server.max_active_cohorts that fits the limit, when the default did not
+    max_active_cohorts: int | None = None
 
     @property
     def enough(self) -> bool:
@@ -273,12 +278,17 @@ def _open_fds() -> int:
 
 
 def check_fd_headroom(settings: Settings) -> FdHeadroom:
-    """Raise the soft RLIMIT_NOFILE to the hard limit and warn once if it is still too low.
+    """Raise the soft RLIMIT_NOFILE to the hard limit; fit the admission limit to it, or warn.
 
     A server at `server.max_active_cohorts` holds up to max_active_cohorts × N waiting
     connections plus `judge.max_concurrency` judge connections; running out of descriptors turns
-    into refused connections and failed judge calls, far from the cause. The warning names the
-    numbers and the two remedies (`ulimit -n`, a lower `server.max_active_cohorts`).
+    into refused connections and failed judge calls, far from the cause. The default of 4,096
+    groups of 16 needs ~66,000 descriptors, more than most limits: when the key was left at its
+    default, the result names the largest `max_active_cohorts` that fits (`serve` admits that
+    many, so a new group past it gets the capacity 503, a clear answer at the cause) and one INFO
+    line says so. A warning naming the numbers and the two remedies (`ulimit -n`, a lower
+    `server.max_active_cohorts`) remains for what cannot be fitted: a value set explicitly, or a
+    limit too low for even one group.
     """
     needed = fds_needed(settings)
     open_now = _open_fds()
@@ -311,6 +321,23 @@ def check_fd_headroom(settings: Settings) -> FdHeadroom:
         open_now,
         needed,
     )
+    fitted = _fitted_admission(settings, result)
+    if fitted is not None:
+        log.info(
+            "server.max_active_cohorts: %d, what the open-file limit %d allows (%d open now, "
+            "%d judge connections, %d reserve, %d descriptors per group of "
+            "num_rollouts_per_prompt); the default %d would need %d: raise the limit "
+            "(ulimit -n) to admit more, or set the key",
+            fitted,
+            soft,
+            open_now,
+            settings.judge.max_concurrency,
+            FD_RESERVE,
+            settings.num_rollouts_per_prompt,
+            settings.server.max_active_cohorts,
+            needed,
+        )
+        return dataclasses.replace(result, max_active_cohorts=fitted)
     if not result.enough:
         requests = needed - settings.judge.max_concurrency - FD_RESERVE
         log.warning(
@@ -329,6 +356,41 @@ def check_fd_headroom(settings: Settings) -> FdHeadroom:
             FD_RESERVE,
         )
     return result
+
+
+REPEAT_SIGNAL_WINDOW_S: Final = 1.0
+"""A stop signal this soon after the first is the same stop delivered twice, not a second one.
+
+A Ctrl-C in a terminal reaches the whole foreground process group, and a launcher in it (NeMo
+Gym's `gym env start`) forwards its own SIGINT to every server as well: genrm-trio then gets
+two SIGINTs a few milliseconds apart, and taking the second as "stop without waiting" would cut
+off the waiting requests that the graceful stop answers with 503. A signal after the window
+(a person pressing Ctrl-C again) still stops at once."""
+
+
+def is_repeat_delivery(first_at: float, now: float) -> bool:
+    """Whether a stop signal at `now` repeats the one received at `first_at` (trio clock)."""
+    return now - first_at < REPEAT_SIGNAL_WINDOW_S
+
+
+def _fitted_admission(settings: Settings, headroom: FdHeadroom) -> int | None:
+    """The largest max_active_cohorts the descriptors hold, when the default must be lowered
+    to fit (None: it fits, it was set explicitly, or no group size would fit)."""
+    if headroom.enough or headroom.soft is None or not settings.cohorting:
+        return None
+    if "max_active_cohorts" in settings.server.model_fields_set:
+        return None  # the operator's value: warn, never override it
+    spare = headroom.soft - headroom.open_now - settings.judge.max_concurrency - FD_RESERVE
+    groups = spare // settings.num_rollouts_per_prompt
+    return groups if groups >= 1 else None
+
+
+def with_admission(settings: Settings, headroom: FdHeadroom) -> Settings:
+    """`settings` with the admission limit `check_fd_headroom` fitted to the open-file limit."""
+    if headroom.max_active_cohorts is None:
+        return settings
+    server = settings.server.model_copy(update={"max_active_cohorts": headroom.max_active_cohorts})
+    return settings.model_copy(update={"server": server})
 
 
 def exit_at_once(code: int) -> NoReturn:
@@ -366,7 +428,8 @@ async def serve(
 
     Raises ConfigError (a missing secret or judge URL) or ListenError (the address) before
     listening; later start-up errors may arrive inside an ExceptionGroup. A second signal
-    during the shutdown exits the process at once (`exit_at_once`). Must run in the main
+    during the shutdown exits the process at once (`exit_at_once`), unless it comes within
+    `REPEAT_SIGNAL_WINDOW_S` of the first (the same stop delivered twice). Must run in the main
     thread (signal handling).
     """
     server_secret = settings.server.api_key_env
@@ -377,9 +440,12 @@ async def serve(
         token = read_secret(settings.judge.api_key_env, key="judge.api_key_env")
     sock = bind_socket(settings.host, settings.port)
     try:
+        if settings.state_path is not None:
+            # a second server on the file stops here, before its start-up report and probes
+            check_not_in_use(os.fspath(settings.state_path))
         for line in settings.startup_warnings():
             log.warning("%s", line)
-        check_fd_headroom(settings)
+        settings = with_admission(settings, check_fd_headroom(settings))
         if sim:
             log.warning("%s", SIM_WARNING)
         await _serve_on(settings, sock, judge=judge, sim=sim, token=token, task_status=task_status)
@@ -408,15 +474,26 @@ async def _serve_on(
         run_scope = trio.CancelScope()
 
         async def watch_signals() -> None:
+            first_at: float | None = None
             async for signum in signals:
                 name = signal.Signals(signum).name
-                if stop.is_set():
+                now = trio.current_time()
+                if first_at is None:
+                    first_at = now
+                    log.info("received %s: shutting down", name)
+                    stop.set()
+                    if not listening:
+                        run_scope.cancel()
+                elif is_repeat_delivery(first_at, now):
+                    log.info(
+                        "received %s again %.0f ms later: already shutting down (the same stop, "
+                        "delivered twice)",
+                        name,
+                        (now - first_at) * 1000,
+                    )
+                else:
                     log.warning("received %s again: exiting at once", name)
                     exit_at_once(128 + signum)
-                log.info("received %s: shutting down", name)
-                stop.set()
-                if not listening:
-                    run_scope.cancel()
 
         async def run() -> None:
             nonlocal listening

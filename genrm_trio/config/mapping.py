@@ -109,8 +109,6 @@ def settings_from_mapping(
         flat[key] = value
     if ignored:
         log.info("ignoring Gym-only config keys: %s", ", ".join(sorted(ignored)))
-    if "genrm_model_server" in flat and not model_server_used:
-        log.info("genrm_model_server is not used: the judge is reached through judge.base_url")
     found = _find_interpolation(flat, "")
     if found:
         raise ConfigError(file, found, "OmegaConf interpolation (${...}) is not supported")
@@ -124,7 +122,7 @@ def settings_from_mapping(
             target = child
         target[leaf] = value
     try:
-        return Settings.model_validate(flat)
+        settings = Settings.model_validate(flat)
     except ValidationError as exc:
         error = exc.errors()[0]
         key = ".".join(str(part) for part in error["loc"]) or "settings"
@@ -137,3 +135,8 @@ def settings_from_mapping(
         if message == ONE_WORKER_MESSAGE:
             key = "num_workers"
         raise ConfigError(file, key, message) from None
+    used = model_server_used or settings.genrm_model_server is None
+    # Said only when a judge URL is known: without one the next line is serve's "needs a judge".
+    if not used and settings.judge.base_url is not None:
+        log.info("genrm_model_server is not used: the judge is reached through judge.base_url")
+    return settings

@@ -438,10 +438,23 @@ class Settings(_Strict):
         return params
 
     def startup_warnings(self) -> list[str]:
-        """The start-up warning lines of D12 and D37 (docs/configuration.md, "Start-up
-        warnings")."""
+        """The start-up warning lines: N = 1 (D50), D12 and D37 (docs/configuration.md,
+        "Start-up warnings")."""
         lines: list[str] = []
-        if self.judge_request_timeout_s >= self.cohort_evaluation_timeout_s:
+        if not self.cohorting:
+            # Gym's default too, and silent there: a server started without the trainer's group
+            # size answers every /verify without a judge call and looks healthy doing so.
+            lines.append(
+                f"num_rollouts_per_prompt is {self.num_rollouts_per_prompt}: every /verify is "
+                f"answered at once with default_score ({self.default_score}) and no judge call; "
+                "set num_rollouts_per_prompt (serve --num-rollouts-per-prompt N) to the "
+                "rollouts per prompt the trainer sends"
+            )
+        elif (
+            self.evaluation_deadline_policy == "fail_group"
+            and self.judge_request_timeout_s >= self.cohort_evaluation_timeout_s
+        ):
+            # under mask_pending a hung call masks its own comparison at the group deadline
             lines.append(
                 f"judge_request_timeout_s ({self.judge_request_timeout_s}s) >= "
                 f"cohort_evaluation_timeout_s ({self.cohort_evaluation_timeout_s}s): a hung judge "

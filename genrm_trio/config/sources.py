@@ -69,6 +69,8 @@ def _named(names: list[str]) -> str:
 def _gym_block(data: Mapping[str, Any], instance: str | None) -> Mapping[str, Any] | None:
     """The genrm_trio / genrm_compare block of a Gym config file, or None for a flat file."""
     blocks = gym_instances(data)
+    if instance is not None and not blocks and not _is_gym_file(data):
+        return None  # a flat file: `load_settings` says that --instance does not apply
     if instance is not None:
         for name, block in blocks:
             if name == instance:
@@ -158,7 +160,10 @@ def load_settings(
     if block is None:
         if instance is not None:
             raise ConfigError(
-                file, "--instance", "not a Gym config file (no genrm_trio or genrm_compare block)"
+                file,
+                "--instance",
+                "this is not a Gym config file but a flat one (genrm-trio keys at the top "
+                "level): --instance picks a block of a Gym config; drop it",
             )
         return settings_from_mapping(data, file=file, overrides=overrides)
     return settings_from_gym(data, block, file=file, overrides=overrides)

@@ -139,3 +139,4 @@ class CohortView:
     comparisons_pending: int
     deadline: Literal["collection", "evaluation"]
     deadline_s_left: float
+    age_s: float  # seconds since the cohort's first member arrived

@@ -559,6 +559,8 @@ class Engine:
                     )
                     raise
         finally:
+            if record.phase == "completed":  # published now: the waiters wake with their rewards
+                self.metrics.group_latency_seconds.observe(trio.current_time() - cohort.created_at)
             cohort.release()
 
     def _judge_principle(self, principle: str | None) -> str | None:

@@ -107,6 +107,7 @@ class Registry:
                     comparisons_pending=c.comparisons_total - c.comparisons_done,
                     deadline="evaluation" if judging else "collection",
                     deadline_s_left=max(0.0, deadline - now),
+                    age_s=max(0.0, now - c.created_at),
                 )
             )
         return out
@@ -263,6 +264,7 @@ class Registry:
         self._metrics.cohorts_terminal.labels(record.state).inc()
         key = cohort.key[:KEY_LOG_LIMIT]
         members = len(cohort.members)
+        self._metrics.cohort_rollouts.labels(record.state).inc(members)
         if record.phase == "completed":
             masked = record.masked
             if masked:

@@ -48,6 +48,7 @@ from genrm_trio.store.codec import int_column, optional_text_column, text_column
 from genrm_trio.store.errors import StoreError
 from genrm_trio.store.group_commit import GroupCommit, GroupCommitHandle
 from genrm_trio.store.load import INTERRUPTED_TEMPLATE, LoadedState, apply_start_rules
+from genrm_trio.store.lock import in_use_message
 from genrm_trio.store.protocol import CommitsBySubmit
 from genrm_trio.store.prune import prune
 from genrm_trio.store.rows import (
@@ -468,7 +469,7 @@ def _open_sync(
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise StoreError(path, "in use by another genrm-trio process") from None
+            raise StoreError(path, in_use_message(path)) from None
         db = sqlite3.connect(path, isolation_level=None, timeout=5.0)
         present = prepare_schema(db, path)
         return SqliteStore(path, settings, db, lock_fd, clock, present, synchronous, writer)

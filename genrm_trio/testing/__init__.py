@@ -18,8 +18,10 @@ With a `LengthModel` (or a `[need=N]` marker in an answer) each attempt's verdic
 of output tokens; an attempt whose budget (`max_output_tokens`, chat `max_tokens`) is below it
 answers as an exhausted budget, as a reasoning judge cut off before its verdict does. See
 `LengthModel` for the distribution and its presets. `FaultRule` (`faults`) scripts the faults;
-`flags` maps the `sim-judge` command's flags onto a `SimConfig`. `procs` starts real
-`genrm-trio` processes for the tests and the benchmarks (one harness for both).
+`flags` maps the `sim-judge` command's flags onto a `SimConfig`. `PolicyStandIn` (`policy`,
+`sim-judge --policy`) answers ordinary policy requests too, so one server can be both models of a
+GPU-free NeMo Gym trial. `procs` starts real `genrm-trio` processes for the tests and the
+benchmarks (one harness for both).
 
 Nothing in the library imports this package; only the app layer (`genrm-trio sim-judge`,
 `--judge sim`, the demo) does.
@@ -31,11 +33,13 @@ from genrm_trio.testing.asgi import serve_sim_judge, sim_asgi_app
 from genrm_trio.testing.core import SimConfig
 from genrm_trio.testing.faults import FaultRule
 from genrm_trio.testing.judge import SimJudge
+from genrm_trio.testing.policy import PolicyStandIn
 from genrm_trio.testing.verdicts import LengthModel
 
 __all__ = [
     "FaultRule",
     "LengthModel",
+    "PolicyStandIn",
     "SimConfig",
     "SimJudge",
     "serve_sim_judge",

@@ -31,6 +31,7 @@ from genrm_trio.testing.faults import (
     http_fault,
 )
 from genrm_trio.testing.judge import SimJudge
+from genrm_trio.testing.policy import PolicyStandIn
 from genrm_trio.testing.verdicts import FILLER
 
 __all__ = ["SimJudgeApp", "serve_sim_judge", "sim_asgi_app"]
@@ -125,6 +126,39 @@ def _chat_call(body: Mapping[str, Any]) -> JudgeCall:
         _history_content(messages[-1].get("content")),
         principle,
     )
+
+
+def _judge_shaped(api: Api, request: Mapping[str, Any]) -> bool:
+    """Whether a request is a judge call (the answers in `metadata`, or as the last two chat
+    roles) rather than an ordinary policy request."""
+    if api == "responses":
+        metadata = request.get("metadata")
+        return isinstance(metadata, dict) and "response_1" in metadata and "response_2" in metadata
+    messages = request.get("messages")
+    roles = (
+        [m.get("role") for m in messages if isinstance(m, dict)]
+        if isinstance(messages, list)
+        else []
+    )
+    return roles[-2:] == ["response_1", "response_2"]
+
+
+def _policy_prompt(api: Api, request: Mapping[str, Any]) -> str:
+    """A policy request's text: its instructions and every message's content, in order."""
+    parts: list[str] = []
+    if api == "responses":
+        instructions = request.get("instructions")
+        if isinstance(instructions, str):
+            parts.append(instructions)
+        raw = request.get("input")
+        items = [{"content": raw}] if isinstance(raw, str) else raw
+    else:
+        items = request.get("messages")
+    if isinstance(items, list):
+        parts.extend(
+            _history_content(item.get("content")) for item in items if isinstance(item, dict)
+        )
+    return "\n".join(parts)
 
 
 def _json_bytes(value: object) -> bytes:
@@ -222,10 +256,14 @@ class SimJudgeApp:
     `httpx.ASGITransport` hands the exception to the client as it is.
     """
 
-    def __init__(self, config: SimConfig | None = None) -> None:
+    def __init__(
+        self, config: SimConfig | None = None, *, policy: PolicyStandIn | None = None
+    ) -> None:
         self.sim = SimJudge(config)
         self._core = self.sim._core
         self._n = 0
+        # with a policy stand-in, requests that are not judge-shaped get its answers (no 400)
+        self.policy = policy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -255,8 +293,10 @@ class SimJudgeApp:
             return
         if path == "/stats" and method == "GET":
             # counters for load generators (genrm-trio bench --judge-stats-url)
-            stats = self.sim.statistics()
-            await _respond(send, 200, _json_bytes(dataclasses.asdict(stats)))
+            stats = dataclasses.asdict(self.sim.statistics())
+            if self.policy is not None:
+                stats["policy_calls"] = self.policy.calls  # not in `calls`: those are judge calls
+            await _respond(send, 200, _json_bytes(stats))
             return
         api: Api
         if path == "/v1/responses":
@@ -289,6 +329,9 @@ class SimJudgeApp:
                 raise _BadRequest(400, f"body is not JSON: {error}") from error
             if not isinstance(request, dict):
                 raise _BadRequest(400, "body must be a JSON object")
+            if self.policy is not None and not _judge_shaped(api, request):
+                await self._answer_policy(api, request, send)
+                return
             call = _responses_call(request) if api == "responses" else _chat_call(request)
             asked = request.get("max_output_tokens" if api == "responses" else "max_tokens")
             if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
@@ -299,6 +342,15 @@ class SimJudgeApp:
             return
         self._n += 1
         await self._judge(api, request, call, self._n, receive, send)
+
+    async def _answer_policy(self, api: Api, request: Mapping[str, Any], send: Send) -> None:
+        assert self.policy is not None
+        prompt = _policy_prompt(api, request)
+        text = self.policy.answer(prompt)
+        self._n += 1
+        usage = (token_count(len(prompt)), token_count(len(text)))
+        make = _responses_body if api == "responses" else _chat_body
+        await _respond(send, 200, _json_bytes(make(request, self._n, text, False, usage)))
 
     def _authorised(self, scope: Scope) -> bool:
         key = self._core.config.api_key
@@ -436,9 +488,12 @@ async def _respond(
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def sim_asgi_app(config: SimConfig | None = None) -> SimJudgeApp:
-    """A fresh simulated-judge ASGI app (its own counters; `app.sim` is its `SimJudge`)."""
-    return SimJudgeApp(config)
+def sim_asgi_app(
+    config: SimConfig | None = None, *, policy: PolicyStandIn | None = None
+) -> SimJudgeApp:
+    """A fresh simulated-judge ASGI app (its own counters; `app.sim` is its `SimJudge`); with a
+    `policy` it also answers ordinary (policy) requests."""
+    return SimJudgeApp(config, policy=policy)
 
 
 # --- serving ----------------------------------------------------------------------------------

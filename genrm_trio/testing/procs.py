@@ -46,7 +46,7 @@ class Proc:
 
     popen: subprocess.Popen[bytes]
     url: str
-    log_path: Path
+    stderr_path: Path
     stdout_extra: list[bytes] = field(default_factory=list)
 
     @property
@@ -59,7 +59,7 @@ class Proc:
 
     def log(self) -> str:
         """Everything the process wrote to stderr so far."""
-        return self.log_path.read_text(errors="replace")
+        return self.stderr_path.read_text(errors="replace")
 
     def stdout_rest(self) -> bytes:
         """Whatever stdout holds after the listening line (read once the process ended)."""

@@ -20,6 +20,7 @@ from genrm_trio.app.bench.runner import (
     BenchError,
     BenchReport,
     no_group_hint,
+    nothing_judged,
     rollouts_mismatch,
     run_bench,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "add_bench_arguments",
     "answer_text",
     "no_group_hint",
+    "nothing_judged",
     "policy_response",
     "rollouts_mismatch",
     "run_bench",

@@ -32,8 +32,8 @@ BENCH_DESCRIPTION: Final = (
     "percentiles, the masked fraction and judge calls per group. verify mode sends N concurrent "
     "/verify requests per group, shaped like NeMo Gym's simple agent; compare mode one /compare "
     "of N answers. --rollouts must equal the server's num_rollouts_per_prompt in verify mode "
-    "(bench stops early and says so when the server tells a different N). Exit 0 when every "
-    "group got answers."
+    "(bench stops early and says so when the server tells a different N, and fails when groups "
+    "of N > 1 were answered without judging). Exit 0 when every group got answers."
 )
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "BenchReport",
     "Mode",
     "no_group_hint",
+    "nothing_judged",
     "rollouts_mismatch",
     "run_bench",
 ]
@@ -277,6 +278,16 @@ def rollouts_mismatch(expected: int, rollouts: int) -> str:
     )
 
 
+def nothing_judged(groups: int, rollouts: int) -> str:
+    """Why a /verify run whose groups were all answered without a single judge call failed."""
+    return (
+        f"the server judged nothing: {groups} groups of {rollouts} /verify requests were "
+        "answered with 0 judge calls; its num_rollouts_per_prompt is probably 1 (every /verify "
+        f"is answered at once with default_score): start it with --num-rollouts-per-prompt "
+        f"{rollouts}"
+    )
+
+
 def no_group_hint(report: BenchReport) -> str | None:
     """A hint for a /verify run in which no group completed and requests timed out."""
     if report.mode != "verify" or report.groups > report.failed_groups:
@@ -298,7 +309,9 @@ async def run_bench(
     its `/cohorts` (`members_expected` of one of the running groups) or from a 422 naming the
     valid `_ng_rollout_index` range; when it differs from `cfg.rollouts` the run stops at once
     with BenchError. Against a server that tells neither (the reference server), a run whose
-    groups all time out ends normally; `no_group_hint` then names the likely cause.
+    groups all time out ends normally; `no_group_hint` then names the likely cause. A /verify
+    run of groups of N > 1 whose rows came back without a single judge call (a server at
+    num_rollouts_per_prompt 1) ends with BenchError too.
     """
     headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     per_group = cfg.rollouts if cfg.mode == "verify" else 1
@@ -384,6 +397,10 @@ async def run_bench(
         calls_after = await _judge_calls(cfg, probe)
     await pool.aclose()
     done = len(tally.group_latencies)
+    judged = None if calls_before is None or calls_after is None else calls_after - calls_before
+    if cfg.mode == "verify" and cfg.rollouts > 1 and tally.rollouts and judged == 0:
+        # groups of N > 1 are never scored without comparisons: the server did not group them
+        raise BenchError(nothing_judged(done, cfg.rollouts))
     cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
     calls = (
         None

@@ -4,9 +4,7 @@
 `resources_servers.genrm_trio` block (docs/operations.md in genrm-trio).
 """
 
-import sys
-
-from genrm_trio.app.cli import gym_main
+from genrm_trio.app.cli import exit_process, gym_main
 
 if __name__ == "__main__":
-    sys.exit(gym_main())
+    exit_process(gym_main())

@@ -1,0 +1,366 @@
+#!/usr/bin/env python3
+"""The stop under load (issue #25 item 3): SIGINT to `genrm-trio serve` while groups are judged.
+
+Each trial starts a fresh `genrm-trio serve` (N = `--rollouts`, the shipped circular config)
+against one `genrm-trio sim-judge` answering after `--judge-latency-ms`, sends `--groups` groups
+of N `/verify` requests (every one waits: its group is being judged), waits until the judge holds
+every comparison, then `--signal-after-s` later sends SIGINT and times the exit. Per trial:
+
+- signal → exit (the server's exit seen through a pidfd), exit code;
+- the server's CPU from the signal to its exit (`/proc/PID/schedstat` before, `wait4`'s rusage
+  after): CPU seconds, which contention does not inflate, against wall seconds, which it does;
+- the requests answered (HTTP status, 503 expected) and when, and those cut off without a reply.
+
+`--load K` runs K busy-looping processes beside it for the whole run (a stand-in for NeMo Gym
+stopping its other servers at the same moment on the same cores); `--load 0` measures a quiet
+stop. Prints p50/p95/max of signal → exit and of the stop's CPU, and exits 1 if a trial lost a
+request, exited non-zero, or (with `--max-p95-s`) the p95 is over the bound. Everything listens
+on 127.0.0.1; every process started here is stopped by its PID.
+
+    python benchmarks/stop_under_load.py --trials 20 --load 2 --json stop.json
+    python benchmarks/stop_under_load.py --trials 3 --profile /tmp/stop-prof   # py-spy, per trial
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import trio
+import yaml
+
+from genrm_trio.app.bench import answer_text, verify_body
+from genrm_trio.judge.pool import KeepAlivePool
+
+LOOPBACK = "127.0.0.1"
+_LISTENING = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
+
+
+def _command() -> list[str]:
+    script = Path(sys.executable).with_name("genrm-trio")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("genrm-trio")
+    return [found] if found else [sys.executable, "-m", "genrm_trio.app.cli"]
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _cpu_ns(pid: int) -> int:
+    """Nanoseconds of CPU the process has run (all threads), from /proc/PID/schedstat."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with suppress(OSError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total
+
+
+# --- processes ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Started:
+    """Processes started here, each stopped by its PID."""
+
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self, argv: Sequence[str], log: IO[bytes], **kwargs: Any) -> subprocess.Popen[bytes]:
+        popen = subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stderr=log, start_new_session=True, **kwargs
+        )
+        self.procs.append(popen)
+        return popen
+
+    def stop_all(self) -> None:
+        for popen in self.procs:
+            if popen.returncode is None and popen.poll() is None:
+                popen.send_signal(signal.SIGTERM)
+        for popen in self.procs:
+            if popen.returncode is not None:
+                continue
+            try:
+                popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait(timeout=10)
+
+
+def _wait_listening(popen: subprocess.Popen[bytes], timeout_s: float) -> int:
+    assert popen.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = popen.stdout.readline()
+        if not line:
+            raise RuntimeError(f"process {popen.pid} exited before listening")
+        match = _LISTENING.search(line)
+        if match:
+            return int(match.group(1))
+    raise RuntimeError(f"process {popen.pid} did not listen within {timeout_s:g}s")
+
+
+@contextmanager
+def cpu_load(started: Started, count: int, log: IO[bytes]) -> Iterator[None]:
+    """`count` busy-looping processes beside the trial (stopped by PID afterwards)."""
+    procs = [started.start([sys.executable, "-c", "while True: pass"], log) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for popen in procs:
+            popen.kill()
+            popen.wait(timeout=10)
+
+
+# --- one trial ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Trial:
+    exit_s: float
+    exit_code: int
+    stop_cpu_s: float
+    answered: int
+    cut_off: int
+    statuses: dict[str, int]
+    last_answer_s: float | None  # after the signal
+    judge_in_flight: int  # when the signal was sent
+
+
+async def _judge_in_flight(client: httpx.AsyncClient, judge_port: int) -> int:
+    reply = await client.get(f"http://{LOOPBACK}:{judge_port}/stats")
+    return int(reply.json()["in_flight"])
+
+
+async def _trial(args: argparse.Namespace, judge_port: int, config: Path, logs: Path) -> Trial:
+    started = Started()
+    log = (logs / "serve.log").open("ab")
+    command = shlex.split(args.serve_command) if args.serve_command else _command()
+    argv = [*command, "serve", "--config", str(config), "--port", "0"]
+    server = started.start(argv, log, stdout=subprocess.PIPE)
+    try:
+        port = await trio.to_thread.run_sync(_wait_listening, server, 60.0)
+        pid = server.pid
+        groups = args.groups
+        n = args.rollouts
+        pool = KeepAlivePool(httpx.URL(f"http://{LOOPBACK}:{port}"), keepalive_expiry=math.inf)
+        run = time.time_ns()
+        bodies = [
+            json.dumps(
+                verify_body(
+                    task=g,
+                    rollout=r,
+                    group_id=f"stop-{run}-{g}",
+                    attempt=0,
+                    prompt=f"Stop prompt {g}",
+                    answer=answer_text(g, r, args.answer_chars),
+                )
+            ).encode()
+            for g in range(groups)
+            for r in range(n)
+        ]
+        statuses: Counter[str] = Counter()
+        answered_at: list[float] = []
+        signalled = math.inf
+        all_done = trio.Event()
+
+        async def one(body: bytes) -> None:
+            headers = [
+                (b"host", f"{LOOPBACK}:{port}".encode()),
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+            ]
+            try:
+                status, _, _ = await pool.exchange((b"POST", b"/verify", headers, body))
+            except httpx.HTTPError as exc:
+                statuses[type(exc).__name__] += 1
+            else:
+                statuses[f"HTTP {status}"] += 1
+                answered_at.append(time.perf_counter() - signalled)
+            if sum(statuses.values()) == len(bodies):
+                all_done.set()
+
+        async with httpx.AsyncClient(timeout=10) as client, trio.open_nursery() as nursery:
+            for body in bodies:
+                nursery.start_soon(one, body)
+            # every comparison of every group is at the judge (circular: N per group)
+            wanted = groups * n
+            with trio.fail_after(30):
+                while await _judge_in_flight(client, judge_port) < wanted:  # noqa: ASYNC110
+                    await trio.sleep(0.02)  # another process's counter: polled
+            if args.profile:
+                # attached now, so that the profile holds the stop and not the start
+                record = args.profile / f"stop-{time.time_ns()}.txt"
+                spy = ["py-spy", "record", "--rate", "1000", "--format", "raw", "--pid"]
+                started.start([*spy, str(pid), "-o", str(record)], log)
+            await trio.sleep(args.signal_after_s)
+            in_flight = await _judge_in_flight(client, judge_port)
+            pidfd = os.pidfd_open(pid)
+            try:
+                cpu_before = _cpu_ns(pid)
+                signalled = time.perf_counter()
+                os.kill(pid, signal.SIGINT)
+                with trio.fail_after(args.exit_timeout_s):
+                    await trio.lowlevel.wait_readable(pidfd)
+                exit_s = time.perf_counter() - signalled
+            finally:
+                os.close(pidfd)
+            # the replies (or resets) arrive with the exit at the latest
+            with trio.move_on_after(5):
+                await all_done.wait()
+            nursery.cancel_scope.cancel()
+        await pool.aclose()
+        # it has exited (the pidfd said so): wait4 only reaps it and reads its CPU time
+        _, status, usage = os.wait4(server.pid, 0)  # noqa: ASYNC222
+        server.returncode = os.waitstatus_to_exitcode(status)
+        code, cpu_after = server.returncode, usage.ru_utime + usage.ru_stime
+        answered = sum(count for key, count in statuses.items() if key.startswith("HTTP "))
+        return Trial(
+            exit_s=exit_s,
+            exit_code=code,
+            stop_cpu_s=cpu_after - cpu_before / 1e9,
+            answered=answered,
+            cut_off=len(bodies) - answered,
+            statuses=dict(statuses),
+            last_answer_s=max(answered_at) if answered_at else None,
+            judge_in_flight=in_flight,
+        )
+    finally:
+        started.stop_all()
+        log.close()
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+def _config(path: Path, args: argparse.Namespace, judge_port: int) -> Path:
+    config = {
+        "host": LOOPBACK,
+        "num_rollouts_per_prompt": args.rollouts,
+        "comparison_strategy": "circular",
+        "judge_request_timeout_s": 300,
+        "genrm_responses_create_params": {
+            "input": [],
+            "max_output_tokens": 16384,
+            "temperature": 0.6,
+            "top_p": 0.95,
+        },
+        "judge": {"base_url": f"http://{LOOPBACK}:{judge_port}/v1"},
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _summary(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "p50": round(_percentile(values, 0.5), 4),
+        "p95": round(_percentile(values, 0.95), 4),
+        "max": round(max(values), 4),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--load", type=int, default=2, help="busy-looping processes beside it")
+    parser.add_argument("--groups", type=int, default=2, help="groups being judged at the signal")
+    parser.add_argument("--rollouts", type=int, default=16, help="N, rollouts per group")
+    parser.add_argument("--answer-chars", type=int, default=1000)
+    parser.add_argument("--judge-latency-ms", type=float, default=3000.0)
+    parser.add_argument(
+        "--signal-after-s", type=float, default=1.0, help="after every comparison is at the judge"
+    )
+    parser.add_argument("--exit-timeout-s", type=float, default=20.0)
+    parser.add_argument("--max-p95-s", type=float, default=None, help="fail above this p95")
+    parser.add_argument("--profile", type=Path, help="run each server under py-spy (raw output)")
+    parser.add_argument(
+        "--serve-command",
+        help="the server's command instead of this venv's genrm-trio (e.g. another checkout's "
+        "venv/bin/genrm-trio): before/after comparisons",
+    )
+    parser.add_argument("--logs", type=Path, help="keep the servers' logs here")
+    parser.add_argument("--json", type=Path, help="write the trials and the summary here")
+    args = parser.parse_args(argv)
+    if args.judge_latency_ms / 1000 <= args.signal_after_s + 1:
+        parser.error("--judge-latency-ms must leave the groups judging at the signal")
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+
+    logs = args.logs or Path(tempfile.mkdtemp(prefix="stop-under-load-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    started = Started()
+    trials: list[Trial] = []
+    with (logs / "sim-judge.log").open("ab") as judge_log:
+        judge = started.start(
+            [*_command(), "sim-judge", "--port", "0", "--latency-ms", f"{args.judge_latency_ms}"],
+            judge_log,
+            stdout=subprocess.PIPE,
+        )
+        try:
+            judge_port = _wait_listening(judge, 30)
+            config = _config(logs / "serve.yaml", args, judge_port)
+            with cpu_load(started, args.load, judge_log):
+                for number in range(args.trials):
+                    trial = trio.run(_trial, args, judge_port, config, logs)
+                    trials.append(trial)
+                    print(
+                        f"trial {number + 1}/{args.trials}: exit {trial.exit_s * 1000:.0f} ms "
+                        f"(code {trial.exit_code}), stop CPU {trial.stop_cpu_s * 1000:.0f} ms, "
+                        f"answered {trial.answered} {trial.statuses}, judge in flight "
+                        f"{trial.judge_in_flight}",
+                        flush=True,
+                    )
+        finally:
+            started.stop_all()
+    lost = [t for t in trials if t.cut_off or t.exit_code != 0]
+    exits = [t.exit_s for t in trials]
+    cpus = [t.stop_cpu_s for t in trials if not math.isnan(t.stop_cpu_s)]
+    summary: dict[str, Any] = {
+        "trials": len(trials),
+        "load_processes": args.load,
+        "cores": os.cpu_count(),
+        "groups": args.groups,
+        "rollouts": args.rollouts,
+        "waiting_requests": args.groups * args.rollouts,
+        "signal_to_exit_s": _summary(exits),
+        "stop_cpu_s": _summary(cpus) if cpus else None,
+        "trials_with_lost_requests_or_bad_exit": len(lost),
+        "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
+    }
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        args.json.write_text(
+            json.dumps({"summary": summary, "trials": [asdict(t) for t in trials]}, indent=2)
+        )
+    if args.logs is None:
+        shutil.rmtree(logs, ignore_errors=True)
+    failed = bool(lost)
+    if args.max_p95_s is not None and summary["signal_to_exit_s"]["p95"] > args.max_p95_s:
+        print(f"FAIL p95 {summary['signal_to_exit_s']['p95']}s > {args.max_p95_s}s")
+        failed = True
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

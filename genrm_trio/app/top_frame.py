@@ -1,0 +1,434 @@
+"""`genrm-trio top`'s frames, without I/O: what one fetch of a server returned (`Snapshot` or
+`FetchFailed`), the rates between snapshots (`Watcher`), and the rich renderable of one frame
+(`frame`). `app/top.py` fetches and shows them; the tests feed them a live server's replies.
+
+Rates are over the snapshots of the last `RATE_WINDOW_S` seconds of one server process: a
+restart (a new `process_start_time_seconds`, or a counter that went down) starts them afresh.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, final
+
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+__all__ = [
+    "RATE_WINDOW_S",
+    "FetchFailed",
+    "Series",
+    "Snapshot",
+    "View",
+    "Watcher",
+    "frame",
+    "histogram_quantile",
+    "parse_metrics",
+]
+
+RATE_WINDOW_S: Final = 10.0
+COHORT_ROWS: Final = 10
+ERROR_CHARS: Final = 60  # a replica's last error, cut for the table
+
+_TERMINAL = "genrm_trio_cohorts_terminal_total"
+_ROLLOUTS = "genrm_trio_cohort_rollouts_total"
+_MASKED = "genrm_trio_masked_rollouts_total"
+_FAILED_COMPARISONS = "genrm_trio_failed_comparisons_total"
+_CALLS = "genrm_trio_judge_calls_total"
+_ATTEMPT = "genrm_trio_judge_attempt_seconds"
+_QUEUE_WAIT = "genrm_trio_judge_queue_wait_seconds"
+_GROUP_LATENCY = "genrm_trio_group_latency_seconds"
+_START = "process_start_time_seconds"
+# counters whose decrease means the server restarted (when it exports no start time)
+_RESET_WITNESSES: Final = (_TERMINAL, _CALLS, _ROLLOUTS)
+
+
+# --- parsed /metrics ---------------------------------------------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Series:
+    """The samples of one `/metrics` reply: sample name -> [(labels, value)]."""
+
+    samples: Mapping[str, Sequence[tuple[Mapping[str, str], float]]]
+
+    def total(self, name: str, **match: str) -> float | None:
+        """The sum of `name`'s samples whose labels include `match`; None if there is none."""
+        found = [
+            value
+            for labels, value in self.samples.get(name, ())
+            if all(labels.get(k) == v for k, v in match.items())
+        ]
+        return math.fsum(found) if found else None
+
+    def value(self, name: str, **match: str) -> float:
+        """`total`, 0 when absent."""
+        return self.total(name, **match) or 0.0
+
+    def by(self, name: str, label: str) -> dict[str, float]:
+        """`name` summed per value of `label`."""
+        out: dict[str, float] = {}
+        for labels, value in self.samples.get(name, ()):
+            key = labels.get(label, "")
+            out[key] = out.get(key, 0.0) + value
+        return out
+
+    def buckets(self, histogram: str) -> list[tuple[float, float]]:
+        """Cumulative (upper bound, count) of a histogram, summed over its other labels."""
+        return sorted(
+            (float(le), count) for le, count in self.by(f"{histogram}_bucket", "le").items()
+        )
+
+
+def parse_metrics(text: str) -> Series:
+    """Prometheus text exposition -> Series (prometheus_client's parser; ValueError if bad)."""
+    samples: dict[str, list[tuple[Mapping[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return Series(samples)
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """Prometheus's histogram_quantile over cumulative buckets (linear within a bucket); None
+    without observations. A rank in the +Inf bucket answers the highest finite bound."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if math.isinf(upper):
+                return lower
+            if count == below:
+                return upper
+            return lower + (upper - lower) * (rank - below) / (count - below)
+        lower, below = upper, count
+    return lower
+
+
+def _bucket_deltas(
+    now: Sequence[tuple[float, float]], then: Sequence[tuple[float, float]]
+) -> list[tuple[float, float]]:
+    before = dict(then)
+    return [(le, count - before.get(le, 0.0)) for le, count in now]
+
+
+# --- fetch results -----------------------------------------------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One successful fetch: `/metrics`, `/cohorts`, `/judge/replicas` at monotonic `at`."""
+
+    at: float
+    series: Series
+    cohorts: Sequence[Mapping[str, Any]]
+    replicas: Sequence[Mapping[str, Any]]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class FetchFailed:
+    """A fetch that got no usable answer: the server is down, restarting, or refused it."""
+
+    at: float
+    reason: str
+
+
+# --- the view over time ------------------------------------------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class View:
+    """What one frame shows."""
+
+    url: str
+    wall: float  # unix time of the frame
+    latest: Snapshot | None  # the newest snapshot (stale when `failure` is set)
+    baseline: Snapshot | None  # the oldest snapshot of the rate window (same process)
+    failure: FetchFailed | None  # set while the server does not answer
+    down_since: float | None  # monotonic time of the first failure in a row
+    restarted_at: float | None  # unix time a restart was noticed
+
+
+def _start_time(snapshot: Snapshot) -> float | None:
+    return snapshot.series.total(_START)
+
+
+def _restarted(before: Snapshot, after: Snapshot) -> bool:
+    start_before, start_after = _start_time(before), _start_time(after)
+    if start_before is not None and start_after is not None:
+        return start_before != start_after
+    return any(after.series.value(n) < before.series.value(n) for n in _RESET_WITNESSES)
+
+
+@final
+class Watcher:
+    """Keeps the rate window across fetches; `update` turns each fetch into a `View`."""
+
+    def __init__(self, url: str, window_s: float = RATE_WINDOW_S) -> None:
+        self.url = url
+        self.window_s = window_s
+        self._window: deque[Snapshot] = deque()
+        self._down_since: float | None = None
+        self._restarted_at: float | None = None
+
+    def update(self, result: Snapshot | FetchFailed, wall: float) -> View:
+        """The view after `result`, fetched at unix time `wall`."""
+        if isinstance(result, FetchFailed):
+            if self._down_since is None:
+                self._down_since = result.at
+            latest = self._window[-1] if self._window else None
+            return View(self.url, wall, latest, None, result, self._down_since, self._restarted_at)
+        self._down_since = None
+        if self._window and _restarted(self._window[-1], result):
+            self._window.clear()
+            self._restarted_at = wall
+        self._window.append(result)
+        # keep the newest snapshot at least window_s old as the baseline
+        while len(self._window) > 2 and result.at - self._window[1].at >= self.window_s:
+            self._window.popleft()
+        baseline = self._window[0] if len(self._window) > 1 else None
+        return View(self.url, wall, result, baseline, None, None, self._restarted_at)
+
+
+# --- formatting --------------------------------------------------------------------------------
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def _latency(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    return f"{seconds:.2f} s"
+
+
+def _rate(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}/s"
+
+
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f}%"
+
+
+def _count(value: float) -> str:
+    return f"{value:.0f}"
+
+
+@final
+class _Window:
+    """Rates and quantiles between the baseline and the latest snapshot."""
+
+    def __init__(self, latest: Snapshot, baseline: Snapshot | None) -> None:
+        self.latest = latest
+        self.baseline = baseline
+        self.span = latest.at - baseline.at if baseline is not None else 0.0
+
+    def delta(self, name: str, **match: str) -> float | None:
+        if self.baseline is None or self.span <= 0:
+            return None
+        return self.latest.series.value(name, **match) - self.baseline.series.value(name, **match)
+
+    def rate(self, name: str, **match: str) -> float | None:
+        delta = self.delta(name, **match)
+        return None if delta is None else delta / self.span
+
+    def quantile(self, q: float, histogram: str) -> float | None:
+        now = self.latest.series.buckets(histogram)
+        if self.baseline is None:
+            return histogram_quantile(q, now)  # since the start, until there is a window
+        return histogram_quantile(q, _bucket_deltas(now, self.baseline.series.buckets(histogram)))
+
+
+def _header(view: View) -> Text:
+    text = Text()
+    text.append("genrm-trio top ", style="bold")
+    text.append(view.url)
+    text.append("  " + time.strftime("%H:%M:%S", time.localtime(view.wall)))
+    latest = view.latest
+    if view.failure is not None:
+        down = view.failure.at - (view.down_since or view.failure.at)
+        text.append(f"\nDOWN for {_duration(down)}: ", style="bold red")
+        text.append(view.failure.reason, style="red")
+        if latest is not None:
+            text.append("\n(the figures below are the last ones seen)", style="dim")
+        return text
+    text.append("  ● serving", style="bold green")
+    start = _start_time(latest) if latest is not None else None
+    if start is not None:
+        text.append(f"  up {_duration(view.wall - start)}")
+    if view.restarted_at is not None and view.wall - view.restarted_at < 60:
+        text.append(
+            f"\nrestarted {_duration(view.wall - view.restarted_at)} ago: rates start afresh",
+            style="bold yellow",
+        )
+    return text
+
+
+def _pair(window: _Window, histogram: str) -> str:
+    return (
+        f"{_latency(window.quantile(0.5, histogram))} / "
+        f"{_latency(window.quantile(0.95, histogram))}"
+    )
+
+
+def _summary(window: _Window) -> RenderableType:
+    s = window.latest.series
+    span = (
+        f"last {window.span:.0f}s"
+        if window.baseline is not None
+        else "first look: latencies since the start"
+    )
+    table = Table(title=f"Rates and latencies ({span})", show_header=False, box=None)
+    for style in ("bold", "", "bold", ""):
+        table.add_column(style=style, no_wrap=True)
+    scored = failed = None
+    if window.baseline is not None:
+        failed = window.rate(_TERMINAL, state="failed")
+        scored = (window.rate(_TERMINAL, state="scored") or 0.0) + (
+            window.rate(_TERMINAL, state="partially_masked") or 0.0
+        )
+    rollouts = window.delta(_ROLLOUTS)
+    lost = None
+    if rollouts:
+        masked = window.delta(_MASKED) or 0.0
+        lost = (masked + (window.delta(_ROLLOUTS, state="failed") or 0.0)) / rollouts
+    active = s.by("genrm_trio_active_cohorts", "state")
+    cpu = window.rate("process_cpu_seconds_total")
+    memory = s.total("process_resident_memory_bytes")
+    table.add_row("groups scored", _rate(scored), "groups failed", _rate(failed))
+    table.add_row(
+        "masked rollouts",
+        _rate(window.rate(_MASKED)),
+        "failed comparisons",
+        _rate(window.rate(_FAILED_COMPARISONS)),
+    )
+    table.add_row("without a reward", _percent(lost), "judge attempts", _rate(window.rate(_CALLS)))
+    table.add_row(
+        "judge p50 / p95", _pair(window, _ATTEMPT), "group p50 / p95", _pair(window, _GROUP_LATENCY)
+    )
+    table.add_row(
+        "judge in flight",
+        _count(s.value("genrm_trio_judge_inflight")),
+        "judge queued",
+        _count(s.value("genrm_trio_judge_queued")),
+    )
+    table.add_row(
+        "queue wait p95",
+        _latency(window.quantile(0.95, _QUEUE_WAIT)),
+        "active cohorts",
+        f"{_count(active.get('collecting', 0.0))} collecting, "
+        f"{_count(active.get('judging', 0.0))} judging",
+    )
+    table.add_row(
+        "process CPU",
+        _percent(cpu),
+        "resident memory",
+        "—" if memory is None else f"{memory / 2**20:.0f} MiB",
+    )
+    deadlines = s.by("genrm_trio_deadline_failures_total", "deadline")
+    since = Text("since the start: ", style="dim")
+    since.append(f"{_count(s.value(_MASKED))} masked rollouts, deadline failures ")
+    since.append(", ".join(f"{name} {_count(n)}" for name, n in sorted(deadlines.items())) or "0")
+    return Group(table, since)
+
+
+def _replicas(replicas: Sequence[Mapping[str, Any]]) -> RenderableType:
+    if not replicas:
+        return Text("Judge: one URL (no fleet), so no per-replica figures", style="dim")
+    table = Table(title="Judge replicas", expand=False)
+    for name in ("replica", "health", "in flight", "calls", "failures", "mean latency"):
+        table.add_column(name, justify="left" if name in ("replica", "health") else "right")
+    table.add_column("last error", overflow="ellipsis", max_width=ERROR_CHARS)
+    for r in replicas:
+        if r.get("ejected"):
+            back = r.get("back_in_s")
+            health = Text(
+                "EJECTED"
+                + (f", trial in {_duration(back)}" if isinstance(back, float | int) else ""),
+                style="bold red",
+            )
+        elif r.get("consecutive_failures"):
+            health = Text(f"failing ({r['consecutive_failures']} in a row)", style="yellow")
+        else:
+            health = Text("ok", style="green")
+        mean = r.get("latency_mean_s")
+        table.add_row(
+            str(r.get("replica", "?")),
+            health,
+            str(r.get("in_flight", "")),
+            str(r.get("calls", "")),
+            str(r.get("failures", "")),
+            _latency(mean if isinstance(mean, float | int) else None),
+            str(r.get("last_error") or "")[:ERROR_CHARS],
+        )
+    return table
+
+
+def _cohorts(cohorts: Sequence[Mapping[str, Any]], rows: int) -> RenderableType:
+    if not cohorts:
+        return Text("No active cohorts", style="dim")
+    shown = list(cohorts[:rows])  # /cohorts lists the oldest first
+    table = Table(title=f"Oldest active cohorts ({len(shown)} of {len(cohorts)})")
+    for name in ("group", "attempt", "state", "age", "members", "comparisons", "deadline in"):
+        table.add_column(name, justify="left" if name in ("group", "state") else "right")
+    for c in shown:
+        group = c.get("group_id")
+        done, total, failed = (
+            c.get("comparisons_done", 0),
+            c.get("comparisons_total", 0),
+            c.get("comparisons_failed", 0),
+        )
+        state = str(c.get("state", "?"))
+        age = c.get("age_s")
+        left = c.get("deadline_s_left")
+        table.add_row(
+            str(group if group is not None else c.get("key", "?"))[:40],
+            str(c.get("group_attempt", "")),
+            Text(state, style="cyan" if state == "judging" else "magenta"),
+            _duration(float(age)) if isinstance(age, float | int) else "—",
+            f"{c.get('members_present', '?')}/{c.get('members_expected', '?')}",
+            f"{done}/{total}" + (f" ({failed} failed)" if failed else "") if total else "—",
+            f"{c.get('deadline', '')} {_duration(float(left))}"
+            if isinstance(left, float | int)
+            else "—",
+        )
+    return table
+
+
+def frame(view: View, *, cohort_rows: int = COHORT_ROWS) -> RenderableType:
+    """One frame of `genrm-trio top`."""
+    parts: list[RenderableType] = [_header(view)]
+    latest = view.latest
+    if latest is not None:
+        window = _Window(latest, view.baseline)
+        parts += [
+            Text(""),
+            _summary(window),
+            Text(""),
+            _replicas(latest.replicas),
+            Text(""),
+            _cohorts(latest.cohorts, cohort_rows),
+        ]
+    return Group(*parts)

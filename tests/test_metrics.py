@@ -1,0 +1,169 @@
+"""The metrics the dashboard and alert rules need (docs/operations.md, "Metrics to watch"):
+group latency, rollouts of terminal cohorts, the cohorts' age, label values exported from the
+start, and the process series. Engine behaviour in virtual time, with exact values."""
+
+from __future__ import annotations
+
+import sys
+import typing
+
+import pytest
+import trio
+from judges import ScriptedJudge, gather, http_error, member, running, settings, verify
+from prometheus_client.parser import text_string_to_metric_families
+from trio.testing import MockClock
+
+from genrm_trio.domain.model import GroupFailed, Masked, Scored
+from genrm_trio.domain.records import TerminalRecord
+from genrm_trio.engine import machine
+from genrm_trio.engine.engine import Engine
+from genrm_trio.judge import attempts
+from genrm_trio.judge.base import (
+    JudgeBadJSON,
+    JudgeHTTPError,
+    JudgeTimeout,
+    JudgeTransportError,
+    ReplyStatus,
+)
+from genrm_trio.metrics import (
+    ACTIVE_STATE_LABELS,
+    DEADLINE_LABELS,
+    JUDGE_OUTCOME_LABELS,
+    RETRY_CAUSE_LABELS,
+    TERMINAL_STATE_LABELS,
+    Metrics,
+)
+
+LATENCY = "genrm_trio_group_latency_seconds"
+ROLLOUTS = "genrm_trio_cohort_rollouts_total"
+
+
+def value(engine: Engine, name: str, **labels: str) -> float:
+    found = engine.metrics.registry.get_sample_value(name, labels)
+    assert found is not None, (name, labels)
+    return found
+
+
+def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+# --- group latency: first member in -> rewards published -------------------------------------
+
+
+async def test_group_latency_runs_from_the_first_member_to_the_published_rewards(
+    autojump_clock: MockClock,
+) -> None:
+    """Member 0 at t=0, member 1 at t=3, judge calls of 2 s: the rewards go out at t=5."""
+    config = settings(
+        cohort_collection_timeout_s=10.0,
+        cohort_evaluation_timeout_s=10.0,
+        judge_request_timeout_s=5.0,
+    )
+    judge = ScriptedJudge(latency=2.0)
+    async with running(config, judge) as engine:
+        t0 = trio.current_time()
+        replies = await gather(engine, [member(0), member(1)], stagger=3.0)
+        assert trio.current_time() - t0 == 5.0
+        assert all(isinstance(r, Scored) for r in replies)
+        assert value(engine, f"{LATENCY}_count") == 1
+        assert value(engine, f"{LATENCY}_sum") == 5.0
+        assert value(engine, f"{LATENCY}_bucket", le="2.5") == 0
+        assert value(engine, f"{LATENCY}_bucket", le="5.0") == 1
+        assert value(engine, f"{ROLLOUTS}", state="scored") == 2
+
+
+async def test_a_partially_masked_group_counts_its_latency_and_its_rollouts(
+    autojump_clock: MockClock,
+) -> None:
+    """N=4 circular, pair (0, 1) fails: members 0 and 1 masked, 2 and 3 scored, all at t=0.5."""
+    config = settings(num_rollouts_per_prompt=4, judge_request_timeout_s=1.0)
+    judge = ScriptedJudge(pairs={("a0", "a1"): http_error(delay=0.5)}, latency=0.5)
+    async with running(config, judge) as engine:
+        replies = await gather(engine, [member(i) for i in range(4)])
+        assert [type(r) for r in replies] == [Masked, Masked, Scored, Scored]
+        assert value(engine, f"{LATENCY}_sum") == 0.5
+        assert value(engine, f"{ROLLOUTS}", state="partially_masked") == 4
+        assert value(engine, f"{ROLLOUTS}", state="scored") == 0
+        assert value(engine, "genrm_trio_masked_rollouts_total") == 2
+
+
+async def test_a_failed_group_counts_its_present_rollouts_and_no_latency(
+    autojump_clock: MockClock,
+) -> None:
+    """One member of two, collection deadline 1 s: failed with one rollout, never published."""
+    async with running(settings(), ScriptedJudge()) as engine:
+        reply = await verify(engine, member(0))
+        assert isinstance(reply, GroupFailed)
+        assert value(engine, f"{ROLLOUTS}", state="failed") == 1
+        assert value(engine, f"{LATENCY}_count") == 0
+        assert value(engine, "genrm_trio_cohorts_terminal_total", state="failed") == 1
+
+
+async def test_a_cohort_view_shows_its_age(autojump_clock: MockClock) -> None:
+    config = settings(cohort_collection_timeout_s=10.0)
+    async with running(config, ScriptedJudge()) as engine, trio.open_nursery() as nursery:
+        nursery.start_soon(verify, engine, member(0))
+        await trio.sleep(0.4)
+        [view] = engine.active_cohorts()
+        assert view.age_s == pytest.approx(0.4)
+        assert view.deadline_s_left == pytest.approx(9.6)
+        await trio.sleep(2.0)
+        [view] = engine.active_cohorts()
+        assert view.age_s == pytest.approx(2.4)
+        nursery.start_soon(verify, engine, member(1))
+
+
+# --- what a fresh registry exports ------------------------------------------------------------
+
+
+def test_every_closed_label_value_is_exported_at_zero_from_the_start() -> None:
+    """So that `a + b` and `a / b` over them have a series before the first event."""
+    exported = samples(Metrics())
+    for state in TERMINAL_STATE_LABELS:
+        assert exported[("genrm_trio_cohorts_terminal_total", (("state", state),))] == 0
+        assert exported[(ROLLOUTS, (("state", state),))] == 0
+    for state in ACTIVE_STATE_LABELS:
+        assert exported[("genrm_trio_active_cohorts", (("state", state),))] == 0
+    for deadline in DEADLINE_LABELS:
+        key = ("genrm_trio_deadline_failures_total", (("deadline", deadline),))
+        assert exported[key] == 0
+    for outcome in JUDGE_OUTCOME_LABELS:
+        assert exported[("genrm_trio_judge_calls_total", (("outcome", outcome),))] == 0
+    for cause in RETRY_CAUSE_LABELS:
+        assert exported[("genrm_trio_judge_retries_total", (("cause", cause),))] == 0
+    assert exported[(f"{LATENCY}_count", ())] == 0
+    assert exported[(f"{LATENCY}_bucket", (("le", "+Inf"),))] == 0
+
+
+def test_the_label_values_are_the_engines_own() -> None:
+    assert set(ACTIVE_STATE_LABELS) == set(machine.ACTIVE_STATES)
+    state = typing.get_type_hints(TerminalRecord.state.fget)["return"]  # type: ignore[attr-defined]
+    assert set(TERMINAL_STATE_LABELS) == set(typing.get_args(state))
+    errors = [
+        JudgeHTTPError(500, b""),
+        JudgeTimeout(1.0),
+        JudgeBadJSON("not json"),
+        JudgeTransportError("ConnectError", "refused"),
+    ]
+    outcomes = {status.value for status in ReplyStatus} | {attempts._outcome(e)[0] for e in errors}
+    assert outcomes == set(JUDGE_OUTCOME_LABELS)
+    retried = {attempts._outcome(e)[1] for e in errors if e.retryable}
+    assert retried | {"unusable", "parse", "budget"} == set(RETRY_CAUSE_LABELS)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process series read /proc")
+def test_the_process_series_are_exported() -> None:
+    names = {name for name, _ in samples(Metrics())}
+    for name in (
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+    ):
+        assert name in names

@@ -1,0 +1,357 @@
+"""`genrm-trio top` (docs/operations.md, "Watching it"): frames rendered to text from a live
+server's `/metrics`, `/cohorts` and `/judge/replicas`, a server that is down or restarts, the
+quantiles and rates the frames compute, and the command itself (`--once`, Ctrl-C)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from procs import bodies, client, command, start_server
+from rich.console import Console
+from watched import KEY_ENV, Watched, load, watched_server
+
+from genrm_trio.app.top import fetch, open_client
+from genrm_trio.app.top_frame import (
+    FetchFailed,
+    Snapshot,
+    View,
+    Watcher,
+    frame,
+    histogram_quantile,
+    parse_metrics,
+)
+
+SLOW = "[slow]"
+
+
+def text(view: View, width: int = 140) -> str:
+    console = Console(file=io.StringIO(), width=width, record=True, color_system=None)
+    console.print(frame(view))
+    return console.export_text()
+
+
+def look(watcher: Watcher, http: httpx.Client) -> tuple[Snapshot | FetchFailed, str]:
+    result = fetch(http)
+    return result, text(watcher.update(result, time.time()))
+
+
+# --- pure parts ----------------------------------------------------------------------------------
+
+
+def test_histogram_quantile_interpolates_like_prometheus() -> None:
+    buckets = [(0.1, 10.0), (0.5, 30.0), (1.0, 40.0), (float("inf"), 40.0)]
+    assert histogram_quantile(0.25, buckets) == pytest.approx(0.1)  # rank 10: the first bound
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.3)  # rank 20: 0.1 + 0.4 * 10/20
+    assert histogram_quantile(0.95, buckets) == pytest.approx(0.9)  # rank 38: 0.5 + 0.5 * 8/10
+    assert histogram_quantile(0.5, [(0.1, 0.0), (float("inf"), 0.0)]) is None
+    # a rank in the +Inf bucket answers the highest finite bound
+    assert histogram_quantile(0.99, [(1.0, 1.0), (float("inf"), 10.0)]) == 1.0
+
+
+EXPOSITION = """\
+# TYPE genrm_trio_cohorts_terminal_total counter
+genrm_trio_cohorts_terminal_total{{state="scored"}} {scored}
+genrm_trio_cohorts_terminal_total{{state="partially_masked"}} 0
+genrm_trio_cohorts_terminal_total{{state="failed"}} {failed}
+# TYPE genrm_trio_cohort_rollouts_total counter
+genrm_trio_cohort_rollouts_total{{state="scored"}} {rollouts}
+genrm_trio_cohort_rollouts_total{{state="failed"}} 0
+# TYPE genrm_trio_masked_rollouts_total counter
+genrm_trio_masked_rollouts_total {masked}
+# TYPE genrm_trio_judge_attempt_seconds histogram
+genrm_trio_judge_attempt_seconds_bucket{{le="0.1"}} {fast}
+genrm_trio_judge_attempt_seconds_bucket{{le="1.0"}} {all}
+genrm_trio_judge_attempt_seconds_bucket{{le="+Inf"}} {all}
+genrm_trio_judge_attempt_seconds_count {all}
+genrm_trio_judge_attempt_seconds_sum 1.0
+# TYPE process_start_time_seconds gauge
+process_start_time_seconds {start}
+"""
+
+
+def snapshot(at: float, *, start: float = 1000.0, **values: float) -> Snapshot:
+    numbers = {"scored": 0, "failed": 0, "rollouts": 0, "masked": 0, "fast": 0, "all": 0}
+    numbers.update(values)
+    series = parse_metrics(EXPOSITION.format(start=start, **numbers))
+    return Snapshot(at, series, [], [])
+
+
+def test_rates_and_quantiles_are_over_the_window() -> None:
+    watcher = Watcher("http://x")
+    first = text(watcher.update(snapshot(0.0, scored=10, rollouts=40, fast=100, all=100), 1e6))
+    assert "groups scored     —" in first  # one snapshot: no rate yet
+    assert "first look" in first
+    later = snapshot(5.0, scored=20, rollouts=80, masked=4, fast=100, all=110)
+    shown = text(watcher.update(later, 1e6 + 5))
+    assert "Rates and latencies (last 5s)" in shown
+    assert "groups scored     2.00/s" in shown  # 10 groups in 5 s
+    assert "masked rollouts   0.80/s" in shown
+    assert "without a reward  10.0%" in shown  # 4 of 40 rollouts
+    # the 10 attempts of the window were all slow (0.1..1 s): p50 at 0.55 s, not the 0.05 s
+    # the 100 fast ones before the window would give
+    assert "judge p50 / p95   550 ms / 955 ms" in shown
+
+
+def test_a_restart_starts_the_rates_afresh() -> None:
+    watcher = Watcher("http://x")
+    watcher.update(snapshot(0.0, scored=50), 1e6)
+    watcher.update(snapshot(1.0, scored=60), 1e6 + 1)
+    restarted = text(watcher.update(snapshot(2.0, start=2000.0, scored=1), 1e6 + 2))
+    assert "restarted 0.0s ago: rates start afresh" in restarted
+    assert "groups scored     —" in restarted  # no negative rate across the restart
+    assert "groups scored     1.00/s" in text(
+        watcher.update(snapshot(3.0, start=2000.0, scored=2), 1e6 + 3)
+    )
+
+
+def test_the_window_keeps_about_ten_seconds() -> None:
+    watcher = Watcher("http://x")
+    for second in range(30):
+        view = watcher.update(snapshot(float(second), scored=second * 3), 1e6 + second)
+    assert view.baseline is not None and view.latest is not None
+    assert view.latest.at - view.baseline.at == 10.0
+    assert "groups scored     3.00/s" in text(view)
+
+
+def test_a_failed_fetch_shows_down_with_the_last_figures() -> None:
+    watcher = Watcher("http://x")
+    watcher.update(snapshot(0.0, scored=5), 1e6)
+    watcher.update(FetchFailed(1.0, "cannot reach http://x: ConnectError: refused"), 1e6 + 1)
+    shown = text(watcher.update(FetchFailed(4.5, "still refused"), 1e6 + 4.5))
+    assert "DOWN for 3.5s: still refused" in shown
+    assert "the figures below are the last ones seen" in shown
+    assert "● serving" not in shown
+    nothing = text(Watcher("http://y").update(FetchFailed(0.0, "refused"), 1e6))
+    assert "DOWN for 0.0s: refused" in nothing and "Rates" not in nothing
+
+
+# --- against a live server -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watched]:
+    directory = tmp_path_factory.mktemp("top")
+    with watched_server(directory, "--fault", f"slow,match={SLOW},delay=60") as found:
+        yield found
+
+
+@pytest.mark.slow
+async def test_frames_of_a_live_server(watched: Watched) -> None:
+    watcher = Watcher(watched.url)
+    http = open_client(watched.url, watched.token)
+    try:
+        result, first = await trio.to_thread.run_sync(look, watcher, http)
+        assert isinstance(result, Snapshot), result
+        assert f"genrm-trio top {watched.url}" in first and "● serving" in first
+        for replica in watched.replicas:
+            assert re.search(rf"{re.escape(replica)}\s+│ ok\s+│", first), first
+        await load(watched, 1.0, failing=True, prefix="top")
+        result, second = await trio.to_thread.run_sync(look, watcher, http)
+        assert isinstance(result, Snapshot)
+        scored = re.search(r"groups scored\s+(\d+\.\d\d)/s", second)
+        assert scored is not None and float(scored.group(1)) > 0, second
+        masked = re.search(r"without a reward\s+(\d+\.\d)%", second)
+        assert masked is not None and float(masked.group(1)) > 0, second
+        assert re.search(r"judge p50 / p95\s+\d+ ms / \d+ ms", second), second
+
+        # a group still collecting (2 of 4 members), then one being judged (slow judge)
+        async with client(timeout=120.0, headers=watched.headers) as requests:
+
+            async def send(body: dict[str, object]) -> None:
+                await requests.post(f"{watched.url}/verify", json=body)
+
+            async with trio.open_nursery() as nursery:
+                for body in bodies("top-collecting", ["one", "two"]):
+                    nursery.start_soon(send, body)
+                await _until_cohorts(requests, watched, 1)
+                await trio.sleep(0.3)
+                slow = [f"slow answer {i} {SLOW}" for i in range(4)]
+                for body in bodies("top-judging", slow):
+                    nursery.start_soon(send, body)
+                await _until_cohorts(requests, watched, 2)
+                _, third = await trio.to_thread.run_sync(look, watcher, http)
+                nursery.cancel_scope.cancel()
+        assert "Oldest active cohorts (2 of 2)" in third, third
+        rows = [line for line in third.splitlines() if "top-" in line]
+        assert len(rows) == 2 and "top-collecting" in rows[0] and "top-judging" in rows[1]
+        assert re.search(r"collecting\s+│\s+\d+\.\ds\s+│\s+2/4\s+│\s+—\s+│ +collection", rows[0])
+        assert re.search(r"judging\s+│\s+\d+\.\ds\s+│\s+4/4\s+│\s+0/4\s+│ +evaluation", rows[1])
+        age = re.search(r"│\s+(\d+\.\d)s\s+│\s+2/4", rows[0])
+        assert age is not None and float(age.group(1)) >= 0.3
+        assert "1 collecting, 1 judging" in third
+    finally:
+        http.close()
+
+
+async def _until_cohorts(http: httpx.AsyncClient, watched: Watched, n: int) -> None:
+    with trio.fail_after(10):
+        while True:
+            views = (await http.get(f"{watched.url}/cohorts")).json()
+            present = len(views) == n and all(v["members_present"] > 0 for v in views)
+            if present and (n < 2 or views[1]["state"] == "judging"):
+                return
+            await trio.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_without_the_key_top_shows_the_refusal(watched: Watched) -> None:
+    with open_client(watched.url, None) as http:
+        result, shown = look(Watcher(watched.url), http)
+    assert isinstance(result, FetchFailed)
+    assert result.reason == (
+        "/metrics: HTTP 401: missing or invalid bearer token (give --api-key-env)"
+    )
+    assert "DOWN for 0.0s: /metrics: HTTP 401" in shown
+
+
+@pytest.mark.slow
+def test_a_server_that_stops_and_comes_back(tmp_path: Path) -> None:
+    server = start_server(tmp_path, {"num_rollouts_per_prompt": 2}, name="first")
+    port = server.port
+    watcher = Watcher(server.url)
+    with open_client(server.url, None) as http:
+        try:
+            result, shown = look(watcher, http)
+            assert isinstance(result, Snapshot) and "● serving" in shown
+            server.stop()
+            result, shown = look(watcher, http)
+            assert isinstance(result, FetchFailed)
+            assert f"cannot reach {server.url}: ConnectError" in result.reason
+            assert "DOWN for 0.0s: cannot reach" in shown
+            time.sleep(0.2)
+            result, shown = look(watcher, http)
+            assert re.search(r"DOWN for 0\.[2-9]s", shown) or "DOWN for 1." in shown, shown
+            server.close()
+            server = start_server(
+                tmp_path, {"num_rollouts_per_prompt": 2}, name="second", extra=["--port", str(port)]
+            )
+            result, shown = look(watcher, http)
+            assert isinstance(result, Snapshot), result
+            assert "● serving" in shown and "restarted 0.0s ago" in shown
+        finally:
+            server.close()
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_top_once_prints_one_frame(watched: Watched) -> None:
+    env = {**os.environ, **watched.env, "COLUMNS": "140"}
+    argv = [*command(), "top", "--once", "--url", watched.url, "--api-key-env", KEY_ENV]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert done.stdout.count("genrm-trio top ") == 1 and "● serving" in done.stdout
+    assert all(replica in done.stdout for replica in watched.replicas)
+    assert watched.token not in done.stdout
+
+
+def test_top_once_against_nothing_exits_1(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [*command(), "top", "--once", "--url", "http://127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "DOWN for 0.0s: cannot reach http://127.0.0.1:9: ConnectError" in done.stdout
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["--api-key-env", "GENRM_TRIO_TOP_UNSET"], "environment variable GENRM_TRIO_TOP_UNSET"),
+        (["--url", "127.0.0.1:8100"], "--url must start with http:// or https://"),
+        (["--interval", "0"], "--interval: must be within [0.1, 3600] seconds"),
+    ],
+)
+def test_top_refuses_bad_flags(argv: list[str], error: str) -> None:
+    environ = {k: v for k, v in os.environ.items() if k != "GENRM_TRIO_TOP_UNSET"}
+    argv = [*command(), "top", "--once", *argv]
+    done = subprocess.run(argv, capture_output=True, text=True, env=environ, timeout=60)
+    assert done.returncode == 2, done
+    [line] = done.stderr.splitlines()
+    assert line.startswith("genrm-trio: ") and error in line, line
+    assert done.stdout == ""
+
+
+@pytest.mark.slow
+def test_top_refreshes_and_leaves_cleanly_on_ctrl_c(watched: Watched) -> None:
+    env = {**os.environ, **watched.env, "COLUMNS": "140"}
+    argv = [*command(), "top", "--url", watched.url, "--api-key-env", KEY_ENV, "--interval", "0.2"]
+    popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert popen.stdout is not None and popen.stderr is not None
+    try:
+        seen = b""
+        deadline = time.monotonic() + 30
+        while seen.count(b"genrm-trio top ") < 3:  # it refreshes: three frames
+            assert time.monotonic() < deadline, seen
+            ready, _, _ = select.select([popen.stdout], [], [], 1.0)
+            if ready:
+                chunk = os.read(popen.stdout.fileno(), 65536)
+                assert chunk, f"top exited early: {popen.wait(5)} {popen.stderr.read()!r}"
+                seen += chunk
+        popen.send_signal(signal.SIGINT)
+        assert popen.wait(timeout=15) == 0
+        errors = popen.stderr.read().decode()
+        assert "Traceback" not in errors and "KeyboardInterrupt" not in errors, errors
+    finally:
+        if popen.poll() is None:
+            popen.kill()
+            popen.wait(15)
+        popen.stdout.close()
+        popen.stderr.close()
+
+
+@pytest.mark.slow
+def test_on_a_terminal_top_redraws_in_place_and_restores_the_screen(watched: Watched) -> None:
+    """On a TTY: rich's Live on the alternate screen, left (and the screen restored) on Ctrl-C."""
+    import pty
+
+    leader, follower = pty.openpty()
+    env = {**os.environ, **watched.env, "COLUMNS": "140", "LINES": "60", "TERM": "xterm"}
+    argv = [*command(), "top", "--url", watched.url, "--api-key-env", KEY_ENV, "--interval", "0.2"]
+    popen = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=subprocess.PIPE, env=env)
+    os.close(follower)
+    assert popen.stderr is not None
+    try:
+        seen = b""
+        deadline = time.monotonic() + 30
+        while seen.count(b"genrm-trio top ") < 3:
+            assert time.monotonic() < deadline, seen
+            ready, _, _ = select.select([leader], [], [], 1.0)
+            if ready:
+                seen += os.read(leader, 65536)
+        assert b"\x1b[?1049h" in seen  # the alternate screen
+        popen.send_signal(signal.SIGINT)
+        assert popen.wait(timeout=15) == 0
+        with contextlib.suppress(OSError):  # the rest, up to the follower's close
+            while select.select([leader], [], [], 0.5)[0]:
+                chunk = os.read(leader, 65536)
+                if not chunk:
+                    break
+                seen += chunk
+        # the normal screen is back after the last frame
+        assert seen.rfind(b"\x1b[?1049l") > seen.rfind(b"genrm-trio top "), seen[-300:]
+        errors = popen.stderr.read().decode()
+        assert "Traceback" not in errors, errors
+    finally:
+        if popen.poll() is None:
+            popen.kill()
+            popen.wait(15)
+        popen.stderr.close()
+        os.close(leader)
