@@ -60,6 +60,8 @@ class ReplicaCounters(Protocol):
     @property
     def ejections(self) -> int: ...
     @property
+    def stalls(self) -> int: ...
+    @property
     def in_flight(self) -> int: ...
     @property
     def ejected(self) -> bool: ...
@@ -92,7 +94,12 @@ class _ReplicaCollector(Collector):
         )
         ejections = CounterMetricFamily(
             "genrm_trio_judge_replica_ejections",
-            "Times a replica was taken out after consecutive failed attempts",
+            "Times a replica was taken out (consecutive failed attempts, or a stall)",
+            labels=["replica"],
+        )
+        stalls = CounterMetricFamily(
+            "genrm_trio_judge_replica_stalls",
+            "Times a replica was taken out as stalled (judge.replica_stall_s)",
             labels=["replica"],
         )
         in_flight = GaugeMetricFamily(
@@ -115,10 +122,11 @@ class _ReplicaCollector(Collector):
             calls.add_metric(label, s.calls)
             failures.add_metric(label, s.failures)
             ejections.add_metric(label, s.ejections)
+            stalls.add_metric(label, s.stalls)
             in_flight.add_metric(label, s.in_flight)
             ejected.add_metric(label, 1.0 if s.ejected else 0.0)
             latency.add_metric(label, s.latency_count, s.latency_sum_s)
-        yield from (calls, failures, ejections, in_flight, ejected, latency)
+        yield from (calls, failures, ejections, stalls, in_flight, ejected, latency)
 
 
 @final
@@ -131,7 +139,7 @@ class Metrics:
         self.judge_calls = Counter(
             "genrm_trio_judge_calls",
             "Judge attempts by outcome (completed, budget_exhausted, unusable, http_error, "
-            "transport_error, timeout, bad_json)",
+            "transport_error, timeout, bad_json, stalled)",
             ["outcome"],
             registry=r,
         )
@@ -143,7 +151,7 @@ class Metrics:
         )
         self.judge_retries = Counter(
             "genrm_trio_judge_retries",
-            "Judge retries by cause (transport, http, unusable, parse, budget)",
+            "Judge retries by cause (transport, http, timeout, stall, unusable, parse, budget)",
             ["cause"],
             registry=r,
         )

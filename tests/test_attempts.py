@@ -1,6 +1,7 @@
 """One comparison's shared retry budget (docs/configuration.md, "Verdicts and retries"; D13–D15,
-D32) through a real HttpJudge over httpx.MockTransport, in virtual time: exact judge-call
-counts, exact messages and log lines, exact pacing, the concurrency slot and clean cancellation."""
+D32) through a real HttpJudge, its pool and connections over scripted bytes (tests/scripted.py,
+an in-memory network), in virtual time: exact judge-call counts, exact messages and log lines,
+exact pacing, the concurrency slot and clean cancellation."""
 
 from __future__ import annotations
 
@@ -8,17 +9,16 @@ import json
 import logging
 import random
 import socket
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httpx
 import pytest
 import trio
 import trio.testing
+from scripted import BROKEN_WRITE, REFUSED, Answer, Fixed, Hangup, Reply, Reset, Script
 
 from genrm_trio.config import Settings, settings_from_mapping
 from genrm_trio.domain.verdict import Verdict
-from genrm_trio.judge.attempts import MAX_BACKOFF_S, Comparator
+from genrm_trio.judge.attempts import MAX_BACKOFF_S, RETRY_AFTER_JITTER, Comparator
 from genrm_trio.judge.base import ComparisonResult, JudgeCall, JudgeError, Usage
 from genrm_trio.judge.client import HttpJudge, make_http_judge
 from genrm_trio.metrics import Metrics
@@ -30,8 +30,6 @@ PREFIX = "GenRM judge judge.test:8000 /v1/responses pair=(0, 1) deadline=0.2s: "
 DEFAULTS = Verdict(3.0, 3.0, 3.5)
 BOUND = 1000  # every test body runs under trio.fail_after(BOUND) on the (virtual) trio clock
 
-Answer = httpx.Response | Exception | Callable[[httpx.Request], Awaitable[httpx.Response]]
-
 
 # --- judge replies --------------------------------------------------------------------------
 
@@ -42,7 +40,7 @@ def reply(
     status: str | None = "completed",
     usage: object = None,
     **extra: Any,
-) -> httpx.Response:
+) -> Reply:
     body: dict[str, Any] = {
         "status": status,
         "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}],
@@ -50,11 +48,11 @@ def reply(
     if usage is not None:
         body["usage"] = usage
     body.update(extra)
-    return httpx.Response(200, json=body, headers={"content-type": "text/plain"})
+    return Reply.json(body, 200, "content-type: text/plain")
 
 
-def raw(payload: object) -> httpx.Response:
-    return httpx.Response(200, content=json.dumps(payload).encode())
+def raw(payload: object) -> Reply:
+    return Reply(200, json.dumps(payload).encode())
 
 
 MALFORMED = reply("I think the first one is better.")
@@ -63,55 +61,21 @@ NULL_TEXT = reply(None)
 INCOMPLETE = reply(None, status="incomplete", incomplete_details={"reason": "max_output_tokens"})
 
 
-def valid(s1: float = 4, s2: float = 2, rank: float = 1) -> httpx.Response:
+def valid(s1: float = 4, s2: float = 2, rank: float = 1) -> Reply:
     return reply(json.dumps({"score_1": s1, "score_2": s2, "ranking": rank}))
 
 
-def http(
-    status: int, body: bytes = b"judge offline", retry_after: str | None = None
-) -> httpx.Response:
-    headers = {} if retry_after is None else {"Retry-After": retry_after}
-    return httpx.Response(status, content=body, headers=headers)
+def http(status: int, body: bytes = b"judge offline", retry_after: str | None = None) -> Reply:
+    headers = () if retry_after is None else (f"Retry-After: {retry_after}",)
+    return Reply(status, body, headers)
 
 
-def sleeper(seconds: float, then: httpx.Response | None = None) -> Answer:
-    async def answer(request: httpx.Request) -> httpx.Response:
+def sleeper(seconds: float, then: Reply | None = None) -> Answer:
+    async def answer(request: object) -> Fixed:
         await trio.sleep(seconds)
         return then if then is not None else valid()
 
     return answer
-
-
-class Script:
-    """A MockTransport handler answering from a list (the last answer repeats). It records call
-    times on the trio clock and the most calls it saw in flight at once."""
-
-    def __init__(self, *answers: Answer) -> None:
-        self.answers = list(answers)
-        self.times: list[float] = []
-        self.active = 0
-        self.max_active = 0
-        self.bodies: list[dict[str, Any]] = []
-
-    @property
-    def calls(self) -> int:
-        return len(self.times)
-
-    async def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.times.append(trio.current_time())
-        self.bodies.append(json.loads(request.content))
-        answer = self.answers[min(self.calls - 1, len(self.answers) - 1)]
-        self.active += 1
-        self.max_active = max(self.max_active, self.active)
-        try:
-            if isinstance(answer, Exception):
-                raise answer
-            if isinstance(answer, httpx.Response):
-                await trio.lowlevel.checkpoint()
-                return answer
-            return await answer(request)
-        finally:
-            self.active -= 1
 
 
 def settings(**overrides: Any) -> Settings:
@@ -130,15 +94,13 @@ def settings(**overrides: Any) -> Settings:
 
 
 class Rig:
-    """A Comparator over an HttpJudge whose transport is `script`."""
+    """A Comparator over an HttpJudge whose connections `script` answers."""
 
     def __init__(self, script: Script, *, rng: random.Random | None = None, **overrides: Any):
         self.script = script
         self.settings = settings(**overrides)
         self.metrics = Metrics()
-        self.judge: HttpJudge = make_http_judge(
-            self.settings, transport=httpx.MockTransport(script)
-        )
+        self.judge: HttpJudge = make_http_judge(self.settings, backend=script.network)
         self.comparator = Comparator(self.judge, self.settings, self.metrics, rng=rng)
 
     async def compare(
@@ -197,7 +159,7 @@ async def test_parse_failures_fall_back_to_defaults(
 @pytest.mark.parametrize("unusable", [EMPTY, INCOMPLETE], ids=["empty", "incomplete"])
 @pytest.mark.parametrize("recovers", [True, False])
 async def test_empty_or_incomplete_uses_configured_retries(
-    autojump_clock: trio.testing.MockClock, unusable: httpx.Response, recovers: bool
+    autojump_clock: trio.testing.MockClock, unusable: Reply, recovers: bool
 ) -> None:
     rig = Rig(Script(unusable, valid(5, 1, 6) if recovers else unusable), genrm_parse_retries=1)
     with trio.fail_after(BOUND):
@@ -221,7 +183,7 @@ async def test_null_status_accepts_parseable_answer(
 
 @pytest.mark.parametrize("order", [(MALFORMED, EMPTY), (EMPTY, MALFORMED)], ids=["me", "em"])
 async def test_fallback_does_not_depend_on_retry_order(
-    autojump_clock: trio.testing.MockClock, order: tuple[httpx.Response, httpx.Response]
+    autojump_clock: trio.testing.MockClock, order: tuple[Reply, Reply]
 ) -> None:
     rig = Rig(Script(*order), genrm_parse_retries=1)
     with trio.fail_after(BOUND):
@@ -251,18 +213,32 @@ async def test_transient_http_error_costs_one_extra_call(
 
 
 @pytest.mark.parametrize(
-    "error",
+    ("error", "text"),
     [
-        httpx.RemoteProtocolError("peer closed connection without sending complete message body"),
-        httpx.ReadError("connection reset by peer"),
-        httpx.ConnectError("connection refused"),
-        httpx.WriteError("broken pipe"),
+        (
+            Hangup(b'HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{"st'),
+            "RemoteProtocolError: peer closed connection without sending complete message body: "
+            "received 4 bytes, expected 100",
+        ),
+        (
+            Reset(b"HTTP/1.1 200 OK\r\n"),
+            "ReadError: socket connection broken: [Errno 104] Connection reset by peer",
+        ),
+        (
+            REFUSED,
+            "ConnectError: [Errno 111] Error connecting to ('judge.test', 8000): "
+            "Connection refused",
+        ),
+        (
+            BROKEN_WRITE,
+            "WriteError: socket connection broken: [Errno 104] Connection reset by peer",
+        ),
     ],
-    ids=lambda e: type(e).__name__,
+    ids=["RemoteProtocolError", "ReadError", "ConnectError", "WriteError"],
 )
 @pytest.mark.parametrize("recovers", [True, False])
 async def test_transport_errors_share_the_budget(
-    autojump_clock: trio.testing.MockClock, error: Exception, recovers: bool
+    autojump_clock: trio.testing.MockClock, error: Answer, text: str, recovers: bool
 ) -> None:
     answers: list[Answer] = [error, error, valid()] if recovers else [error]
     rig = Rig(Script(*answers))
@@ -272,7 +248,7 @@ async def test_transport_errors_share_the_budget(
             assert rig.script.calls == 3
         else:
             failure = await rig.fail()
-            assert failure.message == f"{PREFIX}{type(error).__name__}: {error}"
+            assert failure.message == f"{PREFIX}{text}"
             assert rig.script.calls == 4
             assert failure.attempts == 4
             assert failure.usage is None
@@ -407,7 +383,7 @@ async def test_timeout_after_malformed_answer_is_still_a_failure(
 
 
 async def test_bad_json_is_a_failure_at_once(autojump_clock: trio.testing.MockClock) -> None:
-    rig = Rig(Script(httpx.Response(200, content=b"<html>bad gateway</html>")))
+    rig = Rig(Script(Reply(200, b"<html>bad gateway</html>")))
     with trio.fail_after(BOUND):
         error = await rig.fail()
     assert error.message.startswith(f"{PREFIX}JSONDecodeError: Expecting value")
@@ -428,7 +404,7 @@ async def test_bad_json_is_a_failure_at_once(autojump_clock: trio.testing.MockCl
     ids=["null", "{}", "[]", "incomplete", "failed", "cancelled", "blank"],
 )
 async def test_unsuccessful_http_200_is_a_failure(
-    autojump_clock: trio.testing.MockClock, unusable: httpx.Response
+    autojump_clock: trio.testing.MockClock, unusable: Reply
 ) -> None:
     rig = Rig(Script(unusable))
     with trio.fail_after(BOUND):
@@ -505,9 +481,8 @@ async def test_budget_exhaustion_then_malformed_falls_back(
 async def test_budget_suffix_names_configured_budget_and_chat_length(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    length = httpx.Response(
-        200,
-        json={
+    length = Reply.json(
+        {
             "choices": [{"message": {"content": "thinking..."}, "finish_reason": "length"}],
             "usage": {"prompt_tokens": 7, "completion_tokens": 512},
         },
@@ -669,12 +644,18 @@ async def test_zero_sleep_retries_at_once(autojump_clock: trio.testing.MockClock
 
 
 async def test_retry_after_is_honoured_exactly(autojump_clock: trio.testing.MockClock) -> None:
-    rig = Rig(Script(http(429, retry_after="7"), http(503, retry_after="0"), valid()))
+    # Honoured, and stretched by up to RETRY_AFTER_JITTER of itself (D44), never shortened.
+    rig = Rig(
+        Script(http(429, retry_after="7"), http(503, retry_after="0"), valid()),
+        rng=random.Random(7),
+    )
     start = trio.current_time()
     with trio.fail_after(BOUND):
         result = await rig.compare()
     assert result.attempts == 3
-    assert rig.script.times == [start, start + 7.0, start + 7.0]
+    first = 7.0 * (1 + random.Random(7).uniform(0.0, RETRY_AFTER_JITTER))
+    assert 7.0 < first <= 7.0 * (1 + RETRY_AFTER_JITTER)
+    assert rig.script.times == [start, start + first, start + first]
 
 
 async def test_retry_after_that_does_not_fit_the_deadline_is_ignored(
@@ -690,9 +671,19 @@ async def test_retry_after_that_does_not_fit_the_deadline_is_ignored(
 async def test_retry_after_fitting_the_deadline_is_honoured(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    rig = Rig(Script(http(503, retry_after="20"), valid()))
+    rig = Rig(Script(http(503, retry_after="20"), valid()), rng=random.Random(3))
     start = trio.current_time()
     with trio.fail_after(30):
+        assert (await rig.compare()).attempts == 2
+    assert rig.script.times == [start, start + 20.0 * (1 + random.Random(3).uniform(0, 0.1))]
+
+
+async def test_retry_after_whose_jitter_does_not_fit_is_honoured_unstretched(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rig = Rig(Script(http(503, retry_after="20"), valid()), rng=random.Random(3))
+    start = trio.current_time()
+    with trio.fail_after(20.1):  # 20 s fits; 20 s and its jitter (here 0.48 s) do not
         assert (await rig.compare()).attempts == 2
     assert rig.script.times == [start, start + 20.0]
 
@@ -802,6 +793,7 @@ async def test_cancel_mid_attempt_leaves_nothing(autojump_clock: trio.testing.Mo
             assert (stats.in_flight, stats.queued) == (1, 2)
             nursery.cancel_scope.cancel()
     rig.assert_idle()
+    await trio.testing.wait_all_tasks_blocked()  # the judge's side saw the connection close
     assert rig.script.active == 0
     assert rig.comparator.statistics().calls == 1
     # the comparator works normally afterwards
@@ -851,7 +843,7 @@ async def test_cancel_mid_attempt_over_a_real_socket_closes_the_connection() -> 
 
 async def test_metrics_per_attempt(autojump_clock: trio.testing.MockClock) -> None:
     rig = Rig(
-        Script(http(500), httpx.ConnectError("refused"), EMPTY, MALFORMED, valid()),
+        Script(http(500), REFUSED, EMPTY, MALFORMED, valid()),
         genrm_parse_retries=4,
     )
     with trio.fail_after(BOUND):

@@ -1,6 +1,6 @@
 """Output-budget escalation (`judge.budget_escalation`, docs/scoring.md "Output-budget
-escalation"): the comparator's budgets per attempt through a real HttpJudge over
-httpx.MockTransport, for both judge APIs, in virtual time — exact attempt counts, the exact
+escalation"): the comparator's budgets per attempt through a real HttpJudge over scripted
+bytes (tests/scripted.py), for both judge APIs, in virtual time — exact attempt counts, the exact
 budget every request carried, log lines, counters; and "off" is today's request, byte for byte."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import trio
 import trio.testing
 from judges import compare, compare_input, gather, member
+from scripted import Reply
 from test_attempts import (
     CALL,
     EMPTY,
@@ -43,6 +43,7 @@ from genrm_trio.judge.base import JudgeCall, Usage
 from genrm_trio.judge.client import make_http_judge
 from genrm_trio.testing import SimConfig, SimJudge, sim_asgi_app
 from genrm_trio.testing.asgi import SimJudgeApp
+from genrm_trio.testing.network import MemoryNetwork, serve_asgi
 from genrm_trio.testing.verdicts import sim_verdict_text
 
 BOUND = 1000
@@ -50,7 +51,7 @@ APIS = ["responses", "chat_completions"]
 BUDGET_KEY = {"responses": "max_output_tokens", "chat_completions": "max_tokens"}
 
 
-def exhausted(api: str, tokens: int | None = None) -> httpx.Response:
+def exhausted(api: str, tokens: int | None = None) -> Reply:
     """A reply cut off by the output budget, as each API says it (usage = `tokens`)."""
     if api == "responses":
         body: dict[str, Any] = {
@@ -67,7 +68,7 @@ def exhausted(api: str, tokens: int | None = None) -> httpx.Response:
     return raw(body)
 
 
-def answered(api: str, tokens: int | None = None) -> httpx.Response:
+def answered(api: str, tokens: int | None = None) -> Reply:
     text = json.dumps({"score_1": 4, "score_2": 2, "ranking": 1})
     if api == "responses":
         if tokens is None:
@@ -84,7 +85,7 @@ def answered(api: str, tokens: int | None = None) -> httpx.Response:
     return raw(body)
 
 
-def malformed(api: str) -> httpx.Response:
+def malformed(api: str) -> Reply:
     """A completed reply without a verdict (a parse failure)."""
     if api == "responses":
         return MALFORMED
@@ -93,7 +94,7 @@ def malformed(api: str) -> httpx.Response:
 
 def rig(
     api: str,
-    *answers: httpx.Response,
+    *answers: Reply,
     retries: int = 1,
     budget: int = 1341,
     escalation: dict[str, Any] | None = None,
@@ -362,10 +363,10 @@ def engine_settings(api: str, escalation: dict[str, Any] | None, **overrides: An
 
 @asynccontextmanager
 async def sim_engine(config: Settings, sim: SimConfig | None = None) -> AsyncIterator[Any]:
-    """An engine whose HttpJudge reaches a simulated judge app through httpx's ASGI transport;
-    yields (engine, app)."""
+    """An engine whose HttpJudge reaches a simulated judge app over an in-memory network (the
+    app served as `sim-judge` serves it); yields (engine, app)."""
     app = sim_asgi_app(sim if sim is not None else SimConfig())
-    judge = make_http_judge(config, transport=httpx.ASGITransport(app=app))
+    judge = make_http_judge(config, backend=MemoryNetwork(serve_asgi(app)))
     with trio.fail_after(BOUND):
         async with open_engine(config, judge) as engine:
             yield engine, app

@@ -158,6 +158,7 @@ def test_judge_defaults() -> None:
         "max_concurrency_per_replica": None,
         "eject_after_failures": 3,
         "eject_backoff_s": 5.0,
+        "replica_stall_s": None,
         "keepalive_expiry_s": 4.0,
         "max_response_bytes": 33554432,
         "ca_file": None,

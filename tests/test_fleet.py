@@ -6,6 +6,8 @@ killed and comes back while another answers 500 to everything."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import logging
 import math
 from collections import Counter
@@ -22,9 +24,11 @@ from genrm_trio.config import Settings, settings_from_mapping
 from genrm_trio.domain.model import Masked, Scored
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.judge.base import (
+    AttemptTicket,
     JudgeCall,
     JudgeHTTPError,
     JudgeReply,
+    JudgeTimeout,
     JudgeTransportError,
     ReplyStatus,
 )
@@ -37,11 +41,13 @@ CALL = JudgeCall([{"role": "user", "content": "q"}], "a1", "a2", None)
 @dataclass
 class Replica:
     """A fake judge replica: `ok` answers after `latency`, `dead` refuses at once (and fails the
-    calls in flight when killed), `http500` answers 500 at once."""
+    calls in flight when killed), `http500` answers 500 at once, `http429` 429 with
+    `Retry-After: retry_after` at once."""
 
     name: str
     latency: float = 1.0
     mode: str = "ok"
+    retry_after: float = 5.0
     log: list[tuple[float, str]] = field(default_factory=list)  # (start, outcome)
     in_flight: int = 0
     _killed: trio.Event = field(default_factory=trio.Event)
@@ -73,6 +79,9 @@ class Replica:
             if self.mode == "http500":
                 self.log.append((started, "500"))
                 raise JudgeHTTPError(500, b"<html>\r\n<b>Internal error</b>\r\n</html>")
+            if self.mode == "http429":
+                self.log.append((started, "429"))
+                raise JudgeHTTPError(429, b"slow down", self.retry_after)
             killed = self._killed
             with trio.move_on_after(self.latency):
                 await killed.wait()
@@ -244,17 +253,27 @@ async def test_cancelled_attempt_is_neither_answer_nor_failure(
     assert stats.latency_count == 0
 
 
+async def attempt_with_deadline(judge: JudgeFleet, seconds: float) -> bool:
+    """One attempt as the Comparator runs it: under its own deadline, which, should it end the
+    attempt, the Comparator reports through the attempt's ticket. Whether it timed out."""
+    ticket = AttemptTicket()
+    with trio.move_on_after(seconds) as scope:
+        await judge.attempt(dataclasses.replace(CALL, ticket=ticket))
+    if scope.cancelled_caught:
+        ticket.deadline_expired(JudgeTimeout(seconds))
+    return scope.cancelled_caught
+
+
 async def test_a_replica_that_never_answers_is_ejected_by_its_hung_attempts(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     hung, healthy = Replica("a", latency=math.inf), Replica("b", latency=1.0)
-    judge = fleet(hung, healthy, eject_after_failures=2, hang_after_s=10.0)
+    judge = fleet(hung, healthy, eject_after_failures=2)
     outcomes = []
     with caplog.at_level(logging.WARNING, "genrm_trio.judge"):
         for _ in range(6):  # each under its 10 s attempt deadline, as the Comparator runs them
-            with trio.move_on_after(10.0) as scope:
-                await judge.attempt(CALL)
-            outcomes.append("timeout" if scope.cancelled_caught else "ok")
+            timed_out = await attempt_with_deadline(judge, 10.0)
+            outcomes.append("timeout" if timed_out else "ok")
     # Round robin a, b, a: the second hung attempt ejects a, and b takes every later call.
     assert outcomes == ["timeout", "ok", "timeout", "ok", "ok", "ok"]
     assert trio.current_time() == 10 + 1 + 10 + 1 + 1 + 1
@@ -266,13 +285,14 @@ async def test_a_replica_that_never_answers_is_ejected_by_its_hung_attempts(
     assert "a:8000 ejected after 2 consecutive failed attempts (last: TimeoutError" in line
 
 
-async def test_an_attempt_cancelled_before_the_hang_limit_is_not_a_failure(
+async def test_an_attempt_cancelled_from_outside_is_not_a_failure(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     a = Replica("a", latency=math.inf)
-    judge = fleet(a, eject_after_failures=1, hang_after_s=10.0)
-    with trio.move_on_after(9.5):  # the group's deadline, a disconnect: not the replica's fault
-        await judge.attempt(CALL)
+    judge = fleet(a, eject_after_failures=1)
+    ticket = AttemptTicket()  # never told of a deadline: however long it took, not the replica's
+    with trio.move_on_after(30.0):  # the group's deadline, a disconnect: not the replica's fault
+        await judge.attempt(dataclasses.replace(CALL, ticket=ticket))
     (stats,) = judge.replica_stats()
     assert (stats.calls, stats.failures, stats.ejected) == (1, 0, False)
 
@@ -487,14 +507,277 @@ def test_replica_settings_reach_the_fleet_and_its_judges() -> None:
                 "eject_backoff_s": 1.5,
                 "keepalive_expiry_s": 2.5,
                 "max_response_bytes": 4096,
+                "replica_stall_s": 30.0,
             }
         }
     )
     judge = make_judge(config)
     assert isinstance(judge, JudgeFleet)
     assert (judge._cap, judge._threshold, judge._backoff) == (7, 2, 1.5)
-    assert judge._hang_after == config.judge_request_timeout_s  # a hung attempt ejects too
+    assert judge._stall_after == 30.0  # and not the attempt deadline: the Comparator reports it
     pools = [replica.judge._pool for replica in judge._replicas]  # type: ignore[attr-defined]
     assert [pool._keepalive_expiry for pool in pools] == [2.5, 2.5]
     assert [pool._max_body for pool in pools] == [4096, 4096]
     assert [pool._ssl_context is not None for pool in pools] == [False, True]
+
+
+# --- timeouts, Retry-After and stalls in a fleet (issue #24) -------------------------------------
+
+
+def two_replicas(**judge: Any) -> Settings:
+    return Settings.model_validate(
+        {
+            "judge_request_timeout_s": 10.0,
+            "genrm_parse_retries": 3,
+            "genrm_parse_retry_sleep_s": 0.1,
+            "judge": {"base_url": ["http://a:8000/v1", "http://b:8000/v1"], **judge},
+        }
+    )
+
+
+def comparator_for(judge: JudgeFleet, config: Settings, **kwargs: Any) -> tuple[Any, Any]:
+    from genrm_trio.judge.attempts import Comparator
+    from genrm_trio.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.watch_replicas(judge.replica_stats)
+    return Comparator(judge, config, metrics, **kwargs), metrics
+
+
+async def test_a_timed_out_attempt_is_retried_on_another_replica(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    hung, healthy = Replica("a", latency=math.inf), Replica("b", latency=1.0)
+    judge = fleet(hung, healthy)
+    comparator, metrics = comparator_for(judge, two_replicas())
+    result = await comparator.compare(CALL, pair=(0, 1), judge_pass=0)
+    # a (round robin) takes the whole 10 s deadline; the retry, 0.1 s later, goes to b.
+    assert (result.attempts, trio.current_time()) == (2, 10.0 + 0.1 + 1.0)
+    assert [start for start, _ in healthy.log] == [10.1]
+    a, b = judge.replica_stats()
+    assert (a.calls, a.failures, a.in_flight, a.latency_count) == (1, 1, 0, 0)  # told, not guessed
+    assert a.last_error == "TimeoutError: judge attempt exceeded 10.0s"
+    assert metrics.registry.get_sample_value("genrm_trio_judge_retries_total", {"cause": "timeout"})
+    assert (b.calls, b.failures) == (1, 0)
+
+
+async def test_with_one_replica_a_timeout_is_not_retried_and_names_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from genrm_trio.judge.base import JudgeError
+
+    config = Settings.model_validate(
+        {
+            "judge_request_timeout_s": 10.0,
+            "genrm_parse_retries": 3,
+            "judge": {"base_url": ["http://a:8000/v1"]},  # a list of one: D14 as for one URL
+        }
+    )
+    judge = fleet(Replica("a", latency=math.inf))
+    comparator, _ = comparator_for(judge, config)
+    with pytest.raises(JudgeError) as info:
+        await comparator.compare(CALL, pair=(0, 1), judge_pass=0)
+    assert (info.value.attempts, trio.current_time()) == (1, 10.0)
+    assert info.value.message == (
+        "GenRM judge a:8000 /v1/responses pair=(0, 1) deadline=10.0s: "
+        "TimeoutError: judge attempt exceeded 10.0s"
+    )
+    assert judge.replica_stats()[0].failures == 1
+
+
+async def test_a_timed_out_comparison_names_the_replica_of_its_last_attempt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from genrm_trio.judge.base import JudgeError
+
+    replicas = [Replica(name, latency=math.inf) for name in "abc"]
+    judge = fleet(*replicas, eject_after_failures=3)
+    config = fleet_settings()  # three replicas, 10 s per attempt, 4 attempts 0.1 s apart
+    comparator, _ = comparator_for(judge, config)
+    with pytest.raises(JudgeError) as info:
+        await comparator.compare(CALL, pair=(2, 3), judge_pass=0)
+    # a, b, c, then a again (each retry avoids the replica that just hung)
+    assert trio.current_time() == pytest.approx(4 * 10.0 + 3 * 0.1)
+    assert [s.calls for s in judge.replica_stats()] == [2, 1, 1]
+    assert info.value.message == (
+        "GenRM judge a:8000 /v1/responses pair=(2, 3) deadline=10.0s: "
+        "TimeoutError: judge attempt exceeded 10.0s"
+    )
+    assert "127.0.0.1" not in info.value.message and "," not in info.value.message.split()[2]
+
+
+async def test_retry_after_holds_back_only_the_replica_that_sent_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    slow_down = Replica("a", mode="http429", retry_after=5.0)
+    healthy = Replica("b", latency=1.0)
+    judge = fleet(slow_down, healthy)
+    comparator, _ = comparator_for(judge, two_replicas())
+    ends: dict[str, float] = {}
+
+    async def comparison(name: str, at: float) -> None:
+        await trio.sleep_until(at)
+        result = await comparator.compare(CALL, pair=(0, 1), judge_pass=0)
+        ends[name] = trio.current_time()
+        assert result.selected is not None
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(comparison, "first", 0.0)  # a: 429, then b after the 0.1 s pacing
+        nursery.start_soon(comparison, "second", 0.5)  # b: a is held back, though idle
+        nursery.start_soon(comparison, "third", 5.5)  # a's hold is over: a again, then b
+    assert [start for start, _ in slow_down.log] == [0.0, 5.5]
+    assert [start for start, _ in healthy.log] == [0.1, 0.5, 5.6]
+    assert ends == {"first": 1.1, "second": 1.5, "third": pytest.approx(6.6)}
+
+
+async def test_when_every_replica_holds_back_the_retry_waits_for_the_first_with_jitter(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    import random
+
+    from genrm_trio.judge.attempts import RETRY_AFTER_JITTER
+    from genrm_trio.judge.base import JudgeError
+
+    a = Replica("a", mode="http429", retry_after=2.0)
+    b = Replica("b", mode="http429", retry_after=2.0)
+    judge = fleet(a, b)
+    comparator, _ = comparator_for(judge, two_replicas(), rng=random.Random(5))
+    with pytest.raises(JudgeError):
+        await comparator.compare(CALL, pair=(0, 1), judge_pass=0)
+    twin = random.Random(5)
+    # a at 0 (held to 2.0); b at once after the pacing, 0.1 (held to 2.1); then both are held:
+    # wait until a's hold ends, 1.9 s, stretched by up to 10 %; then b's is over too.
+    third = 0.1 + 1.9 * (1 + twin.uniform(0.0, RETRY_AFTER_JITTER))
+    assert 2.0 < third <= 0.1 + 1.9 * (1 + RETRY_AFTER_JITTER)
+    assert [start for start, _ in a.log] == [0.0, third]
+    assert b.log[0][0] == 0.1
+    assert len(a.log) + len(b.log) == 4
+
+
+async def test_a_stalled_replica_is_out_at_replica_stall_s_and_its_calls_answered_elsewhere(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    hung, healthy = Replica("a", latency=math.inf), Replica("b", latency=1.0)
+    judge = fleet(hung, healthy, stall_after_s=5.0, eject_backoff_s=10.0)
+    comparator, metrics = comparator_for(judge, two_replicas())
+    results: dict[str, tuple[int, float]] = {}
+
+    async def comparison(name: str, at: float) -> None:
+        await trio.sleep_until(at)
+        result = await comparator.compare(CALL, pair=(0, 1), judge_pass=0)
+        results[name] = (result.attempts, trio.current_time())
+
+    with caplog.at_level(logging.WARNING, "genrm_trio.judge"):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(comparison, "x1", 0.0)  # a (round robin): hangs
+            nursery.start_soon(comparison, "x2", 0.25)  # b, answered at 1.25: a's silence counts
+            nursery.start_soon(comparison, "x3", 0.5)  # a again (a tie, round robin): hangs
+            await trio.sleep(4.9)
+            a, _ = judge.replica_stats()
+            assert (a.in_flight, a.ejected, a.stalls) == (2, False, 0)
+    # At 5.0, five seconds after a's first call, with b's answer at 1.25 in between: stalled.
+    # Its two calls are cancelled and retried on b 0.1 s later (the second of their attempts).
+    assert results == {"x1": (2, 6.1), "x2": (1, 1.25), "x3": (2, 6.1)}
+    assert [start for start, _ in healthy.log] == [0.25, 5.1, 5.1]
+    a, b = judge.replica_stats()
+    assert (b.calls, b.failures, b.stalls) == (3, 0, 0)
+    assert (a.calls, a.failures, a.in_flight, a.stalls, a.ejections, a.ejected) == (
+        2, 2, 0, 1, 1, True
+    )  # fmt: skip
+    assert a.back_in_s == pytest.approx(10.0 - (trio.current_time() - 5.0))
+    assert a.last_error is not None and a.last_error.startswith("ReplicaStalled: judge replica a")
+    retries = metrics.registry.get_sample_value(
+        "genrm_trio_judge_retries_total", {"cause": "stall"}
+    )
+    assert retries == 2
+    assert b'genrm_trio_judge_replica_stalls_total{replica="a:8000"} 1.0' in metrics.render()
+    [line] = [r.getMessage() for r in caplog.records if "stalled" in r.getMessage()]
+    assert line == (
+        "judge replica a:8000 stalled: 2 calls in flight, none finished for 5s while other "
+        "replicas answered; they are retried elsewhere; a trial attempt in 10s; 1 of 2 replicas "
+        "in service"
+    )
+
+
+async def test_a_stalled_replica_comes_back_through_a_trial_that_answers(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    hung, healthy = Replica("a", latency=math.inf), Replica("b", latency=1.0)
+    judge = fleet(hung, healthy, stall_after_s=5.0, eject_backoff_s=10.0)
+    comparator, _ = comparator_for(judge, two_replicas())
+
+    async def comparison(at: float) -> None:
+        await trio.sleep_until(at)
+        await comparator.compare(CALL, pair=(0, 1), judge_pass=0)
+
+    caplog.set_level(logging.WARNING, logger="genrm_trio.judge")
+    async with trio.open_nursery() as nursery:
+        for at in (0.0, 0.25):  # a hangs, b answers at 1.25: a stalls at 5.0, out until 15.0
+            nursery.start_soon(comparison, at)
+        for at in (16.0, 16.3):  # after the back-off: one is a's trial (it hangs), one b's
+            nursery.start_soon(comparison, at)
+    # b answered at 17.0 / 17.3: the trial (from 16.0) stalled at 21.0, counted as a failed
+    # trial (the back-off doubles to 20 s), not as a second stall; its comparison went to b.
+    a, _ = judge.replica_stats()
+    assert (a.calls, a.stalls, a.ejections, a.ejected, a.in_flight) == (2, 1, 1, True, 0)
+    assert a.back_in_s == pytest.approx(20.0 - (trio.current_time() - 21.0))
+    hung.latency = 1.0  # it heals
+    await trio.sleep_until(41.5)
+    async with trio.open_nursery() as nursery:
+        for at in (41.5, 41.7):
+            nursery.start_soon(comparison, at)
+    a, _ = judge.replica_stats()
+    assert (a.calls, a.stalls, a.ejected) == (3, 1, False)  # its trial answered: back
+    lines = [r.getMessage() for r in caplog.records if "judge replica a:8000" in r.getMessage()]
+    assert len(lines) == 2 and "stalled" in lines[0] and "is back after" in lines[1]
+
+
+async def test_no_stall_when_no_other_replica_answered_meanwhile(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Everyone is slow (or the load just started): silence alone is no stall. The attempt
+    deadline decides, as without stall detection."""
+    a, b = Replica("a", latency=math.inf), Replica("b", latency=math.inf)
+    judge = fleet(a, b, stall_after_s=2.0)
+    comparator, _ = comparator_for(judge, two_replicas())
+    async with trio.open_nursery() as nursery:
+        for pair in ((0, 1), (1, 2)):
+            nursery.start_soon(functools.partial(comparator.compare, CALL, pair=pair, judge_pass=0))
+        await trio.sleep(9.9)
+        assert [(s.stalls, s.ejected, s.in_flight) for s in judge.replica_stats()] == [
+            (0, False, 1),
+            (0, False, 1),
+        ]
+        nursery.cancel_scope.cancel()
+    assert [s.failures for s in judge.replica_stats()] == [0, 0]
+
+
+def test_replica_stall_s_is_validated() -> None:
+    from genrm_trio.config import ConfigError
+
+    for value, message in ((0.0, "must be > 0"), (math.inf, "must be finite"), ("5", "")):
+        with pytest.raises(ConfigError) as info:
+            settings_from_mapping(
+                {"judge": {"base_url": "http://h:1/v1", "replica_stall_s": value}}
+            )
+        assert info.value.key == "judge.replica_stall_s"
+        assert message in info.value.message
+    judge = settings_from_mapping({"judge": {"base_url": ["http://h:1/v1"], "replica_stall_s": 30}})
+    assert judge.judge.replica_stall_s == 30.0
+
+
+async def test_a_replica_that_only_refuses_is_no_answer_beside_a_silent_one(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A refused connection is no sign that the fleet serves: it does not make another replica's
+    silence a stall (ejection takes care of the refusing one)."""
+    dead, hung = Replica("a", mode="dead"), Replica("b", latency=math.inf)
+    judge = fleet(dead, hung, stall_after_s=2.0)
+    comparator, _ = comparator_for(judge, two_replicas())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(functools.partial(comparator.compare, CALL, pair=(0, 1), judge_pass=0))
+        await trio.sleep(9.0)
+        a, b = judge.replica_stats()
+        assert (a.calls, a.failures) == (1, 1)  # refused at once; the retry went to b
+        assert (b.calls, b.in_flight, b.stalls, b.ejected) == (1, 1, 0, False)
+        nursery.cancel_scope.cancel()

@@ -507,6 +507,7 @@ async def test_judge_replicas_route() -> None:
         ejected=True,
         ejections=1,
         consecutive_failures=3,
+        stalls=1,
         back_in_s=4.5,
         latency_sum_s=2.0,
         latency_count=8,
@@ -525,7 +526,10 @@ async def test_judge_replicas_route() -> None:
             "ejected": True,
             "ejections": 1,
             "consecutive_failures": 3,
+            "stalls": 1,
             "back_in_s": 4.5,
+            "latency_sum_s": 2.0,
+            "latency_count": 8,
             "latency_mean_s": 0.25,
             "last_error": "ConnectError: [Errno 111] Connection refused",
         }

@@ -1,13 +1,16 @@
 """The HTTP judges (docs/configuration.md, "Judge requests and replies"): request shapes, reply
-classification, usage, error mapping, URLs and tokens; the keep-alive pool over real sockets
-(reuse, interrupted bodies, cancellation without leaks, a closed port)."""
+classification, usage, error mapping, URLs and tokens, through the production pool over scripted
+bytes (tests/scripted.py); the keep-alive pool over real sockets (reuse, interrupted bodies,
+cancellation without leaks, a closed port)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import socket
 import ssl
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -19,6 +22,8 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from scripted import REFUSED, Fixed, Reply
+from scripted import Script as Answers
 
 from genrm_trio.config import ConfigError, Settings, settings_from_mapping
 from genrm_trio.judge.apis import chat_params, interpret_chat, interpret_responses
@@ -30,8 +35,10 @@ from genrm_trio.judge.base import (
     JudgeTransportError,
     ReplyStatus,
 )
-from genrm_trio.judge.client import HttpJudge, make_http_judge, parse_retry_after
-from genrm_trio.judge.pool import KeepAlivePool
+from genrm_trio.judge.client import TRANSPORT_ERRORS, HttpJudge, make_http_judge, parse_retry_after
+from genrm_trio.judge.http1 import ResponseTooLarge
+from genrm_trio.judge.pool import CertificateError, KeepAlivePool
+from genrm_trio.testing.network import MemoryNetwork, Request, serve_asgi
 
 HISTORY = [{"role": "system", "content": "Be fair."}, {"role": "user", "content": "What is 2+2?"}]
 CALL = JudgeCall(HISTORY, "four", "4", None)
@@ -66,33 +73,43 @@ def chat_reply(
     return reply
 
 
-class Recorder:
-    """An httpx.MockTransport handler that records requests and answers from a script."""
-
-    def __init__(self, *answers: httpx.Response | Exception | Callable[[], httpx.Response]):
-        self.answers = list(answers)
-        self.requests: list[httpx.Request] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
-        if isinstance(answer, Exception):
-            raise answer
-        if callable(answer):
-            return answer()
-        return answer
+class Recorder(Answers):
+    """A `Script` of answers whose requests (`requests`, `bodies`) the tests read."""
 
     @property
-    def bodies(self) -> list[dict[str, Any]]:
-        return [json.loads(r.content) for r in self.requests]
+    def received(self) -> list[Request]:
+        return [r for r in self.requests if r is not None]
 
 
-def judge_with(recorder: Recorder, **judge: Any) -> HttpJudge:  # a judge over a MockTransport
-    return make_http_judge(settings(**judge), transport=httpx.MockTransport(recorder))
+def url_of(request: Request, scheme: str = "http") -> str:
+    """The URL a request the judge received was sent to."""
+    return f"{scheme}://{request.headers['host']}{request.target}"
 
 
-def ok(payload: object, **kwargs: Any) -> httpx.Response:
-    return httpx.Response(200, json=payload, **kwargs)
+def judge_with(recorder: Recorder, **judge: Any) -> HttpJudge:  # a judge over scripted bytes
+    return make_http_judge(settings(**judge), backend=recorder.network)
+
+
+def ok(payload: object, *headers: str) -> Reply:
+    return Reply.json(payload, 200, *headers)
+
+
+@pytest.fixture(scope="module")
+def judge_tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ssl.SSLContext]:
+    """(a CA file a judge trusts, the server context of a judge at j.test with that cert)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+    folder = tmp_path_factory.mktemp("judge-cert")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=j.test", "-addext", "subjectAltName=DNS:j.test",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return str(cert), context
 
 
 # --- URLs, endpoint, path -------------------------------------------------------------------
@@ -110,17 +127,22 @@ def ok(payload: object, **kwargs: Any) -> httpx.Response:
     ],
 )  # fmt: skip
 async def test_url_is_base_url_plus_path_keeping_v1(
-    base_url: str, api: str, url: str, path: str
+    base_url: str, api: str, url: str, path: str, request: pytest.FixtureRequest
 ) -> None:
-    recorder = Recorder(ok(responses_reply() if api == "responses" else chat_reply()))
-    judge = judge_with(recorder, base_url=base_url, api=api)
+    answer = ok(responses_reply() if api == "responses" else chat_reply())
+    scheme, keys, tls = "http", {}, None
+    if base_url.startswith("https:"):  # TLS over the in-memory connection, a cert for j.test
+        ca_file, tls = request.getfixturevalue("judge_tls")
+        scheme, keys = "https", {"ca_file": ca_file}
+    recorder = Recorder(answer, tls=tls)
+    judge = judge_with(recorder, base_url=base_url, api=api, **keys)
     assert judge.url == url
     assert judge.path == path
     with trio.fail_after(5):
         reply = await judge.attempt(CALL)
     assert reply.status is ReplyStatus.COMPLETED
-    assert str(recorder.requests[0].url) == url
-    assert recorder.requests[0].method == "POST"
+    assert url_of(recorder.received[0], scheme) == url
+    assert recorder.received[0].method == "POST"
     await judge.aclose()
 
 
@@ -156,7 +178,7 @@ async def test_responses_body_carries_history_and_answers_in_metadata() -> None:
                 },
             }
         ),
-        transport=httpx.MockTransport(recorder),
+        backend=recorder.network,
     )
     with trio.fail_after(5):
         await judge.attempt(JudgeCall(HISTORY, "answer one", "None", None))
@@ -172,7 +194,7 @@ async def test_responses_body_carries_history_and_answers_in_metadata() -> None:
         "metadata": {"response_1": "answer one", "response_2": "None"},
     }
     assert "top_p" not in body  # only explicitly set create params
-    request = recorder.requests[0]
+    request = recorder.received[0]
     assert request.headers["content-type"] == "application/json"
     assert "authorization" not in request.headers
 
@@ -199,7 +221,7 @@ async def test_lone_surrogates_are_sent_as_json_escapes() -> None:
     judge = judge_with(recorder)
     with trio.fail_after(5):
         await judge.attempt(JudgeCall(HISTORY, "bad \ud800 text", "ünïcode", None))
-    assert recorder.requests[0].content.isascii()
+    assert recorder.received[0].body.isascii()
     assert recorder.bodies[0]["metadata"]["response_1"] == "bad \ud800 text"
     assert recorder.bodies[0]["metadata"]["response_2"] == "ünïcode"
 
@@ -223,7 +245,7 @@ async def test_chat_body_appends_principle_and_answers_after_history() -> None:
                 },
             }
         ),
-        transport=httpx.MockTransport(recorder),
+        backend=recorder.network,
     )
     with trio.fail_after(5):
         await judge.attempt(JudgeCall(HISTORY, "one", "two", "Prefer brevity."))
@@ -248,7 +270,7 @@ async def test_chat_body_appends_principle_and_answers_after_history() -> None:
     assert [m["role"] for m in second["messages"]] == [
         "system", "system", "user", "response_1", "response_2"
     ]  # fmt: skip
-    assert str(recorder.requests[0].url) == "http://judge.test:8000/v1/chat/completions"
+    assert url_of(recorder.received[0]) == "http://judge.test:8000/v1/chat/completions"
 
 
 def test_chat_params_mapping() -> None:
@@ -285,11 +307,7 @@ def test_chat_params_mapping() -> None:
 
 async def test_bearer_token_sent_and_never_echoed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GENRM_TEST_JUDGE_TOKEN", TOKEN)
-    recorder = Recorder(
-        ok(responses_reply()),
-        httpx.Response(401, text="judge offline"),
-        httpx.ConnectError("connection refused"),
-    )
+    recorder = Recorder(ok(responses_reply()), Reply(401, b"judge offline"), REFUSED)
     judge = judge_with(recorder, api_key_env="GENRM_TEST_JUDGE_TOKEN")
     with trio.fail_after(5):
         await judge.attempt(CALL)
@@ -297,7 +315,7 @@ async def test_bearer_token_sent_and_never_echoed(monkeypatch: pytest.MonkeyPatc
             await judge.attempt(CALL)
         with pytest.raises(JudgeTransportError) as transport_error:
             await judge.attempt(CALL)
-    assert recorder.requests[0].headers["authorization"] == f"Bearer {TOKEN}"
+    assert recorder.received[0].headers["authorization"] == f"Bearer {TOKEN}"
     for text in (
         http_error.value.describe(),
         transport_error.value.describe(),
@@ -315,7 +333,7 @@ async def test_error_body_echoing_credentials_is_redacted(
     # reasons or logs (found by the reliability suite with a real echoing judge).
     monkeypatch.setenv("GENRM_TEST_JUDGE_TOKEN", TOKEN)
     echoed = f"refused (authorization: Bearer {TOKEN}; x-other: {TOKEN}; bearer abc.def)"
-    recorder = Recorder(httpx.Response(500, text=echoed))
+    recorder = Recorder(Reply(500, echoed.encode()))
     judge = judge_with(recorder, api_key_env="GENRM_TEST_JUDGE_TOKEN")
     with trio.fail_after(5), pytest.raises(JudgeHTTPError) as error:
         await judge.attempt(CALL)
@@ -461,8 +479,8 @@ def test_usage_is_read_from_unusable_replies_too() -> None:
 async def test_json_parsed_regardless_of_content_type_and_nan_allowed() -> None:
     text = json.dumps(responses_reply('{"score_1": NaN}'))
     recorder = Recorder(
-        httpx.Response(200, text=text, headers={"content-type": "text/plain"}),
-        httpx.Response(200, content=b'{"status": "completed", "x": NaN}'),
+        Reply(200, text.encode(), ("content-type: text/plain",)),
+        Reply(200, b'{"status": "completed", "x": NaN}'),
     )
     judge = judge_with(recorder)
     with trio.fail_after(5):
@@ -477,7 +495,7 @@ async def test_json_parsed_regardless_of_content_type_and_nan_allowed() -> None:
     [b"<html>proxy error</html>", b"", b'{"status": ', b"\xff\xfe\x00garbage", b"[" * 100_000],
 )
 async def test_non_json_2xx_is_bad_json(content: bytes) -> None:
-    judge = judge_with(Recorder(httpx.Response(200, content=content)))
+    judge = judge_with(Recorder(Reply(200, content)))
     with trio.fail_after(5), pytest.raises(JudgeBadJSON) as info:
         await judge.attempt(CALL)
     assert info.value.describe().startswith("JSONDecodeError: ")
@@ -491,9 +509,7 @@ async def test_non_json_2xx_is_bad_json(content: bytes) -> None:
      (302, False), (600, False)],
 )  # fmt: skip
 async def test_non_2xx_is_http_error_with_body(status: int, retryable: bool) -> None:
-    recorder = Recorder(
-        httpx.Response(status, content=b"judge offline", headers={"content-type": "text/plain"})
-    )
+    recorder = Recorder(Reply(status, b"judge offline", ("content-type: text/plain",)))
     judge = judge_with(recorder)
     with trio.fail_after(5), pytest.raises(JudgeHTTPError) as info:
         await judge.attempt(CALL)
@@ -505,7 +521,7 @@ async def test_non_2xx_is_http_error_with_body(status: int, retryable: bool) -> 
 
 async def test_http_error_body_is_cut_and_not_json_read() -> None:
     body = b'{"error": "' + b"x" * 5000 + b'"}'
-    judge = judge_with(Recorder(httpx.Response(500, content=body)))
+    judge = judge_with(Recorder(Reply(500, body)))
     with trio.fail_after(5), pytest.raises(JudgeHTTPError) as info:
         await judge.attempt(CALL)
     assert info.value.body == body[:1000]
@@ -513,7 +529,7 @@ async def test_http_error_body_is_cut_and_not_json_read() -> None:
 
 
 async def test_http_error_without_body() -> None:
-    judge = judge_with(Recorder(httpx.Response(503)))
+    judge = judge_with(Recorder(Reply(503)))
     with trio.fail_after(5), pytest.raises(JudgeHTTPError) as info:
         await judge.attempt(CALL)
     assert info.value.describe() == "JudgeHTTPError: HTTP 503"
@@ -522,9 +538,9 @@ async def test_http_error_without_body() -> None:
 async def test_retry_after_seconds_and_http_date() -> None:
     when = datetime.now(UTC) + timedelta(seconds=120)
     recorder = Recorder(
-        httpx.Response(429, headers={"retry-after": "7"}),
-        httpx.Response(503, headers={"retry-after": format_datetime(when, usegmt=True)}),
-        httpx.Response(429, headers={"retry-after": "soon"}),
+        Reply(429, headers=("retry-after: 7",)),
+        Reply(503, headers=(f"retry-after: {format_datetime(when, usegmt=True)}",)),
+        Reply(429, headers=("retry-after: soon",)),
     )
     judge = judge_with(recorder)
     found: list[float | None] = []
@@ -550,23 +566,56 @@ def test_parse_retry_after() -> None:
     assert parse_retry_after("not a date") is None
 
 
+class _Failing(trio.abc.Stream):
+    """A connection whose reads raise `error` (what a failing connection layer would raise)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        await trio.lowlevel.checkpoint()
+        raise self.error
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+class _FailingBackend:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def connect_tcp(self, host: str, port: int) -> trio.abc.Stream:
+        return _Failing(self.error)
+
+
 @pytest.mark.parametrize(
     ("exc", "name", "retryable"),
     [
         (httpx.ConnectError("connection refused"), "ConnectError", True),
         (httpx.ReadError("connection reset"), "ReadError", True),
         (httpx.WriteError("broken pipe"), "WriteError", True),
-        (httpx.CloseError("close failed"), "CloseError", True),
+        # Not one the pool raises (it closes connections quietly): a bug, named, not retried.
+        (httpx.CloseError("close failed"), "CloseError", False),
         (httpx.RemoteProtocolError("peer closed connection without sending complete message body"),
          "RemoteProtocolError", True),
         (httpx.LocalProtocolError("bad request"), "LocalProtocolError", False),
         (httpx.ProxyError("proxy"), "ProxyError", False),
         (httpx.UnsupportedProtocol("ftp"), "UnsupportedProtocol", False),
         (httpx.DecodingError("bad gzip"), "DecodingError", False),
+        (ResponseTooLarge("judge response exceeds"), "ResponseTooLarge", False),
+        (CertificateError("TLS handshake failed: CERTIFICATE_VERIFY_FAILED"), "ConnectError",
+         False),
     ],
 )  # fmt: skip
 async def test_transport_errors_are_mapped(exc: Exception, name: str, retryable: bool) -> None:
-    judge = judge_with(Recorder(exc))
+    # Raised inside the pool's exchange, mapped at the judge's boundary by TRANSPORT_ERRORS.
+    judge = make_http_judge(settings(), backend=_FailingBackend(exc))
     with trio.fail_after(5), pytest.raises(JudgeTransportError) as info:
         await judge.attempt(CALL)
     assert info.value.type_name == name
@@ -575,7 +624,23 @@ async def test_transport_errors_are_mapped(exc: Exception, name: str, retryable:
     assert info.value.__cause__ is exc
 
 
-async def test_asgi_transport() -> None:
+def test_the_table_names_a_judge_error_for_every_failure_of_the_pool() -> None:
+    # Every row is an httpx error the pool or its connection raises; subclasses come before
+    # the classes they refine (the first row that matches wins).
+    kinds = [kind for kind, *_ in TRANSPORT_ERRORS]
+    for i, kind in enumerate(kinds):
+        assert not any(issubclass(kind, earlier) for earlier in kinds[:i]), kind
+    assert {name for _, name, _, _ in TRANSPORT_ERRORS} == {
+        "ConnectError", "ReadError", "WriteError", "RemoteProtocolError", "ResponseTooLarge",
+        "DecodingError", "LocalProtocolError",
+    }  # fmt: skip
+    # A failure of the replica, not of the request, is retried elsewhere in a fleet.
+    assert [kind for kind, _, retry, elsewhere in TRANSPORT_ERRORS if elsewhere and not retry] == [
+        CertificateError
+    ]
+
+
+async def test_an_asgi_judge_over_the_in_memory_network() -> None:
     seen: list[dict[str, Any]] = []
 
     async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
@@ -591,7 +656,7 @@ async def test_asgi_transport() -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": payload.encode()})
 
-    judge = make_http_judge(settings(), transport=httpx.ASGITransport(app))
+    judge = make_http_judge(settings(), backend=MemoryNetwork(serve_asgi(app)))
     with trio.fail_after(5):
         reply = await judge.attempt(CALL)
     assert reply == JudgeReply(ReplyStatus.COMPLETED, VERDICT_TEXT, 5, 6)
@@ -902,6 +967,11 @@ async def test_closed_port_is_one_connect_error() -> None:
     assert info.value.type_name == "ConnectError"
     assert info.value.retryable
     assert info.value.describe().startswith("ConnectError: ")
+    # trio says "all attempts to connect to ... failed"; the reason under it is kept
+    assert info.value.describe() == (
+        f"ConnectError: all attempts to connect to 127.0.0.1:{port} failed: "
+        f"[Errno 111] Error connecting to ('127.0.0.1', {port}): Connection refused"
+    )
     assert judge.open_connections == 0
     await judge.aclose()
 
@@ -925,14 +995,14 @@ async def test_pool_closes_connections_idle_past_keepalive() -> None:
             assert server.connections == 3
 
 
-async def test_mock_clock_does_not_leak_into_mock_transport(
+async def test_virtual_time_drives_a_scripted_judge(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async def slow(request: httpx.Request) -> httpx.Response:
+    async def slow(request: Request) -> Fixed:
         await trio.sleep(30)
         return ok(responses_reply())
 
-    judge = make_http_judge(settings(), transport=httpx.MockTransport(slow))
+    judge = make_http_judge(settings(), backend=Recorder(slow).network)
     start = trio.current_time()
     with trio.fail_after(60):
         await judge.attempt(CALL)
@@ -1020,17 +1090,22 @@ async def test_pool_broken_replies_are_retryable_transport_errors(raw: bytes, me
     await judge.aclose()
 
 
-async def test_pool_as_an_httpx_transport() -> None:
+async def test_pool_sends_any_request_and_returns_the_whole_reply() -> None:
+    # No httpx transport: the pool's exchange is the one way to the judge (bench and the
+    # probe use it too).
     body = json.dumps({"ok": True}).encode()
     async with tiny_server(_reply_with(response_bytes(201, body, "x-reply: yes"))) as server:
         pool = KeepAlivePool(httpx.URL(f"http://127.0.0.1:{server.port}"))
+        headers = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")]
         with trio.fail_after(5):
-            async with httpx.AsyncClient(transport=pool) as client:
-                reply = await client.post(f"http://127.0.0.1:{server.port}/x?q=1", json={"a": 1})
-        assert (reply.status_code, reply.json(), reply.headers["x-reply"]) == (
+            status, reply_headers, reply = await pool.exchange(
+                (b"POST", b"/x?q=1", headers, json.dumps({"a": 1}).encode())
+            )
+            await pool.aclose()
+        assert (status, json.loads(reply), dict(reply_headers)[b"x-reply"]) == (
             201,
             {"ok": True},
-            "yes",
+            b"yes",
         )
         head, _, sent = server.requests[0].partition(b"\r\n\r\n")
         assert head.startswith(b"POST /x?q=1 HTTP/1.1\r\n") and json.loads(sent) == {"a": 1}
@@ -1071,3 +1146,99 @@ async def test_pool_over_tls_reuses_its_connection(tmp_path: Path) -> None:
             assert (connections, pool.connections) == (1, 1)
             await pool.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_an_untrusted_certificate_is_one_attempt_and_another_replica_answers(
+    judge_tls: tuple[str, ssl.SSLContext], autojump_clock: trio.testing.MockClock
+) -> None:
+    """TLS over the in-memory network. One judge: the certificate failure is not retried (it
+    would fail again), its cause in the text. A fleet: it belongs to that replica, which is
+    avoided; the other answers."""
+    from scripted import ByHost
+
+    from genrm_trio.judge.attempts import Comparator
+    from genrm_trio.judge.base import JudgeError
+    from genrm_trio.judge.fleet import make_judge
+    from genrm_trio.metrics import Metrics
+
+    ca_file, server_context = judge_tls  # a certificate for j.test only
+    trusted, mismatched = (
+        Recorder(ok(responses_reply()), tls=server_context),
+        Recorder(ok(responses_reply()), tls=server_context),
+    )
+    one = settings_from_mapping(
+        {"judge": {"base_url": "https://k.test:8443/v1", "ca_file": ca_file}}
+    )
+    comparator = Comparator(make_http_judge(one, backend=mismatched.network), one, Metrics())
+    with trio.fail_after(60), pytest.raises(JudgeError) as info:
+        await comparator.compare(CALL, pair=(0, 1), judge_pass=0)
+    assert info.value.attempts == 1
+    assert "ConnectError: TLS handshake failed: " in info.value.message
+    assert "CERTIFICATE_VERIFY_FAILED" in info.value.message
+    assert mismatched.network.connections == 1 and mismatched.received == []
+    urls = ["https://k.test:8443/v1", "https://j.test:8443/v1"]
+    both = settings_from_mapping({"judge": {"base_url": urls, "ca_file": ca_file}})
+    fleet = make_judge(
+        both,
+        backend=ByHost({"k.test:8443": mismatched.network, "j.test:8443": trusted.network}),
+    )
+    result = await Comparator(fleet, both, Metrics()).compare(CALL, pair=(0, 1), judge_pass=0)
+    assert result.attempts == 2
+    assert len(trusted.received) == 1
+    await fleet.aclose()
+
+
+# --- one source for each list the judge keeps (issue #22) -----------------------------------------
+
+
+def test_every_judge_api_value_has_one_object_and_one_simulated_side() -> None:
+    from typing import get_args
+
+    from genrm_trio.config import JudgeApiName, JudgeSettings
+    from genrm_trio.judge.apis import JUDGE_APIS, judge_api_type
+    from genrm_trio.testing.asgi import SIM_APIS
+
+    names = set(get_args(JudgeApiName))
+    assert names == set(JUDGE_APIS) == set(SIM_APIS) == {"responses", "chat_completions"}
+    assert set(get_args(JudgeSettings.model_fields["api"].annotation)) == names
+    for name in names:
+        assert JUDGE_APIS[name] is judge_api_type(name)
+        assert JUDGE_APIS[name].name == name
+    # the simulated judge serves each API at the path the client posts to
+    paths = {"/v1" + JUDGE_APIS[name].path for name in names}
+    assert paths == {"/v1/responses", "/v1/chat/completions"}
+
+
+def test_the_pool_defaults_are_the_settings_defaults() -> None:
+    import inspect
+
+    from genrm_trio.config import JudgeSettings
+
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(KeepAlivePool).parameters.items()
+    }
+    fields = JudgeSettings.model_fields
+    assert defaults["keepalive_expiry"] == fields["keepalive_expiry_s"].default == 4.0
+    assert defaults["max_response_bytes"] == fields["max_response_bytes"].default == 32 << 20
+
+
+async def test_a_judge_key_reaches_the_probe_as_it_reaches_the_calls(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`judge.max_response_bytes` caps the probe's reply as it caps a call's: both take their
+    pool from `judge_pool`."""
+    from genrm_trio.judge.probe import probe_judge
+
+    models = {"data": [{"id": "m" * 600}, {"id": "n" * 600}]}  # a reply over 1 KiB
+    recorder = Recorder(ok(models))
+    config = settings(max_response_bytes=1024)
+    caplog.set_level(logging.WARNING, logger="genrm_trio.serve")
+    with trio.fail_after(60):
+        assert await probe_judge(config, None, backend=recorder.network) is False
+        with pytest.raises(JudgeTransportError) as info:
+            await make_http_judge(config, backend=recorder.network).attempt(CALL)
+    assert info.value.type_name == "ResponseTooLarge"
+    [line] = [r.getMessage() for r in caplog.records if "judge probe" in r.getMessage()]
+    assert "failed: ResponseTooLarge: judge response exceeds judge.max_response_bytes (1024" in line
+    assert [r.method for r in recorder.received] == ["GET", "POST"]

@@ -383,7 +383,8 @@ async def test_private_ca_is_trusted_by_calls_and_probe_alike(
     if trust == "nothing":
         assert probed is False
         assert isinstance(outcome, JudgeTransportError)
-        assert outcome.type_name == "ConnectError" and outcome.retryable
+        # A certificate the judge's trust rejects would be rejected again: not retried.
+        assert outcome.type_name == "ConnectError" and not outcome.retryable
         for text in (str(outcome), probe_lines[0]):
             assert "TLS handshake failed" in text
             assert "CERTIFICATE_VERIFY_FAILED" in text

@@ -7,10 +7,13 @@ close lands just after its check. Every test is bounded by `fail_after`."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import hypercorn.trio
@@ -25,7 +28,7 @@ import genrm_trio.judge.pool as pool_module
 from genrm_trio.config import Settings, settings_from_mapping
 from genrm_trio.domain.model import Scored, VerifyInput
 from genrm_trio.engine.engine import open_engine
-from genrm_trio.judge.base import JudgeCall, ReplyStatus
+from genrm_trio.judge.base import JudgeCall, JudgeError, ReplyStatus
 from genrm_trio.judge.client import HttpJudge, make_http_judge
 from genrm_trio.judge.fleet import JudgeFleet, make_judge
 
@@ -191,6 +194,7 @@ async def serving(kind: str, app: JudgeApp, *, keep_alive_s: int = 5) -> AsyncIt
 
 
 SERVERS = ["uvicorn-h11", "uvicorn-httptools", "hypercorn"]
+STALL_S = 1.0
 
 
 def chat_settings(base_url: str | list[str], **extra: Any) -> Settings:
@@ -231,7 +235,7 @@ async def _call_then_wait_for_the_servers_idle_close(
     has arrived (a socket state: nothing to wait on but polling)."""
     await judge.attempt(CALL)
     ((_, idle),) = list(pool._idle)
-    while not pool_module._readable(idle.stream):  # noqa: ASYNC110
+    while not pool_module.is_readable(idle.stream):  # noqa: ASYNC110
         await trio.sleep(0.05)
 
 
@@ -251,7 +255,7 @@ async def test_keepalive_expiry_race_resends_on_a_new_connection(
             await _call_then_wait_for_the_servers_idle_close(judge, pool)
             # The client checks an idle connection before it reuses it; the race is a close that
             # lands just after that check, which is what this makes happen every time.
-            monkeypatch.setattr(pool_module, "_readable", lambda stream: False)
+            monkeypatch.setattr(pool_module, "is_readable", lambda stream: False)
             reply = await judge.attempt(CALL)
         assert reply.status is ReplyStatus.COMPLETED
         assert pool.stale_retries == 1
@@ -352,3 +356,97 @@ async def test_fleet_of_real_servers_one_killed_one_500_one_back_masks_nothing()
 
 async def _verify(engine: Any, item: VerifyInput, replies: list[Any]) -> None:
     replies.append(await engine.verify(item))
+
+
+async def test_a_sigstopped_replica_stalls_out_and_its_comparisons_are_answered_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """Two real `genrm-trio sim-judge` processes (50 ms a call) under steady load; one is
+    SIGSTOPped: its calls in flight never answer, while the other's do. Within
+    `judge.replica_stall_s` (1 s) of its last answer it is out, its calls are retried on the
+    other replica, and no comparison fails. Real clock, 127.0.0.1; the stopped process is
+    continued and killed whatever happens."""
+    from procs import start_judge
+
+    from genrm_trio.judge.attempts import Comparator
+    from genrm_trio.metrics import Metrics
+
+    judges = [
+        await trio.to_thread.run_sync(
+            partial(start_judge, tmp_path, "--latency-ms", "50", name=f"judge{i}")
+        )
+        for i in range(2)
+    ]
+    stopped = False
+    try:
+        config = Settings.model_validate(
+            {
+                "judge_request_timeout_s": 30.0,
+                "genrm_parse_retries": 3,
+                "genrm_parse_retry_sleep_s": 0.05,
+                "judge": {
+                    "base_url": [f"{judge.url}/v1" for judge in judges],
+                    "replica_stall_s": STALL_S,
+                    "eject_backoff_s": 60.0,  # no trial while the test runs
+                },
+            }
+        )
+        fleet = make_judge(config)
+        assert isinstance(fleet, JudgeFleet)
+        metrics = Metrics()
+        comparator = Comparator(fleet, config, metrics)
+        done, failed = 0, []
+        running = True
+        waiting: list[tuple[int, trio.Event]] = []
+
+        async def until(count: int) -> None:
+            """Wait until `count` comparisons are done."""
+            event = trio.Event()
+            waiting.append((count, event))
+            await event.wait()
+
+        async def worker(number: int) -> None:
+            nonlocal done
+            while running:
+                call = JudgeCall([{"role": "user", "content": "q"}], f"a{number}-{done}", "b", None)
+                try:
+                    await comparator.compare(call, pair=(0, 1), judge_pass=0)
+                except JudgeError as error:
+                    failed.append(error.message)
+                done += 1
+                for count, event in waiting:
+                    if done >= count:
+                        event.set()
+
+        try:
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    for number in range(8):
+                        nursery.start_soon(worker, number)
+                    await until(40)  # warm: both replicas answering
+                    judges[0].signal(signal.SIGSTOP)
+                    stopped = True
+                    stopped_at = trio.current_time()
+                    while not fleet.replica_stats()[0].stalls:  # noqa: ASYNC110 - counters
+                        await trio.sleep(0.02)
+                    stalled_after = trio.current_time() - stopped_at
+                    await until(done + 40)  # and the load goes on, on the other one
+                    running = False
+        finally:
+            await fleet.aclose()
+        first, second = fleet.replica_stats()
+        print(f"replica stalled out {stalled_after:.2f}s after its SIGSTOP")  # pytest -s
+        assert stalled_after <= STALL_S + 1.5, stalled_after  # ~1 s, scheduling aside
+        assert failed == []  # every comparison answered, those on the stopped replica elsewhere
+        assert (first.stalls, first.ejected, first.in_flight) == (1, True, 0)
+        assert (second.stalls, second.ejected, second.failures) == (0, False, 0)
+        stall_retries = metrics.registry.get_sample_value(
+            "genrm_trio_judge_retries_total", {"cause": "stall"}
+        )
+        assert stall_retries is not None and stall_retries >= 1
+        assert first.failures == stall_retries  # each cancelled call: a failure, retried
+    finally:
+        for judge in judges:
+            if stopped:
+                judge.signal(signal.SIGCONT)
+            await trio.to_thread.run_sync(judge.close)

@@ -39,6 +39,7 @@ class _Replica:
     calls: int = 1
     failures: int = 0
     ejections: int = 0
+    stalls: int = 0
     in_flight: int = 0
     ejected: bool = False
     latency_count: int = 1

@@ -13,7 +13,7 @@ import logging
 import math
 import os
 from collections.abc import Sequence
-from typing import Any, Literal, final
+from typing import Any, Final, Literal, final
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -164,6 +164,17 @@ def endpoint_of(url: str) -> str:
 EJECT_MAX_FAILURES = 3
 """The largest `judge.eject_after_failures` accepted."""
 
+JudgeApiName = Literal["responses", "chat_completions"]
+"""Every `judge.api` value: `judge.apis.JUDGE_APIS` has one object for each (mypy checks that
+`judge_api_type` covers them all, tests/test_judge_http.py that the table has no other)."""
+
+KEEPALIVE_EXPIRY_S: Final = 4.0
+"""The default `judge.keepalive_expiry_s`: an idle judge connection is closed after this long,
+below the 5 s after which uvicorn (so vLLM) and hypercorn close an idle keep-alive connection."""
+
+MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
+"""The default `judge.max_response_bytes`: a judge reply longer than this ends the attempt."""
+
 
 @final
 class JudgeSettings(_Strict):
@@ -171,7 +182,7 @@ class JudgeSettings(_Strict):
     (docs/configuration.md, "The judge", "A judge fleet")."""
 
     base_url: str | list[str] | None = None
-    api: Literal["responses", "chat_completions"] = "responses"
+    api: JudgeApiName = "responses"
     model: str | None = None
     api_key_env: str | None = None
     max_concurrency: int = Field(default=256, ge=1)
@@ -182,8 +193,10 @@ class JudgeSettings(_Strict):
     max_concurrency_per_replica: int | None = Field(default=None, ge=1)
     eject_after_failures: int = Field(default=EJECT_MAX_FAILURES, ge=1, le=EJECT_MAX_FAILURES)
     eject_backoff_s: float = 5.0
-    keepalive_expiry_s: float = 4.0
-    max_response_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # Off by default: the right value depends on the judge's longest call (docs/operations.md).
+    replica_stall_s: float | None = None
+    keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S
+    max_response_bytes: int = Field(default=MAX_RESPONSE_BYTES, ge=1024)
     ca_file: str | None = None
 
     @field_validator("base_url", mode="before")
@@ -212,6 +225,11 @@ class JudgeSettings(_Strict):
     @classmethod
     def _positive_seconds(cls, value: float) -> float:
         return _finite("value", value, positive=True)
+
+    @field_validator("replica_stall_s")
+    @classmethod
+    def _stall_seconds(cls, value: float | None) -> float | None:
+        return None if value is None else _finite("value", value, positive=True)
 
     @field_validator("ca_file")
     @classmethod

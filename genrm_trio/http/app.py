@@ -88,6 +88,16 @@ def _reply(status: int, payload: object, headers: Mapping[str, str] | None = Non
     )
 
 
+def replica_view(stats: ReplicaStats) -> dict[str, object]:
+    """One replica in `GET /judge/replicas`: every field of `ReplicaStats`, plus the mean
+    latency (null before the first finished attempt)."""
+    view: dict[str, object] = dataclasses.asdict(stats)
+    view["latency_mean_s"] = (
+        stats.latency_sum_s / stats.latency_count if stats.latency_count else None
+    )
+    return view
+
+
 def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
     """The HTTP application over `engine` (whose lifetime the caller owns).
 
@@ -235,27 +245,7 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
 
     @app.get("/judge/replicas")
     async def judge_replicas() -> Response:
-        return _reply(
-            200,
-            [
-                {
-                    "replica": stats.replica,
-                    "url": stats.url,
-                    "calls": stats.calls,
-                    "failures": stats.failures,
-                    "in_flight": stats.in_flight,
-                    "ejected": stats.ejected,
-                    "ejections": stats.ejections,
-                    "consecutive_failures": stats.consecutive_failures,
-                    "back_in_s": stats.back_in_s,
-                    "latency_mean_s": (
-                        stats.latency_sum_s / stats.latency_count if stats.latency_count else None
-                    ),
-                    "last_error": stats.last_error,
-                }
-                for stats in engine.judge_replicas()
-            ],
-        )
+        return _reply(200, [replica_view(stats) for stats in engine.judge_replicas()])
 
     @app.get("/checkpoint")
     async def checkpoint_export() -> Response:

@@ -11,8 +11,9 @@ import copy
 import logging
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar, Final, Protocol, final
+from typing import Any, ClassVar, Final, Protocol, assert_never, final, get_args
 
+from genrm_trio.config import JudgeApiName
 from genrm_trio.domain.text import answer_text
 from genrm_trio.judge.base import JudgeCall, JudgeReply, ReplyStatus
 
@@ -30,6 +31,7 @@ __all__ = [
     "interpret_chat",
     "interpret_responses",
     "judge_api",
+    "judge_api_type",
     "responses_body",
 ]
 
@@ -38,7 +40,7 @@ class JudgeApi(Protocol):
     """One judge API: the path under the judge's base URL, the request body of one attempt, and
     what a decoded reply means."""
 
-    name: ClassVar[str]
+    name: ClassVar[JudgeApiName]
     path: ClassVar[str]
 
     def body(self, call: JudgeCall) -> dict[str, Any]:
@@ -137,7 +139,7 @@ class ResponsesApi:
     """`judge.api: responses`: POST `{base_url}/responses` with the create params, `input` and
     `metadata` (`responses_body`); the reply is a Responses object (`interpret_responses`)."""
 
-    name: ClassVar[str] = "responses"
+    name: ClassVar[JudgeApiName] = "responses"
     path: ClassVar[str] = "/responses"
 
     def __init__(self, create_params: Mapping[str, Any]) -> None:
@@ -251,7 +253,7 @@ class ChatCompletionsApi:
     dropped) and the call as messages (`chat_body`); the reply is a chat completion
     (`interpret_chat`)."""
 
-    name: ClassVar[str] = "chat_completions"
+    name: ClassVar[JudgeApiName] = "chat_completions"
     path: ClassVar[str] = "/chat/completions"
 
     def __init__(self, create_params: Mapping[str, Any]) -> None:
@@ -271,8 +273,19 @@ class ChatCompletionsApi:
         return interpret_chat(reply)
 
 
+def judge_api_type(name: JudgeApiName) -> type[ResponsesApi] | type[ChatCompletionsApi]:
+    """The object of the `judge.api` value `name`: the one place a new judge API is added, beside
+    its value in `config.JudgeApiName` (mypy fails here until every value has its object)."""
+    match name:
+        case "responses":
+            return ResponsesApi
+        case "chat_completions":
+            return ChatCompletionsApi
+        case _:
+            assert_never(name)
+
+
 JUDGE_APIS: Final[Mapping[str, type[ResponsesApi] | type[ChatCompletionsApi]]] = {
-    "responses": ResponsesApi,
-    "chat_completions": ChatCompletionsApi,
+    name: judge_api_type(name) for name in get_args(JudgeApiName)
 }
-"""Every `judge.api` value and its object: the one place a new judge API is added."""
+"""Every `judge.api` value and its object, derived from `config.JudgeApiName`."""

@@ -8,6 +8,13 @@ All A = `genrm_parse_retries + 1` attempts share one budget across transport err
 HTTP statuses, unusable replies and parse failures. Sleeps are plain `trio.sleep` calls under the
 caller's cancel scope, so a group or `/compare` deadline ends them.
 
+With a fleet of several replicas (`judge.fleet.JudgeFleet`), a failure that belongs to the replica
+rather than to the request (the attempt's deadline, a certificate the replica's TLS trust
+rejects, a stall) is retried too, on another replica (D43); each attempt carries an
+`AttemptTicket`, through which the fleet says where it went and the Comparator says when its own
+deadline ended it. A `Retry-After` holds back only the replica that sent it: the retry waits only
+when every replica is holding back (D44).
+
 Every attempt carries its output budget (`JudgeCall.max_output_tokens`, the configured one when
 it is an integer). With `judge.budget_escalation` set, an attempt that ran out of it makes the
 comparison's next attempt ask for `min(ceil(budget x factor), cap)`: retrying a reasoning judge
@@ -29,6 +36,7 @@ import trio
 from genrm_trio.config import Settings
 from genrm_trio.domain.verdict import Verdict, VerdictParseError, parse_overall, parse_rubric
 from genrm_trio.judge.base import (
+    AttemptTicket,
     ComparisonResult,
     Judge,
     JudgeAttemptError,
@@ -37,8 +45,10 @@ from genrm_trio.judge.base import (
     JudgeError,
     JudgeHTTPError,
     JudgeReply,
+    JudgeStalled,
     JudgeTimeout,
     JudgeTransportError,
+    ReplicaReporting,
     ReplyStatus,
     Usage,
     one_line,
@@ -47,10 +57,14 @@ from genrm_trio.metrics import Metrics
 
 log = logging.getLogger("genrm_trio.judge")
 
-__all__ = ["MAX_BACKOFF_S", "Comparator", "ComparatorStatistics"]
+__all__ = ["MAX_BACKOFF_S", "RETRY_AFTER_JITTER", "Comparator", "ComparatorStatistics"]
 
 MAX_BACKOFF_S: Final = 30.0
 """Cap of one exponential-backoff sleep (docs/differences.md, D13)."""
+
+RETRY_AFTER_JITTER: Final = 0.1
+"""A `Retry-After` wait is stretched by up to this fraction of itself, at random (D44), so that
+the comparisons one 429 held back do not all come back in the same millisecond."""
 
 
 @final
@@ -78,6 +92,8 @@ def _outcome(error: JudgeAttemptError) -> tuple[str, str]:
         return "timeout", "timeout"
     if isinstance(error, JudgeBadJSON):
         return "bad_json", "bad_json"
+    if isinstance(error, JudgeStalled):
+        return "stalled", "stall"
     if isinstance(error, JudgeTransportError):
         return "transport_error", "transport"
     return "transport_error", "transport"
@@ -96,6 +112,10 @@ class Comparator:
         rng: random.Random | None = None,
     ) -> None:
         self._judge = judge
+        # A fleet: attempts carry tickets, and with several replicas a failure of the replica
+        # (not of the request) is worth another attempt elsewhere.
+        self._fleet = judge if isinstance(judge, ReplicaReporting) else None
+        self._elsewhere = self._fleet is not None and len(self._fleet.replicas) > 1
         self._settings = settings
         self._metrics = metrics
         self._rng = rng if rng is not None else random.Random()
@@ -153,37 +173,52 @@ class Comparator:
             self._queued -= 1
             metrics.judge_queued.dec()
         try:
-            started = trio.current_time()
-            metrics.judge_queue_wait_seconds.observe(started - queued_at)
-            self._in_flight += 1
-            self._calls += 1
-            metrics.judge_inflight.inc()
-            try:
-                with trio.fail_after(self._timeout):
-                    reply = await self._judge.attempt(call)
-            except trio.TooSlowError:
-                error: JudgeAttemptError = JudgeTimeout(self._timeout)
-                metrics.judge_calls.labels(outcome="timeout").inc()
-                raise error from None
-            except JudgeAttemptError as exc:
-                metrics.judge_calls.labels(outcome=_outcome(exc)[0]).inc()
-                raise
-            else:
-                metrics.judge_calls.labels(outcome=reply.status.value).inc()
-                return reply
-            finally:
-                self._in_flight -= 1
-                metrics.judge_inflight.dec()
-                metrics.judge_attempt_seconds.observe(trio.current_time() - started)
+            metrics.judge_queue_wait_seconds.observe(trio.current_time() - queued_at)
+            return await self._timed_attempt(call)
         finally:
             self._limiter.release()
+
+    async def _timed_attempt(self, call: JudgeCall) -> JudgeReply:
+        """The attempt itself (its slot held), under `judge_request_timeout_s`."""
+        metrics = self._metrics
+        started = trio.current_time()
+        self._in_flight += 1
+        self._calls += 1
+        metrics.judge_inflight.inc()
+        try:
+            with trio.fail_after(self._timeout):
+                reply = await self._judge.attempt(call)
+        except trio.TooSlowError:
+            error: JudgeAttemptError = JudgeTimeout(self._timeout)
+            metrics.judge_calls.labels(outcome="timeout").inc()
+            if call.ticket is not None:  # a fleet: which replica hung, and that it did
+                error.replica = call.ticket.replica
+                call.ticket.deadline_expired(error)
+            raise error from None
+        except JudgeAttemptError as exc:
+            metrics.judge_calls.labels(outcome=_outcome(exc)[0]).inc()
+            raise
+        else:
+            metrics.judge_calls.labels(outcome=reply.status.value).inc()
+            return reply
+        finally:
+            self._in_flight -= 1
+            metrics.judge_inflight.dec()
+            metrics.judge_attempt_seconds.observe(trio.current_time() - started)
 
     # --- pacing ---------------------------------------------------------------------------
 
     def _pause(self, retry: int, retry_after: float | None) -> float:
-        """Seconds to sleep before retry number `retry` (1 = the first retry; D13)."""
+        """Seconds to sleep before retry number `retry` (1 = the first retry; D13, D44)."""
+        if retry_after is not None and self._fleet is not None:
+            # Held back is the replica that sent it: wait only when every replica is.
+            retry_after = self._fleet.held_back_for()
         if retry_after is not None:
-            if trio.current_time() + retry_after < trio.current_effective_deadline():
+            left = trio.current_effective_deadline() - trio.current_time()
+            stretched = retry_after * (1.0 + self._rng.uniform(0.0, RETRY_AFTER_JITTER))
+            if stretched < left:
+                return stretched
+            if retry_after < left:
                 return retry_after
             log.debug("Retry-After %.3fs does not fit before the deadline; ignored", retry_after)
         base = self._settings.genrm_parse_retry_sleep_s
@@ -264,16 +299,22 @@ class Comparator:
                 self._escalations += 1
                 self._metrics.judge_budget_escalations.inc()
             attempt_call = call
-            if (budget is not None and budget != call.max_output_tokens) or avoid is not None:
+            if (
+                (budget is not None and budget != call.max_output_tokens)
+                or avoid is not None
+                or self._fleet is not None
+            ):
                 attempt_call = dataclasses.replace(
                     call,
                     max_output_tokens=budget if budget is not None else call.max_output_tokens,
                     avoid_replica=avoid,
+                    ticket=AttemptTicket() if self._fleet is not None else None,
                 )
             try:
                 reply = await self._attempt(attempt_call)
             except JudgeAttemptError as error:
-                if error.retryable and n < total:
+                retryable = error.retryable or (error.retry_elsewhere and self._elsewhere)
+                if retryable and n < total:
                     cause = _outcome(error)[1]
                     self._retry(cause, pair, judge_pass, n, error.describe())
                     if isinstance(error, JudgeHTTPError):

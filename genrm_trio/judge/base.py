@@ -9,8 +9,8 @@ the shared retry budget, pacing and parsing that produce them are `judge.attempt
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, final, runtime_checkable
 
 from genrm_trio.domain.verdict import Verdict
@@ -31,6 +31,35 @@ class JudgeCall:
     # A fleet's replica (its label) that failed this comparison's previous attempt: the fleet
     # sends this attempt elsewhere when it can. Single judges ignore it.
     avoid_replica: str | None = None
+    # What this attempt's Comparator and a fleet tell each other (one per attempt of a fleet's
+    # comparison; None for a single judge).
+    ticket: AttemptTicket | None = field(default=None, compare=False, repr=False)
+
+
+@final
+class AttemptTicket:
+    """One attempt, as its `Comparator` and a `JudgeFleet` see it. The fleet notes where the
+    attempt went (`replica`) and what to do should it end by its own deadline; the Comparator,
+    which owns that deadline (`judge_request_timeout_s`), says so (`deadline_expired`). A
+    cancellation from outside (the group's deadline, a disconnect, a superseded group) is never
+    reported: it is neither an answer nor a failure of the replica. So neither guesses."""
+
+    __slots__ = ("_on_deadline", "replica")
+
+    def __init__(self) -> None:
+        self.replica: str | None = None  # the fleet replica the attempt went to (its label)
+        self._on_deadline: Callable[[JudgeAttemptError], None] | None = None
+
+    def went_to(self, replica: str, on_deadline: Callable[[JudgeAttemptError], None]) -> None:
+        """The fleet: the attempt is on `replica`; call `on_deadline` if its deadline ends it."""
+        self.replica = replica
+        self._on_deadline = on_deadline
+
+    def deadline_expired(self, error: JudgeAttemptError) -> None:
+        """The Comparator: the attempt's own deadline ended it (`error`, a `JudgeTimeout`)."""
+        on_deadline, self._on_deadline = self._on_deadline, None
+        if on_deadline is not None:
+            on_deadline(error)
 
 
 class ReplyStatus(enum.Enum):
@@ -82,7 +111,7 @@ def one_line(text: str, limit: int = 1000) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-# --- per-attempt errors (mapped at the boundary from httpx; never escape a comparison) ---------
+# --- per-attempt errors (mapped at the boundary, judge.client; never escape a comparison) -------
 
 
 class JudgeAttemptError(Exception):
@@ -91,6 +120,9 @@ class JudgeAttemptError(Exception):
 
     type_name: str = "JudgeAttemptError"
     retryable: bool = False
+    # Retried, although not `retryable`, when the judge is a fleet of several replicas: the
+    # failure belongs to the replica (its deadline, its certificate), not to the request.
+    retry_elsewhere: bool = False
     replica: str | None = None  # the fleet replica (its label) the attempt went to, if any
 
     def describe(self) -> str:
@@ -104,7 +136,7 @@ class JudgeTransportError(JudgeAttemptError):
     retryable = True
 
     def __init__(self, type_name: str, message: str) -> None:
-        # type_name is one of ConnectError, ReadError, WriteError, RemoteProtocolError
+        # type_name and whether it is retried: judge.client.TRANSPORT_ERRORS, the one table
         super().__init__(message)
         self.type_name = type_name
 
@@ -129,12 +161,22 @@ class JudgeHTTPError(JudgeAttemptError):
 
 
 class JudgeTimeout(JudgeAttemptError):
-    """The per-attempt deadline (`judge_request_timeout_s`) expired. Not retryable (D14)."""
+    """The per-attempt deadline (`judge_request_timeout_s`) expired. Not retried against the
+    same judge (D14); retried on another replica of a fleet (D43)."""
 
     type_name = "TimeoutError"
+    retry_elsewhere = True
 
     def __init__(self, timeout_s: float) -> None:
         super().__init__(f"judge attempt exceeded {timeout_s}s")
+
+
+class JudgeStalled(JudgeAttemptError):
+    """The fleet replica the attempt was on stalled (`judge.replica_stall_s`: calls in flight,
+    none answered, while other replicas answered) and the attempt was cancelled. Retryable."""
+
+    type_name = "ReplicaStalled"
+    retryable = True
 
 
 class JudgeBadJSON(JudgeAttemptError):
@@ -210,6 +252,7 @@ class ReplicaStats:
     ejected: bool
     ejections: int  # times taken out
     consecutive_failures: int
+    stalls: int  # times taken out as stalled (`judge.replica_stall_s`); counted in ejections too
     back_in_s: float | None  # seconds until a trial attempt may go to it (ejected only)
     latency_sum_s: float  # summed over finished (not cancelled) attempts
     latency_count: int
@@ -219,6 +262,16 @@ class ReplicaStats:
 @runtime_checkable
 class ReplicaReporting(Protocol):
     """A judge that spreads its calls over replicas and reports each one (`JudgeFleet`); the
-    engine and `/metrics` see it through this protocol only."""
+    engine, `/metrics` and the `Comparator` see it through this protocol only."""
+
+    @property
+    def replicas(self) -> list[str]:
+        """The replicas' labels, in configuration order."""
+        ...
 
     def replica_stats(self) -> list[ReplicaStats]: ...
+
+    def held_back_for(self) -> float | None:
+        """Seconds until a replica may take a call again when every one the next attempt could
+        go to is holding back after a `Retry-After`; None when one can take it now."""
+        ...

@@ -2,11 +2,11 @@
 `make_http_judge`, the judge `settings.judge` describes.
 
 One `attempt()` is one POST: the body is the judge API's (`judge.apis`), the exchange the
-keep-alive pool's (`judge.pool`). Every httpx failure is mapped at this boundary to a
-`JudgeAttemptError` subclass (docs/differences.md, D14); retries, pacing and deadlines belong to
-the caller (`judge.attempts`), so httpx runs with no timeouts and no connection retries of its
-own (D15). Tests inject any other httpx transport (`httpx.MockTransport`, `httpx.ASGITransport`)
-in place of the pool.
+keep-alive pool's (`judge.pool`), which is the only way to the judge (tests reach it through the
+pool's network backend, `judge.network`). Every failure the pool raises is mapped at this
+boundary, by one table (`TRANSPORT_ERRORS`), to a `JudgeTransportError` (docs/differences.md,
+D14); retries, pacing and deadlines belong to the caller (`judge.attempts`), so the pool has no
+timeouts and no connection retries of its own (D15).
 """
 
 from __future__ import annotations
@@ -15,16 +15,13 @@ import email.utils
 import json
 import math
 import re
-import ssl
 import time
-from collections.abc import Mapping
-from typing import Any, Final, final
+from typing import Final, final
 
 import httpx
-import trio
 
 from genrm_trio.config import ConfigError, Settings, endpoint_of, read_secret
-from genrm_trio.judge.apis import JUDGE_APIS, judge_api
+from genrm_trio.judge.apis import JUDGE_APIS, JudgeApi, judge_api
 from genrm_trio.judge.base import (
     JudgeBadJSON,
     JudgeCall,
@@ -32,22 +29,39 @@ from genrm_trio.judge.base import (
     JudgeReply,
     JudgeTransportError,
 )
-from genrm_trio.judge.http1 import OutgoingRequest
+from genrm_trio.judge.http1 import OutgoingRequest, ResponseTooLarge
+from genrm_trio.judge.network import NetworkBackend
 from genrm_trio.judge.pool import (
-    KEEPALIVE_EXPIRY_S,
-    MAX_RESPONSE_BYTES,
+    CertificateError,
     KeepAlivePool,
     StaleConnectionError,
+    judge_pool,
 )
-from genrm_trio.judge.tls import judge_ssl_context
 
-__all__ = ["HttpJudge", "make_http_judge", "parse_retry_after"]
+__all__ = [
+    "TRANSPORT_ERRORS",
+    "HttpJudge",
+    "make_http_judge",
+    "parse_retry_after",
+    "transport_error",
+]
 
-# Transport errors that are transient (docs/differences.md, D14): connect/read/write/close
-# failures and a connection closed before a complete response. Anything else (a local protocol
-# error, an unsupported scheme, a proxy error) is a configuration or client bug and is not
-# retried.
-_RETRYABLE_TRANSPORT: Final = (httpx.NetworkError, httpx.RemoteProtocolError)
+TRANSPORT_ERRORS: Final[tuple[tuple[type[httpx.HTTPError], str, bool, bool], ...]] = (
+    # (what the pool raised, the {ErrorType} of the judge error, retried against the same
+    #  judge, retried on another replica of a fleet); the first row that matches wins.
+    (CertificateError, "ConnectError", False, True),  # this replica's certificate
+    (httpx.ConnectError, "ConnectError", True, True),
+    (httpx.ReadError, "ReadError", True, True),
+    (httpx.WriteError, "WriteError", True, True),
+    (httpx.RemoteProtocolError, "RemoteProtocolError", True, True),
+    (ResponseTooLarge, "ResponseTooLarge", False, False),  # the same request, the same reply
+    (httpx.DecodingError, "DecodingError", False, False),
+    (httpx.LocalProtocolError, "LocalProtocolError", False, False),  # a client bug
+)
+"""Every failure of an exchange, as a judge error (docs/differences.md, D14): the connect, read
+and write failures and a connection closed before a complete response are transient; a reply too
+large or in an encoding that does not decode, and a request the client refuses to write, would
+be the same again. A certificate the judge's TLS trust rejects would be too, at that replica."""
 
 _BEARER: Final = re.compile(rb"(?i)(bearer\s+)[^\s;,\"'()\[\]]+")
 
@@ -83,11 +97,20 @@ def _raw_header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
     return None
 
 
-def _transport_error(exc: httpx.RequestError) -> JudgeTransportError:
-    name = type(exc).__name__
+def transport_error(exc: httpx.HTTPError) -> JudgeTransportError:
+    """`exc`, raised by the pool, as the judge error `TRANSPORT_ERRORS` says it is."""
+    name, retryable, elsewhere = next(
+        (
+            (name, retry, other)
+            for kind, name, retry, other in TRANSPORT_ERRORS
+            if isinstance(exc, kind)
+        ),
+        # not one the pool raises: a bug, reported under its own name and not retried
+        (type(exc).__name__, False, False),
+    )
     error = JudgeTransportError(name, str(exc) or name)
-    if not isinstance(exc, _RETRYABLE_TRANSPORT):
-        error.retryable = False
+    error.retryable = retryable
+    error.retry_elsewhere = elsewhere
     return error
 
 
@@ -105,59 +128,45 @@ def _decode_json(content: bytes) -> object:
 
 @final
 class HttpJudge:
-    """A `Judge` that POSTs to an OpenAI-style server (Responses or chat completions)."""
+    """A `Judge` that POSTs to an OpenAI-style server (Responses or chat completions) over
+    `pool`."""
 
     def __init__(
         self,
         *,
         url: str,
         endpoint: str,
-        api: str,
-        create_params: Mapping[str, Any],
+        api: JudgeApi,
+        pool: KeepAlivePool,
         token: str | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-        keepalive_expiry: float = KEEPALIVE_EXPIRY_S,
-        max_response_bytes: int = MAX_RESPONSE_BYTES,
-        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        self._url = httpx.URL(url)
+        parsed = httpx.URL(url)
+        self._url = str(parsed)
         self._endpoint = endpoint
-        self._path = self._url.path
-        headers = {
-            "content-type": "application/json",
-            "accept": "application/json",
-            # Judge replies are JSON on a fast network: compression buys nothing. A server that
-            # compresses anyway is decoded (decode_content).
-            "accept-encoding": "identity",
-        }
+        self._path = parsed.path
         self._secret = token.encode() if token else None
-        if token is not None:
-            headers["authorization"] = f"Bearer {token}"
-        self._headers: Final = headers
         # The request body and the reply's meaning are the API's; the rest is the same for both.
-        self._api: Final = judge_api(api, create_params)
-        self._pool: KeepAlivePool | None = None
-        if transport is None:
-            https = self._url.scheme == "https"
-            self._pool = KeepAlivePool(
-                self._url,
-                ssl_context=(ssl_context or judge_ssl_context()) if https else None,
-                keepalive_expiry=keepalive_expiry,
-                max_response_bytes=max_response_bytes,
-            )
-            transport = self._pool
-        self._transport: Final = transport
-        # The built-in pool takes the request as (method, target, headers, body): the headers
-        # are the same for every call but for the length.
-        self._target: Final = self._url.raw_path
-        self._header_list: Final = [(b"host", self._url.netloc)] + [
-            (key.encode("ascii"), value.encode("latin-1")) for key, value in headers.items()
+        self._api: Final = api
+        self._pool: Final = pool
+        # The request is (method, target, headers, body): the headers are the same for every
+        # call but for the length.
+        self._target: Final = parsed.raw_path
+        headers = [
+            (b"host", parsed.netloc),
+            (b"content-type", b"application/json"),
+            (b"accept", b"application/json"),
+            # Judge replies are JSON on a fast network: compression buys nothing. A server that
+            # compresses anyway is decoded (judge.pool.decode_content).
+            (b"accept-encoding", b"identity"),
         ]
+        if token is not None:
+            headers.append((b"authorization", b"Bearer " + token.encode("latin-1")))
+        self._header_list: Final = headers
         self._closed = False
         self._in_flight = 0
 
     def __repr__(self) -> str:
-        return f"HttpJudge({self._api.name}, {str(self._url)!r})"
+        return f"HttpJudge({self._api.name}, {self._url!r})"
 
     @property
     def endpoint(self) -> str:
@@ -169,7 +178,7 @@ class HttpJudge:
 
     @property
     def url(self) -> str:
-        return str(self._url)
+        return self._url
 
     @property
     def in_flight(self) -> int:
@@ -178,8 +187,12 @@ class HttpJudge:
 
     @property
     def open_connections(self) -> int:
-        """Connections the built-in pool holds (0 with an injected transport)."""
-        return 0 if self._pool is None else self._pool.connections
+        """Connections the pool holds."""
+        return self._pool.connections
+
+    @property
+    def pool(self) -> KeepAlivePool:
+        return self._pool
 
     async def attempt(self, call: JudgeCall) -> JudgeReply:
         """One POST: a classified reply, or JudgeTransportError / JudgeHTTPError / JudgeBadJSON."""
@@ -187,29 +200,24 @@ class HttpJudge:
             raise RuntimeError("HttpJudge is closed")
         self._in_flight += 1
         try:
-            if self._pool is not None:
-                try:
-                    status, raw_headers, body = await self._pool.exchange(self._request(call))
-                except StaleConnectionError:
-                    # Not answered, not an attempt: once more, on a new connection.
-                    request = self._request(call)
-                    status, raw_headers, body = await self._pool.exchange(request, fresh=True)
-                retry_after = _raw_header(raw_headers, b"retry-after")
-            else:
-                content = json.dumps(self._api.body(call)).encode("ascii")
-                status, body, retry_after = await self._send_httpx(content)
-        except httpx.RequestError as exc:
-            raise _transport_error(exc) from exc
+            try:
+                status, headers, body = await self._pool.exchange(self._request(call))
+            except StaleConnectionError:
+                # Not answered, not an attempt: once more, on a new connection.
+                status, headers, body = await self._pool.exchange(self._request(call), fresh=True)
+        except httpx.HTTPError as exc:
+            raise transport_error(exc) from exc
         finally:
             self._in_flight -= 1
         if not 200 <= status <= 299:
-            raise JudgeHTTPError(status, self._redact(body), parse_retry_after(retry_after))
+            retry_after = parse_retry_after(_raw_header(headers, b"retry-after"))
+            raise JudgeHTTPError(status, self._redact(body), retry_after)
         return self._api.interpret(_decode_json(body))
 
     def _request(self, call: JudgeCall) -> list[OutgoingRequest]:
-        """`call`'s POST in a one-item list the pool empties once it is sent: with a 200 ms
-        judge and 1,024 calls in flight, the prompt's bytes held again for the wait were ~6 MB.
-        (So a resend builds it anew.)"""
+        """`call`'s POST in a one-item list the pool empties once it is sent, so that no frame
+        holds the prompt's bytes while the reply is awaited (docs/benchmarks.md, "Judge
+        client"). (So a resend builds it anew.)"""
         content = json.dumps(self._api.body(call)).encode("ascii")
         headers = [*self._header_list, (b"content-length", b"%d" % len(content))]
         return [(b"POST", self._target, headers, content)]
@@ -221,35 +229,21 @@ class HttpJudge:
             body = body.replace(self._secret, b"[redacted]")
         return _BEARER.sub(rb"\1[redacted]", body)
 
-    async def _send_httpx(self, content: bytes) -> tuple[int, bytes, str | None]:
-        """One exchange through an injected httpx transport."""
-        request = httpx.Request("POST", self._url, content=content, headers=self._headers)
-        response = await self._transport.handle_async_request(request)
-        try:
-            body = await response.aread()
-        except BaseException:
-            # bounded: closing the response drops its connection; one second caps it anyway
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + 1.0):
-                await response.aclose()
-            raise
-        await response.aclose()
-        return response.status_code, body, response.headers.get("retry-after")
-
     async def aclose(self) -> None:
-        """Close the transport and its connections. Idempotent."""
+        """Close the pool and its connections. Idempotent."""
         if not self._closed:
             self._closed = True
-            await self._transport.aclose()
+            await self._pool.aclose()
 
 
 def make_http_judge(
     settings: Settings,
     *,
-    transport: httpx.AsyncBaseTransport | None = None,
     base_url: str | None = None,
+    backend: NetworkBackend | None = None,
 ) -> HttpJudge:
     """The judge `settings.judge` describes (at `base_url`, one replica of a fleet, when given);
-    `transport` replaces the network (tests)."""
+    `backend` opens its connections (tests: an in-memory network; else real TCP)."""
     judge = settings.judge
     if base_url is None:
         if judge.base_url is not None and not isinstance(judge.base_url, str):
@@ -259,18 +253,13 @@ def make_http_judge(
         base_url = judge.base_url
     if base_url is None:
         raise ConfigError("settings", "judge.base_url", "required for an HTTP judge")
-    suffix = JUDGE_APIS[judge.api].path
     token = None
     if judge.api_key_env:
         token = read_secret(judge.api_key_env, key="judge.api_key_env")
     return HttpJudge(
-        url=base_url.rstrip("/") + suffix,
+        url=base_url.rstrip("/") + JUDGE_APIS[judge.api].path,
         endpoint=endpoint_of(base_url),
-        api=judge.api,
-        create_params=settings.judge_create_params,
+        api=judge_api(judge.api, settings.judge_create_params),
+        pool=judge_pool(base_url, judge, backend=backend),
         token=token,
-        transport=transport,
-        keepalive_expiry=judge.keepalive_expiry_s,
-        max_response_bytes=judge.max_response_bytes,
-        ssl_context=judge_ssl_context(judge.ca_file) if base_url.startswith("https:") else None,
     )

@@ -1,25 +1,36 @@
-"""A fleet of judge replicas behind one `Judge`: routing, failover, ejection, per-replica stats.
+"""A fleet of judge replicas behind one `Judge`: routing, failover, ejection, stall detection,
+per-replica stats.
 
 `judge.base_url` as a list of URLs makes a `JudgeFleet` of one `HttpJudge` per replica (each with
 its own keep-alive pool). Every attempt goes to one replica:
 
 - **routing**: the replica with the fewest attempts in flight, ties broken round robin, skipping
-  ejected replicas and replicas at `judge.max_concurrency_per_replica`;
+  ejected replicas, replicas at `judge.max_concurrency_per_replica`, and, while another can take
+  the attempt, replicas holding back after a `Retry-After` they sent (D44);
 - **failover**: an attempt whose `JudgeCall.avoid_replica` names a replica (the `Comparator`
-  sets it after a retryable failure there) goes to another one when any is available;
+  sets it after a failure there) goes to another one when any is available;
 - **ejection**: a replica whose last `judge.eject_after_failures` finished attempts all failed
-  retryably (transport error, 408, 429, 5xx) is taken out for `judge.eject_backoff_s`; then one
-  trial attempt at a time may go to it: an answer brings it back, a failure doubles the back-off
-  (capped at `EJECT_BACKOFF_MAX_S`). While ejected it gets no traffic, however few attempts it
-  has in flight, so a replica that fails fast cannot attract calls. When every replica is ejected,
-  attempts still go out, to the least recently failed replica, rather than failing untried.
-  An attempt that hung for the whole `judge_request_timeout_s` (`hang_after_s`) counts as a failed
-  one here, so a replica that accepts calls and never answers is ejected like one that refuses
-  them (the timed-out comparison itself is still not retried, D14).
+  retryably (transport error, 408, 429, 5xx, its attempt deadline) is taken out for
+  `judge.eject_backoff_s`; then one trial attempt at a time may go to it: an answer brings it
+  back, a failure doubles the back-off (capped at `EJECT_BACKOFF_MAX_S`). While ejected it gets
+  no traffic, however few attempts it has in flight, so a replica that fails fast cannot attract
+  calls. When every replica is ejected, attempts still go out, to the least recently failed
+  replica, rather than failing untried;
+- **stall detection** (`judge.replica_stall_s`, off by default): a replica that has had attempts
+  in flight and finished none of them for that long, while another replica answered (a reply or
+  an HTTP status, not a broken connection) in that time, is stalled: it is taken out as an
+  ejected one is, and its attempts in flight are cancelled (`JudgeStalled`, retryable, so each
+  is retried elsewhere as an attempt of its comparison).
 
-Retries, pacing and deadlines stay in `judge.attempts` (one shared budget per comparison); the
-fleet adds no attempts of its own. An attempt cancelled before `hang_after_s` (by its group, by a
-group deadline, by a disconnect) counts neither as an answer nor as a failure.
+Why an attempt ended the fleet is told, not guessed: an answer or a failure it sees; its own
+deadline the `Comparator` reports through the attempt's `AttemptTicket` (a hung replica is then
+failed and ejected like one that refuses); any other cancellation (the group's deadline, a
+disconnect) counts neither as an answer nor as a failure. Retries, pacing and deadlines stay in
+`judge.attempts` (one shared budget per comparison); the fleet adds no attempts of its own.
+
+The stall clock is a cancel scope per attempt, of which one per replica carries the deadline
+`quiet_since + replica_stall_s`, set only once another replica has answered since `quiet_since`:
+when it fires, the condition holds by construction, and keeping it costs O(1) per answer.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Final, final
 
 import trio
@@ -36,12 +48,15 @@ from genrm_trio.judge.base import (
     Judge,
     JudgeAttemptError,
     JudgeCall,
+    JudgeHTTPError,
     JudgeReply,
-    JudgeTimeout,
+    JudgeStalled,
+    JudgeTransportError,
     ReplicaStats,
     one_line,
 )
 from genrm_trio.judge.client import make_http_judge
+from genrm_trio.judge.network import NetworkBackend
 
 log = logging.getLogger("genrm_trio.judge")
 
@@ -54,6 +69,8 @@ EJECT_BACKOFF_MAX_S: Final = 60.0
 @final
 class _Replica:
     __slots__ = (
+        "armed",
+        "attempts",
         "backoff",
         "calls",
         "consecutive",
@@ -62,6 +79,7 @@ class _Replica:
         "ejected_at",
         "ejections",
         "failures",
+        "hold_until",
         "in_flight",
         "index",
         "judge",
@@ -70,7 +88,11 @@ class _Replica:
         "last_failure",
         "latency_count",
         "latency_sum",
+        "quiet_since",
+        "stalling",
+        "stalls",
         "url",
+        "watch",
     )
 
     def __init__(self, index: int, label: str, url: str, judge: Judge) -> None:
@@ -91,6 +113,14 @@ class _Replica:
         self.last_error: str | None = None
         self.latency_sum = 0.0
         self.latency_count = 0
+        self.hold_until = -math.inf  # no new attempt before this (its Retry-After), if others can
+        # stall detection (judge.replica_stall_s)
+        self.stalls = 0
+        self.quiet_since = 0.0  # since when it has had attempts in flight and finished none
+        self.armed = False  # another replica answered since quiet_since
+        self.attempts: set[trio.CancelScope] = set()  # the scopes of its attempts in flight
+        self.watch: trio.CancelScope | None = None  # the one carrying the stall deadline
+        self.stalling = False  # a stall was declared; its attempts are being cancelled
 
 
 def replica_labels(urls: Sequence[str]) -> list[str]:
@@ -113,7 +143,7 @@ class JudgeFleet:
         max_in_flight_per_replica: int | None = None,
         eject_after_failures: int = 3,
         eject_backoff_s: float = 5.0,
-        hang_after_s: float | None = None,
+        stall_after_s: float | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("a judge fleet needs at least one replica")
@@ -126,7 +156,7 @@ class JudgeFleet:
         self._cap = max_in_flight_per_replica
         self._threshold = eject_after_failures
         self._backoff = eject_backoff_s
-        self._hang_after = hang_after_s  # an attempt cancelled this late never answered
+        self._stall_after = stall_after_s
         self._next = 0  # where the round robin starts looking
         self._lot = trio.lowlevel.ParkingLot()
         self._path = replicas[0][1].path
@@ -157,7 +187,7 @@ class JudgeFleet:
         replicas = self._replicas
         count = len(replicas)
         best: _Replica | None = None
-        best_key = (True, 0)
+        best_key = (True, True, 0)
         fallback: _Replica | None = None
         fallback_key = (True, math.inf)
         cap = self._cap
@@ -167,10 +197,11 @@ class JudgeFleet:
             in_service = in_service or not replica.ejected
             if cap is not None and replica.in_flight >= cap:
                 continue
+            held = replica.hold_until > now
             if replica.ejected:
                 # A back-off that ran out admits one trial attempt at a time.
                 if now >= replica.eject_until and replica.in_flight == 0:
-                    key = (replica.label == avoid, 0)
+                    key = (held, replica.label == avoid, 0)
                     if best is None or key < best_key:
                         best, best_key = replica, key
                 else:
@@ -178,7 +209,7 @@ class JudgeFleet:
                     if fallback is None or fkey < fallback_key:
                         fallback, fallback_key = replica, fkey
                 continue
-            key = (replica.label == avoid, replica.in_flight)
+            key = (held, replica.label == avoid, replica.in_flight)
             if best is None or key < best_key:
                 best, best_key = replica, key
         # Only when every replica is ejected does an attempt go to one still backing off.
@@ -196,42 +227,154 @@ class JudgeFleet:
             # Every replica is at judge.max_concurrency_per_replica: wait for a finished call.
             await self._lot.park()
 
+    def held_back_for(self) -> float | None:
+        """Seconds until a replica may take a call again when every one an attempt could go to
+        now (in service, or ejected and due a trial) is holding back after its `Retry-After`;
+        None when one can take it now, or when none could anyway (every replica backing off)."""
+        now = trio.current_time()
+        holds = [
+            replica.hold_until
+            for replica in self._replicas
+            if not replica.ejected or (now >= replica.eject_until and replica.in_flight == 0)
+        ]
+        if not holds or min(holds) <= now:
+            return None
+        return min(holds) - now
+
     # --- the attempt ----------------------------------------------------------------------
 
     async def attempt(self, call: JudgeCall) -> JudgeReply:
         if self._closed:
             raise RuntimeError("JudgeFleet is closed")
         replica, trial = await self._choose(call.avoid_replica)
+        started = trio.current_time()
         replica.in_flight += 1
         replica.calls += 1
-        started = trio.current_time()
+        if replica.in_flight == 1:
+            replica.quiet_since = started
+        if call.ticket is not None:
+            call.ticket.went_to(replica.label, partial(self._timed_out, replica, trial))
         try:
-            reply = await replica.judge.attempt(call)
+            if self._stall_after is None:
+                reply = await replica.judge.attempt(call)
+            else:
+                reply = await self._watched(replica, call)
+        except JudgeStalled as error:  # cancelled by its replica's stall: no answer, a failure
+            error.replica = replica.label
+            self._left(replica)
+            self._failed(replica, trial, error)
+            raise
         except JudgeAttemptError as error:
             error.replica = replica.label
-            self._finished(replica, started)
-            if error.retryable:
+            # An HTTP status is an answer; a broken or refused connection is not (no evidence
+            # that the replicas are serving, which a stall of another one needs).
+            self._finished(replica, started, answered=not isinstance(error, JudgeTransportError))
+            if error.retryable or error.retry_elsewhere:
                 self._failed(replica, trial, error)
+                if isinstance(error, JudgeHTTPError) and error.retry_after is not None:
+                    replica.hold_until = trio.current_time() + error.retry_after
             else:  # it answered (a 4xx, a body that is not JSON): alive
                 self._answered(replica, trial)
             raise
         except BaseException:
-            replica.in_flight -= 1
-            self._lot.unpark_all()
-            hang = self._hang_after
-            if hang is not None and trio.current_time() - started >= hang:
-                # Cancelled by the attempt's own deadline: the replica took every second of it.
-                self._failed(replica, trial, JudgeTimeout(hang))
-            raise  # else cancelled early: neither an answer nor a failure
-        self._finished(replica, started)
+            # Cancelled: by the attempt's own deadline (the Comparator says so through the
+            # ticket, `_timed_out`) or from outside (neither an answer nor a failure).
+            self._left(replica)
+            raise
+        self._finished(replica, started, answered=True)
         self._answered(replica, trial)
         return reply
 
-    def _finished(self, replica: _Replica, started: float) -> None:
+    async def _watched(self, replica: _Replica, call: JudgeCall) -> JudgeReply:
+        """`replica.judge.attempt(call)` in a cancel scope the replica's stall cancels."""
+        with trio.CancelScope() as scope:
+            replica.attempts.add(scope)
+            if replica.armed and replica.watch is None:
+                self._arm(replica)
+            try:
+                return await replica.judge.attempt(call)
+            finally:
+                replica.attempts.discard(scope)
+                if replica.watch is scope:
+                    replica.watch = None
+        # Only this scope's own cancellation ends up here: the stall deadline it carried (then
+        # the replica stalls now), or the stall another of its attempts declared.
+        if not replica.stalling:
+            self._stall(replica)
+        assert self._stall_after is not None
+        raise JudgeStalled(
+            f"judge replica {replica.label} finished none of its calls in flight for "
+            f"{self._stall_after:g}s while other replicas answered"
+        )
+
+    def _left(self, replica: _Replica) -> None:
+        """An attempt on `replica` ended without finishing (cancelled)."""
         replica.in_flight -= 1
-        replica.latency_sum += trio.current_time() - started
+        self._lot.unpark_all()
+        if replica.in_flight == 0:
+            replica.armed = False
+            replica.stalling = False
+        elif replica.armed and replica.watch is None:
+            self._arm(replica)  # the stall deadline moves to another of its attempts
+
+    def _finished(self, replica: _Replica, started: float, *, answered: bool) -> None:
+        now = trio.current_time()
+        replica.in_flight -= 1
+        replica.latency_sum += now - started
         replica.latency_count += 1
         self._lot.unpark_all()
+        if self._stall_after is None:
+            return
+        # It finished one: its silence, if any, is over; and if that was an answer, every other
+        # busy replica's silence now has an answer beside it (the condition of a stall).
+        replica.quiet_since = now
+        replica.armed = False
+        if replica.watch is not None:
+            replica.watch.deadline = math.inf
+            replica.watch = None
+        if replica.in_flight == 0:
+            replica.stalling = False
+        if not answered:
+            return
+        for other in self._replicas:
+            if other is not replica and other.in_flight and not other.armed:
+                other.armed = True
+                self._arm(other)
+
+    def _arm(self, replica: _Replica) -> None:
+        """Put `replica`'s stall deadline on one of its attempts in flight."""
+        assert self._stall_after is not None
+        if replica.attempts and replica.watch is None:
+            watch = next(iter(replica.attempts))
+            watch.deadline = replica.quiet_since + self._stall_after
+            replica.watch = watch
+
+    def _stall(self, replica: _Replica) -> None:
+        """`replica` stalled: out of rotation, its other attempts in flight cancelled."""
+        now = trio.current_time()
+        replica.stalling = True
+        replica.armed = False
+        for scope in replica.attempts:
+            scope.cancel()
+        if replica.ejected:
+            return  # a trial attempt stalled: it fails as a trial (the back-off doubles)
+        replica.stalls += 1
+        self._eject(replica, now)
+        log.warning(
+            "judge replica %s stalled: %d calls in flight, none finished for %gs while other "
+            "replicas answered; they are retried elsewhere; a trial attempt in %gs; %d of %d "
+            "replicas in service",
+            replica.label,
+            replica.in_flight,
+            self._stall_after,
+            self._backoff,
+            sum(1 for r in self._replicas if not r.ejected),
+            len(self._replicas),
+        )
+
+    def _timed_out(self, replica: _Replica, trial: bool, error: JudgeAttemptError) -> None:
+        """The Comparator: this attempt's own deadline ended it; the replica took all of it."""
+        self._failed(replica, trial, error)
 
     def _answered(self, replica: _Replica, trial: bool) -> None:
         replica.consecutive = 0
@@ -255,12 +398,7 @@ class JudgeFleet:
                 replica.eject_until = now + replica.backoff
             return
         if replica.consecutive >= self._threshold:
-            replica.ejected = True
-            replica.ejections += 1
-            replica.ejected_at = now
-            replica.backoff = self._backoff
-            replica.eject_until = now + self._backoff
-            others = sum(1 for r in self._replicas if not r.ejected)
+            self._eject(replica, now)
             log.warning(
                 "judge replica %s ejected after %d consecutive failed attempts (last: %s); "
                 "a trial attempt in %gs; %d of %d replicas in service",
@@ -268,9 +406,16 @@ class JudgeFleet:
                 replica.consecutive,
                 one_line(replica.last_error, 200),
                 self._backoff,
-                others,
+                sum(1 for r in self._replicas if not r.ejected),
                 len(self._replicas),
             )
+
+    def _eject(self, replica: _Replica, now: float) -> None:
+        replica.ejected = True
+        replica.ejections += 1
+        replica.ejected_at = now
+        replica.backoff = self._backoff
+        replica.eject_until = now + self._backoff
 
     # --- observability --------------------------------------------------------------------
 
@@ -286,6 +431,7 @@ class JudgeFleet:
                 ejected=r.ejected,
                 ejections=r.ejections,
                 consecutive_failures=r.consecutive,
+                stalls=r.stalls,
                 back_in_s=max(0.0, r.eject_until - now) if r.ejected else None,
                 latency_sum_s=r.latency_sum,
                 latency_count=r.latency_count,
@@ -308,18 +454,21 @@ class JudgeFleet:
 ReplicaSource = Callable[[], Sequence[ReplicaStats]]
 
 
-def make_judge(settings: Settings) -> Judge:
+def make_judge(settings: Settings, *, backend: NetworkBackend | None = None) -> Judge:
     """The judge `settings.judge` describes: one `HttpJudge` for a base URL, a `JudgeFleet` of
-    them for a list."""
+    them for a list; `backend` opens their connections (tests; else real TCP)."""
     judge = settings.judge
     if judge.base_url is None:
         raise ConfigError("settings", "judge.base_url", "required for an HTTP judge")
     if not judge.fleet:
-        return make_http_judge(settings)
+        return make_http_judge(settings, backend=backend)
     return JudgeFleet(
-        [(url, make_http_judge(settings, base_url=url)) for url in judge.base_urls],
+        [
+            (url, make_http_judge(settings, base_url=url, backend=backend))
+            for url in judge.base_urls
+        ],
         max_in_flight_per_replica=judge.max_concurrency_per_replica,
         eject_after_failures=judge.eject_after_failures,
         eject_backoff_s=judge.eject_backoff_s,
-        hang_after_s=settings.judge_request_timeout_s,
+        stall_after_s=judge.replica_stall_s,
     )

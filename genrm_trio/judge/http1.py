@@ -12,20 +12,22 @@ speaks (docs/differences.md, D14): WriteError / ReadError for a broken socket,
 RemoteProtocolError for a connection closed before a complete response or a response that is
 not HTTP/1.x.
 
-Why llhttp and not h11: on this client's hot path h11 cost 0.115 ms of CPU per judge call more
-than a hand-written parser (0.134 vs 0.25 ms at 64 calls in flight, over the 0.25 ms target on
-some runs) and 12% of `/verify` groups per second at G = 16 with an instant judge; llhttp does the
-same parsing for a few microseconds (docs/benchmarks.md, "Session 6").
+Why llhttp and not h11: h11's events, validation and state machine were the most expensive part
+of a judge call on this client's hot path, and llhttp does the same parsing in a few microseconds
+(the figures: docs/benchmarks.md, "Session 6").
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Final, final
 
 import httptools
 import httpx
 import trio
+
+from genrm_trio.judge.network import readiness
 
 __all__ = [
     "INCOMPLETE",
@@ -210,6 +212,8 @@ class Http1Connection:
         try:
             answered_early = await self._send(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            # The write broke (a reset, a close): whatever the server said before is still
+            # readable (a 413 sent before the reset); without it, this is a WriteError.
             del data
             try:
                 status, response_headers, reply, _ = await self._read_response(method)
@@ -222,27 +226,39 @@ class Http1Connection:
 
     async def _send(self, data: bytes) -> bool:
         """Write `data`; True when the server answered (or closed) before it was all written.
+        A broken write raises trio.BrokenResourceError or ClosedResourceError, never a group.
 
-        A large body is written while the socket is watched: a server that answers early (413)
+        A large body is written while the stream is watched: a server that answers early (413)
         and then stops reading without closing would otherwise leave the write blocked until
         the attempt's deadline. The rest of the body is then not sent, and the connection is
         not reused."""
         stream = self.stream
-        if len(data) <= WATCHED_SEND_BYTES or not isinstance(stream, trio.SocketStream):
+        wait_readable = readiness(stream) if len(data) > WATCHED_SEND_BYTES else None
+        if wait_readable is None:
             await stream.send_all(data)
             return False
         answered = False
+        broken: trio.BrokenResourceError | trio.ClosedResourceError | None = None
         async with trio.open_nursery() as nursery:
 
             async def watch() -> None:
                 nonlocal answered
-                await trio.lowlevel.wait_readable(stream.socket)
+                # A watch that fails cannot watch: stop writing and read what the server says.
+                with contextlib.suppress(Exception):
+                    await wait_readable()
                 answered = True
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(watch)
-            await stream.send_all(data)
+            # Caught here, inside the nursery, so that it leaves as itself: an exception out of
+            # a nursery comes wrapped in an ExceptionGroup, which no caller would recognise.
+            try:
+                await stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                broken = exc
             nursery.cancel_scope.cancel()
+        if broken is not None:
+            raise broken
         return answered
 
     async def _read_response(

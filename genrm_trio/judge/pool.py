@@ -1,19 +1,20 @@
-"""The judge's keep-alive connection pool: `KeepAlivePool`, an httpx transport keeping HTTP/1.1
-connections to one origin with O(1) work per request, and the decoding of a compressed reply.
+"""The judge's keep-alive connection pool: `KeepAlivePool`, HTTP/1.1 connections to one origin
+with O(1) work per request, `judge_pool`, the pool one judge (replica) is configured to have, and
+the decoding of a compressed reply.
 
 It replaces httpx's default pool, whose bookkeeping grows quadratically with connections
 (measured in benchmarks/judge_client.py, docs/architecture.md). Each connection is one
 `judge.http1.Http1Connection` (responses parsed by llhttp) without httpcore's layers over it
-(traces, locks, a timeout scope per read); its failures are the httpx exceptions httpcore
-raised. The pool knows nothing of judge
-APIs: it sends (method, target, headers, body) and returns (status, headers, body), so the
-start-up probe and `genrm-trio bench` use it too. Concurrency is bounded by its callers.
+(traces, locks, a timeout scope per read), opened through a `judge.network.NetworkBackend` (the
+seam tests script bytes through); its failures are the httpx exceptions httpcore raised. The
+pool knows nothing of judge APIs: it sends (method, target, headers, body) and returns (status,
+headers, body), so the start-up probe and `genrm-trio bench` use it too. It is no httpx
+transport: no httpx client sits on the judge path. Concurrency is bounded by its callers.
 """
 
 from __future__ import annotations
 
 import logging
-import select
 import ssl
 import zlib
 from collections import deque
@@ -22,6 +23,7 @@ from typing import Final, final
 import httpx
 import trio
 
+from genrm_trio.config import KEEPALIVE_EXPIRY_S, MAX_RESPONSE_BYTES, JudgeSettings
 from genrm_trio.judge.http1 import (
     Http1Connection,
     OutgoingRequest,
@@ -29,6 +31,8 @@ from genrm_trio.judge.http1 import (
     cause,
     too_large,
 )
+from genrm_trio.judge.network import NetworkBackend, TcpBackend, is_readable
+from genrm_trio.judge.tls import judge_ssl_context
 
 # The judge client's logger: the pool's lines were logged there before it had a module of its own.
 log = logging.getLogger("genrm_trio.judge")
@@ -36,18 +40,12 @@ log = logging.getLogger("genrm_trio.judge")
 __all__ = [
     "KEEPALIVE_EXPIRY_S",
     "MAX_RESPONSE_BYTES",
+    "CertificateError",
     "KeepAlivePool",
     "StaleConnectionError",
     "decode_content",
+    "judge_pool",
 ]
-
-KEEPALIVE_EXPIRY_S: Final = 4.0
-"""An idle judge connection is closed after this long (`judge.keepalive_expiry_s`): below the
-5 s after which uvicorn (so vLLM) and hypercorn close an idle keep-alive connection."""
-
-
-MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
-"""The default `judge.max_response_bytes`: a judge reply longer than this ends the attempt."""
 
 
 def decode_content(headers: list[tuple[bytes, bytes]], body: bytes, limit: int) -> bytes:
@@ -84,23 +82,45 @@ def decode_content(headers: list[tuple[bytes, bytes]], body: bytes, limit: int) 
     return body
 
 
-def _readable(stream: trio.abc.Stream) -> bool:
-    """Whether an idle connection has something to read: the server closed it (end of stream)
-    or sent bytes nobody asked for. Either way it cannot carry another request."""
-    while isinstance(stream, trio.SSLStream):
-        stream = stream.transport_stream
-    sock = getattr(stream, "socket", None)
-    fd = sock.fileno() if sock is not None else -1
-    if fd < 0:
-        return True
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
+def connect_failure(exc: OSError) -> str:
+    """The text of a connection that could not be made, with the reason of each address tried:
+    trio says only "all attempts to connect to host:port failed" and keeps the reasons
+    ("Connection refused") in the exception group under it."""
+    text = str(exc) or type(exc).__name__
+    under = exc.__cause__
+    if isinstance(under, BaseExceptionGroup):
+        reasons = dict.fromkeys(str(leaf) or type(leaf).__name__ for leaf in _leaves(under))
+        text = f"{text}: {'; '.join(reasons)}"
+    return text
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
+def _certificate_rejected(exc: BaseException) -> bool:
+    """Whether a failed TLS handshake failed on the server's certificate (anywhere under it)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ssl.SSLCertVerificationError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 class StaleConnectionError(httpx.RemoteProtocolError):
     """A reused connection closed before any byte of the response: send the request again on a
     new connection (`KeepAlivePool.exchange(..., fresh=True)`); nothing was answered."""
+
+
+class CertificateError(httpx.ConnectError):
+    """The TLS handshake failed on the server's certificate (`CERTIFICATE_VERIFY_FAILED`): the
+    same judge would fail the same way again, so it is not retried."""
 
 
 # What a reused connection the server closed meanwhile fails with: the write breaks (reset), or
@@ -110,20 +130,20 @@ _ENCODING_HEADERS: Final = frozenset({b"content-encoding", b"content-length"})
 
 
 @final
-class KeepAlivePool(httpx.AsyncBaseTransport):
-    """An httpx transport keeping HTTP/1.1 connections to one origin, O(1) work per request.
+class KeepAlivePool:
+    """HTTP/1.1 keep-alive connections to one origin, O(1) work per request.
 
     httpcore's own pool re-examines every queued request against every connection on each
-    request start and end (quadratic in the number of connections: 1.5 ms of CPU per request
-    at 16 in flight on a 2-core machine), and even driven one connection at a time its HTTP/1.1
-    layer (h11 events, traces, locks, per-read timeout scopes) was 23% of the server's CPU at
-    16 groups in flight. Here a request takes the most recently used idle connection or opens a
-    new one, and `Http1Connection` sends the request and reads the response (llhttp); it goes back
-    when the response is read. A connection whose exchange did not finish (error, cancellation)
-    is closed at once, shielded, so nothing leaks; an idle one the server closed meanwhile is
-    noticed before use (it is readable) and replaced. Concurrency is bounded by the caller
-    (`judge.max_concurrency`), not here, and a refused connection is one failure, never retried
-    inside (docs/differences.md, D15).
+    request start and end (quadratic in the number of connections), and its HTTP/1.1 layer (h11
+    events, traces, locks, per-read timeout scopes) was a large share of the server's CPU even
+    driven one connection at a time (docs/benchmarks.md, "Judge client"). Here a request takes
+    the most recently used idle connection or opens a new one, and `Http1Connection` sends the
+    request and reads the response (llhttp); it goes back when the response is read. A
+    connection whose exchange did not finish (error, cancellation) is closed at once, shielded,
+    so nothing leaks; an idle one the server closed meanwhile is noticed before use (it is
+    readable) and replaced, and one idle for `keepalive_expiry` seconds (on trio's clock) is
+    closed. Concurrency is bounded by the caller (`judge.max_concurrency`), not here, and a
+    refused connection is one failure, never retried inside (docs/differences.md, D15).
     """
 
     def __init__(
@@ -133,6 +153,7 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
         ssl_context: ssl.SSLContext | None = None,
         keepalive_expiry: float = KEEPALIVE_EXPIRY_S,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
+        backend: NetworkBackend | None = None,
     ) -> None:
         self._host = origin.raw_host.decode("ascii")
         self._max_body = max_response_bytes
@@ -142,6 +163,7 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
         if ssl_context is not None:
             ssl_context.set_alpn_protocols(["http/1.1"])
         self._keepalive_expiry = keepalive_expiry
+        self._backend: Final = backend if backend is not None else TcpBackend()
         self._idle: deque[tuple[float, Http1Connection]] = deque()
         self._active: set[Http1Connection] = set()
         self._closed = False
@@ -159,9 +181,9 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
 
     async def _connect(self) -> Http1Connection:
         try:
-            stream: trio.abc.Stream = await trio.open_tcp_stream(self._host, self._port)
+            stream = await self._backend.connect_tcp(self._host, self._port)
         except OSError as exc:
-            raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+            raise httpx.ConnectError(connect_failure(exc)) from exc
         if self._ssl_context is None:
             return Http1Connection(stream, self._max_body)
         tls = trio.SSLStream(
@@ -176,7 +198,10 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
             if isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError)):
                 # trio's error says only "BrokenResourceError"; the ssl error under it says
                 # why (CERTIFICATE_VERIFY_FAILED ... unable to get local issuer certificate).
-                raise httpx.ConnectError(f"TLS handshake failed: {cause(exc)}") from exc
+                message = f"TLS handshake failed: {cause(exc)}"
+                if _certificate_rejected(exc):
+                    raise CertificateError(message) from exc
+                raise httpx.ConnectError(message) from exc
             raise
         return Http1Connection(tls, self._max_body)
 
@@ -186,7 +211,7 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
             now = trio.current_time()
             while self._idle:
                 since, connection = self._idle.pop()
-                if since + self._keepalive_expiry >= now and not _readable(connection.stream):
+                if since + self._keepalive_expiry >= now and not is_readable(connection.stream):
                     return connection, True
                 await self._discard(connection)
         return await self._connect(), False
@@ -249,17 +274,6 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
             headers.append((b"content-length", b"%d" % len(body)))
         return status, headers, body
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        content = await request.aread()
-        outgoing = (
-            request.method.encode("ascii"),
-            request.url.raw_path,
-            list(request.headers.raw),
-            content,
-        )
-        status, headers, body = await self.exchange(outgoing)
-        return httpx.Response(status_code=status, headers=headers, content=body, request=request)
-
     async def aclose(self) -> None:
         """Close every connection. Idempotent."""
         self._closed = True
@@ -268,3 +282,20 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
         self._active.clear()
         for connection in connections:
             await self._discard(connection)
+
+
+def judge_pool(
+    base_url: str, judge: JudgeSettings, *, backend: NetworkBackend | None = None
+) -> KeepAlivePool:
+    """The connection pool of the judge (or fleet replica) at `base_url`, as `judge` configures
+    it (TLS trust, keep-alive expiry, reply cap). Judge calls and the start-up probe both take
+    theirs from here, so a `judge.*` key reaches both without being re-defaulted on the way."""
+    origin = httpx.URL(base_url)
+    https = origin.scheme == "https"
+    return KeepAlivePool(
+        origin,
+        ssl_context=judge_ssl_context(judge.ca_file) if https else None,
+        keepalive_expiry=judge.keepalive_expiry_s,
+        max_response_bytes=judge.max_response_bytes,
+        backend=backend,
+    )

@@ -15,8 +15,10 @@ import trio
 
 from genrm_trio.config import Settings
 from genrm_trio.judge.base import one_line
-from genrm_trio.judge.pool import KeepAlivePool
-from genrm_trio.judge.tls import judge_ssl_context, proxy_variables_set
+from genrm_trio.judge.client import transport_error
+from genrm_trio.judge.network import NetworkBackend
+from genrm_trio.judge.pool import judge_pool
+from genrm_trio.judge.tls import proxy_variables_set
 
 # The probe's lines are part of `genrm-trio serve`'s start-up and have always been logged as
 # "genrm_trio.serve": operators filter on that name, and so do the tests (caplog).
@@ -73,7 +75,9 @@ def _check_model(settings: Settings, body: bytes) -> None:
     )
 
 
-async def probe_judge(settings: Settings, token: str | None) -> bool:
+async def probe_judge(
+    settings: Settings, token: str | None, *, backend: NetworkBackend | None = None
+) -> bool:
     """The start-up probe (docs/configuration.md, "Command line"): one `GET {base_url}/models`
     per replica; a failure only warns.
 
@@ -92,16 +96,20 @@ async def probe_judge(settings: Settings, token: str | None) -> bool:
     answered: list[bool] = []
     async with trio.open_nursery() as nursery:
         for base_url in urls:
-            nursery.start_soon(_probe_one, settings, token, base_url, answered)
+            nursery.start_soon(_probe_one, settings, token, base_url, answered, backend)
     return len(answered) == len(urls) and all(answered)
 
 
 async def _probe_one(
-    settings: Settings, token: str | None, base_url: str, answered: list[bool]
+    settings: Settings,
+    token: str | None,
+    base_url: str,
+    answered: list[bool],
+    backend: NetworkBackend | None,
 ) -> None:
-    # The probe goes through the judge calls' own connection pool, TLS context
-    # (judge.ca_file, SSL_CERT_FILE/SSL_CERT_DIR) and error mapping, so that it fails where and
-    # as they would.
+    # The probe goes through a pool made as the judge calls' own are (`judge_pool`: TLS trust
+    # from judge.ca_file or SSL_CERT_FILE/SSL_CERT_DIR, the reply cap), so that it fails where
+    # and as they would. httpx parses the URL and names the failures, as for the calls.
     url = base_url.rstrip("/") + "/models"
     target = httpx.URL(url)
     limit = min(PROBE_LIMIT_S, settings.judge_request_timeout_s)
@@ -113,12 +121,7 @@ async def _probe_one(
     ]
     if token is not None:
         headers.append((b"authorization", b"Bearer " + token.encode("latin-1")))
-    https = target.scheme == "https"
-    pool = KeepAlivePool(
-        target,
-        ssl_context=judge_ssl_context(settings.judge.ca_file) if https else None,
-        max_response_bytes=settings.judge.max_response_bytes,
-    )
+    pool = judge_pool(base_url, settings.judge, backend=backend)
     problem: str
     try:
         with trio.fail_after(limit):
@@ -126,7 +129,7 @@ async def _probe_one(
     except trio.TooSlowError:
         problem = f"TimeoutError: no reply within {limit:g}s"
     except httpx.HTTPError as exc:
-        problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        problem = transport_error(exc).describe()  # named as a judge call's failure would be
     else:
         if 200 <= status <= 299:
             log.info("judge probe GET %s: HTTP %d", url, status)

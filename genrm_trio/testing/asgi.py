@@ -9,16 +9,18 @@ import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final, final
+from typing import Any, Final, assert_never, final, get_args
 
 import httpx
 import trio
 
+from genrm_trio.config import JudgeApiName
+from genrm_trio.judge.apis import JUDGE_APIS
 from genrm_trio.judge.base import JudgeCall
 from genrm_trio.testing.core import (
     DEFAULT_BUDGET_TOKENS,
-    Api,
     SimConfig,
     prompt_length,
     token_count,
@@ -34,7 +36,7 @@ from genrm_trio.testing.judge import SimJudge
 from genrm_trio.testing.policy import PolicyStandIn
 from genrm_trio.testing.verdicts import FILLER
 
-__all__ = ["SimJudgeApp", "serve_sim_judge", "sim_asgi_app"]
+__all__ = ["SIM_APIS", "SimJudgeApp", "serve_sim_judge", "sim_asgi_app"]
 
 _MODEL_ID: Final = "genrm-sim"
 _MAX_BODY_BYTES: Final = 64 * 1024 * 1024
@@ -128,12 +130,17 @@ def _chat_call(body: Mapping[str, Any]) -> JudgeCall:
     )
 
 
-def _judge_shaped(api: Api, request: Mapping[str, Any]) -> bool:
-    """Whether a request is a judge call (the answers in `metadata`, or as the last two chat
-    roles) rather than an ordinary policy request."""
-    if api == "responses":
-        metadata = request.get("metadata")
-        return isinstance(metadata, dict) and "response_1" in metadata and "response_2" in metadata
+# Whether a request is a judge call (the answers in `metadata`, or as the last two chat roles)
+# rather than an ordinary policy request, and a policy request's text (its instructions and every
+# message's content, in order): one function per judge API.
+
+
+def _responses_shaped(request: Mapping[str, Any]) -> bool:
+    metadata = request.get("metadata")
+    return isinstance(metadata, dict) and "response_1" in metadata and "response_2" in metadata
+
+
+def _chat_shaped(request: Mapping[str, Any]) -> bool:
     messages = request.get("messages")
     roles = (
         [m.get("role") for m in messages if isinstance(m, dict)]
@@ -143,17 +150,18 @@ def _judge_shaped(api: Api, request: Mapping[str, Any]) -> bool:
     return roles[-2:] == ["response_1", "response_2"]
 
 
-def _policy_prompt(api: Api, request: Mapping[str, Any]) -> str:
-    """A policy request's text: its instructions and every message's content, in order."""
-    parts: list[str] = []
-    if api == "responses":
-        instructions = request.get("instructions")
-        if isinstance(instructions, str):
-            parts.append(instructions)
-        raw = request.get("input")
-        items = [{"content": raw}] if isinstance(raw, str) else raw
-    else:
-        items = request.get("messages")
+def _responses_prompt(request: Mapping[str, Any]) -> str:
+    instructions = request.get("instructions")
+    raw = request.get("input")
+    items = [{"content": raw}] if isinstance(raw, str) else raw
+    return _joined([instructions] if isinstance(instructions, str) else [], items)
+
+
+def _chat_prompt(request: Mapping[str, Any]) -> str:
+    return _joined([], request.get("messages"))
+
+
+def _joined(parts: list[str], items: object) -> str:
     if isinstance(items, list):
         parts.extend(
             _history_content(item.get("content")) for item in items if isinstance(item, dict)
@@ -234,8 +242,51 @@ def _chat_body(
     }
 
 
-def _budget_tokens(request: Mapping[str, Any], api: Api) -> int:
-    value = request.get("max_output_tokens" if api == "responses" else "max_tokens")
+@final
+@dataclass(frozen=True, slots=True)
+class _SimApi:
+    """The simulated judge's side of one judge API: the comparison a request asks for, the key
+    of its output budget, the reply body, and, for the policy stand-in, whether a request is a
+    judge call and a policy request's text."""
+
+    call: Callable[[Mapping[str, Any]], JudgeCall]
+    budget_key: str
+    reply: Callable[[Mapping[str, Any], int, str, bool, tuple[int, int]], dict[str, Any]]
+    judge_shaped: Callable[[Mapping[str, Any]], bool]
+    policy_prompt: Callable[[Mapping[str, Any]], str]
+
+
+def _sim_api(name: JudgeApiName) -> _SimApi:
+    """The judge API `name` as the simulated judge serves it (mypy fails here until every
+    `judge.api` value is served)."""
+    match name:
+        case "responses":
+            return _SimApi(
+                _responses_call,
+                "max_output_tokens",
+                _responses_body,
+                _responses_shaped,
+                _responses_prompt,
+            )
+        case "chat_completions":
+            return _SimApi(_chat_call, "max_tokens", _chat_body, _chat_shaped, _chat_prompt)
+        case _:
+            assert_never(name)
+
+
+SIM_APIS: Final[Mapping[JudgeApiName, _SimApi]] = {
+    name: _sim_api(name) for name in get_args(JudgeApiName)
+}
+"""Every judge API the simulated judge serves (all of them), by `judge.api` value."""
+
+_ROUTES: Final[Mapping[str, JudgeApiName]] = {
+    "/v1" + JUDGE_APIS[name].path: name for name in SIM_APIS
+}
+"""`POST /v1{path}` of each judge API (the paths are the client's, `judge.apis`)."""
+
+
+def _budget_tokens(request: Mapping[str, Any], api: JudgeApiName) -> int:
+    value = request.get(SIM_APIS[api].budget_key)
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     return DEFAULT_BUDGET_TOKENS
@@ -298,12 +349,7 @@ class SimJudgeApp:
                 stats["policy_calls"] = self.policy.calls  # not in `calls`: those are judge calls
             await _respond(send, 200, _json_bytes(stats))
             return
-        api: Api
-        if path == "/v1/responses":
-            api = "responses"
-        elif path == "/v1/chat/completions":
-            api = "chat_completions"
-        elif path == "/v1/models":
+        if path == "/v1/models":
             if method not in ("GET", "HEAD"):
                 await _respond(send, 405, _json_bytes({"error": "method not allowed"}))
             elif not self._authorised(scope):
@@ -311,7 +357,8 @@ class SimJudgeApp:
             else:
                 await _respond(send, 200, _MODELS_BODY)
             return
-        else:
+        api = _ROUTES.get(path)
+        if api is None:
             await _respond(send, 404, _json_bytes({"error": f"no route {path}"}))
             return
         if method != "POST":
@@ -329,11 +376,12 @@ class SimJudgeApp:
                 raise _BadRequest(400, f"body is not JSON: {error}") from error
             if not isinstance(request, dict):
                 raise _BadRequest(400, "body must be a JSON object")
-            if self.policy is not None and not _judge_shaped(api, request):
-                await self._answer_policy(api, request, send)
+            sim = SIM_APIS[api]
+            if self.policy is not None and not sim.judge_shaped(request):
+                await self._answer_policy(sim, request, send)
                 return
-            call = _responses_call(request) if api == "responses" else _chat_call(request)
-            asked = request.get("max_output_tokens" if api == "responses" else "max_tokens")
+            call = sim.call(request)
+            asked = request.get(sim.budget_key)
             if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
                 call = dataclasses.replace(call, max_output_tokens=asked)
         except _BadRequest as error:
@@ -343,14 +391,13 @@ class SimJudgeApp:
         self._n += 1
         await self._judge(api, request, call, self._n, receive, send)
 
-    async def _answer_policy(self, api: Api, request: Mapping[str, Any], send: Send) -> None:
+    async def _answer_policy(self, sim: _SimApi, request: Mapping[str, Any], send: Send) -> None:
         assert self.policy is not None
-        prompt = _policy_prompt(api, request)
+        prompt = sim.policy_prompt(request)
         text = self.policy.answer(prompt)
         self._n += 1
         usage = (token_count(len(prompt)), token_count(len(text)))
-        make = _responses_body if api == "responses" else _chat_body
-        await _respond(send, 200, _json_bytes(make(request, self._n, text, False, usage)))
+        await _respond(send, 200, _json_bytes(sim.reply(request, self._n, text, False, usage)))
 
     def _authorised(self, scope: Scope) -> bool:
         key = self._core.config.api_key
@@ -364,7 +411,7 @@ class SimJudgeApp:
 
     async def _judge(
         self,
-        api: Api,
+        api: JudgeApiName,
         request: Mapping[str, Any],
         call: JudgeCall,
         n: int,
@@ -396,8 +443,7 @@ class SimJudgeApp:
             else:
                 out_tokens = token_count(len(text))
             usage = (token_count(prompt_length(call)), out_tokens)
-            make = _responses_body if api == "responses" else _chat_body
-            body = _json_bytes(make(request, n, text, budget, usage))
+            body = _json_bytes(SIM_APIS[api].reply(request, n, text, budget, usage))
             if fault == "drop":
                 await send(
                     {

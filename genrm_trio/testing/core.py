@@ -12,13 +12,15 @@ from typing import Final, Literal, final
 
 import trio
 
+from genrm_trio.config import JudgeApiName
 from genrm_trio.judge.base import JudgeCall
 from genrm_trio.testing.faults import FAULT_KINDS, FaultKind, FaultRule
 from genrm_trio.testing.verdicts import LengthModel, answer_digest, forced_need, normal_from_digest
 
 __all__ = ["Api", "SimCall", "SimConfig", "SimStatistics"]
 
-Api = Literal["in_process", "responses", "chat_completions"]
+Api = Literal["in_process"] | JudgeApiName
+"""How a call reached the simulator: in process, or over HTTP by one of the judge APIs."""
 
 DEFAULT_BUDGET_TOKENS: Final = 16384
 _OCCURRENCE_CAP: Final = 65536

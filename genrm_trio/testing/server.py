@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import trio
 
-__all__ = ["serve_h1"]
+__all__ = ["serve_connection", "serve_h1"]
 
 log = logging.getLogger("genrm_trio.sim_judge.h1")
 
@@ -79,17 +79,17 @@ def _head(
 class _Connection:
     """One client connection: requests in turn, each handed to the app as an ASGI scope."""
 
-    def __init__(self, stream: trio.SocketStream, app: App, server: tuple[str, int]) -> None:
+    def __init__(self, stream: trio.abc.Stream, app: App, server: tuple[str, int]) -> None:
         self.stream = stream
         self.app = app
         self.server = server
         self.buffer = bytearray()
         self.eof = False
-        try:
-            peer = stream.socket.getpeername()
-            self.client: tuple[str, int] | None = (str(peer[0]), int(peer[1]))
-        except OSError:
-            self.client = None
+        self.client: tuple[str, int] | None = None
+        if isinstance(stream, trio.SocketStream):  # else an in-memory one (testing.network)
+            with suppress(OSError):
+                peer = stream.socket.getpeername()
+                self.client = (str(peer[0]), int(peer[1]))
 
     async def _fill(self) -> bool:
         """Read more into the buffer; False at end of stream."""
@@ -255,6 +255,12 @@ def _parse_head(
         elif name == b"connection":
             close = not _keeps_alive(value, not close)
     return method.decode("ascii"), target, protocol[5:].decode("ascii"), headers, length, close
+
+
+async def serve_connection(app: App, stream: trio.abc.Stream, server: tuple[str, int]) -> None:
+    """Serve ``app`` on one connection until the client closes it (the server as `server`, its
+    ``(host, port)``, in the ASGI scope)."""
+    await _Connection(stream, app, server).serve()
 
 
 async def serve_h1(
