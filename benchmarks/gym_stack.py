@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from genrm_trio.app.bench import procfs
+
 GYM_VERSION = "0.7.0"
 INSTANCE = "genrm_compare_resources_server"  # the shipped config's resources-server instance
 AGENT = "genrm_simple_agent"
@@ -78,33 +80,9 @@ def free_port() -> int:
 # --- processes ----------------------------------------------------------------------------------
 
 
-def _proc_stat(pid: int) -> tuple[str, int, int, int] | None:
-    """(state, ppid, session, start time) of a live PID, else None."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return fields[0], int(fields[1]), int(fields[3]), int(fields[19])
-
-
 def _alive(pid: int, start: int) -> bool:
-    stat = _proc_stat(pid)
-    return stat is not None and stat[3] == start and stat[0] not in ("Z", "X")
-
-
-def _cpu_ticks(pid: int) -> int:
-    """utime + stime of a PID in clock ticks (0 once it is gone)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return int(fields[11]) + int(fields[12])
-
-
-def _all_pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    stat = procfs.stat(pid)
+    return stat is not None and stat.start_ticks == start and stat.state not in ("Z", "X")
 
 
 @dataclass
@@ -143,24 +121,21 @@ class Tracked:
         sessions = {p.pid for p in self.roots.values()}
         with self.lock:
             known = set(sessions) | set(self.seen)
-            stats = {pid: _proc_stat(pid) for pid in _all_pids()}
+            stats = {pid: procfs.stat(pid) for pid in procfs.pids()}
             changed = True
             while changed:
                 changed = False
                 for pid, stat in stats.items():
                     if stat is None or pid in known or pid == os.getpid():
                         continue
-                    if stat[2] in sessions or stat[1] in known:
+                    if stat.session in sessions or stat.ppid in known:
                         known.add(pid)
                         changed = True
             for pid in known:
                 stat = stats.get(pid)
                 if stat is not None and pid not in self.seen:
-                    try:
-                        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-                    except OSError:
-                        cmd = b""
-                    self.seen[pid] = (stat[3], cmd.decode(errors="replace").strip()[:160])
+                    cmd = (procfs.cmdline(pid) or b"").replace(b"\0", b" ")
+                    self.seen[pid] = (stat.start_ticks, cmd.decode(errors="replace").strip()[:160])
 
     def leftovers(self, wait_s: float = 0.0) -> list[tuple[int, str]]:
         """Tracked processes still alive, after waiting up to `wait_s` for them to go."""
@@ -635,13 +610,13 @@ class Trial:
         # every server, genrm-trio too), then Gym sends each server its own and kills any still
         # running 1 s later. genrm-trio is timed from the Ctrl-C.
         mark = len(gym.lines)
-        cpu_before = _cpu_ticks(genrm[0])
+        cpu_before = procfs.cpu_ticks(genrm[0])
         sent_at = time.monotonic()
         with suppress(ProcessLookupError):
             os.killpg(self.tracked.roots["gym"].pid, signal.SIGINT)
         cpu_last = cpu_before
         while _alive(*genrm) and time.monotonic() - sent_at < 10:
-            cpu_last = _cpu_ticks(genrm[0]) or cpu_last
+            cpu_last = procfs.cpu_ticks(genrm[0]) or cpu_last
             time.sleep(0.002)
         exit_s = time.monotonic() - sent_at
         load = os.getloadavg()[0]
@@ -665,7 +640,7 @@ class Trial:
         if exit_s >= 1.0 or any(INSTANCE in line for line in killed):
             ok = False
             lines.append(f"  FAIL Gym killed {INSTANCE} or it took >= 1 s")
-        if any("stopping without waiting" in line for line in again):
+        if any("exiting at once" in line for line in again):
             ok = False
             lines.append("  FAIL the process group's SIGINT and Gym's were taken as two stops")
         self.ctrl_c("judge-failing")

@@ -35,6 +35,7 @@ import httpx
 import trio
 
 import genrm_trio.app.bench as bench
+from genrm_trio.app.bench import procfs
 
 ROOT = Path(__file__).resolve().parent.parent
 REF_PYTHON = os.environ.get("REF_PYTHON", "/tmp/ref-venv/bin/python")
@@ -124,29 +125,10 @@ def _stop(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait(timeout=10)
 
 
-def _rss_mb(pid: int) -> float | None:
-    return bench._proc_rss_mb(pid)
-
-
-def _system_busy_s() -> float:
-    """CPU seconds all cores spent busy since boot (/proc/stat: total minus idle and iowait)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:9]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def wait_for_quiet(max_wait_s: float, busy_cores: float = 0.15, window_s: float = 3.0) -> float:
-    """Wait until the rest of the box uses less than `busy_cores` (other work shares this machine).
-
-    Returns the busy cores measured in the last window (reported with the result).
-    """
-    end = time.monotonic() + max_wait_s
-    while True:
-        busy0, t0 = _system_busy_s(), time.monotonic()
-        time.sleep(window_s)
-        busy = (_system_busy_s() - busy0) / (time.monotonic() - t0)
-        if busy < busy_cores or time.monotonic() >= end:
-            return round(busy, 3)
+def wait_for_quiet(max_wait_s: float) -> float:
+    """Wait until the rest of the box is quiet (other work shares this machine); returns the
+    busy cores measured in the last window (reported with the result)."""
+    return procfs.wait_for_quiet(max_wait_s, window_s=3.0)
 
 
 def _loadavg() -> float:
@@ -158,12 +140,12 @@ async def _measured_bench(
     cfg: bench.BenchConfig, limit_s: float, judge_pid: int
 ) -> tuple[bench.BenchReport | None, dict[str, Any]]:
     """run_bench plus the CPU of the load generator, the judge and everything else on the box."""
-    load0, judge0, busy0 = time.process_time(), bench._proc_cpu_s(judge_pid), _system_busy_s()
-    server0 = bench._proc_cpu_s(cfg.server_pid) if cfg.server_pid else None
+    load0, judge0, busy0 = time.process_time(), procfs.cpu_s(judge_pid), procfs.system_busy_s()
+    server0 = procfs.cpu_s(cfg.server_pid) if cfg.server_pid else None
     loadavg0 = _loadavg()
     report = await _bounded_bench(cfg, limit_s)
-    load1, judge1, busy1 = time.process_time(), bench._proc_cpu_s(judge_pid), _system_busy_s()
-    server1 = bench._proc_cpu_s(cfg.server_pid) if cfg.server_pid else None
+    load1, judge1, busy1 = time.process_time(), procfs.cpu_s(judge_pid), procfs.system_busy_s()
+    server1 = procfs.cpu_s(cfg.server_pid) if cfg.server_pid else None
     if report is None or not report.groups:
         return report, {}
     ours = (load1 - load0) + ((judge1 or 0) - (judge0 or 0)) + ((server1 or 0) - (server0 or 0))
@@ -228,7 +210,7 @@ def run_scenario(sc: Scenario, *, log_dir: Path, quiet_wait_s: float = 0.0) -> d
         _wait_http(url + "/health", server)
         startup_s = time.monotonic() - started
         time.sleep(1.0)
-        rss_fresh = _rss_mb(server.pid)
+        rss_fresh = procfs.rss_mb(server.pid)
 
         def cfg(groups: int) -> bench.BenchConfig:
             return bench.BenchConfig(
@@ -254,7 +236,7 @@ def run_scenario(sc: Scenario, *, log_dir: Path, quiet_wait_s: float = 0.0) -> d
         if report is None:
             raise RuntimeError("measured run exceeded its time bound")
         time.sleep(1.0)
-        rss_after = _rss_mb(server.pid)
+        rss_after = procfs.rss_mb(server.pid)
         judge_stats = httpx.get(stats_url, timeout=5).json()
         result: dict[str, Any] = {
             "label": f"reference-{sc.name}",

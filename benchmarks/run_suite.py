@@ -40,7 +40,6 @@ import math
 import os
 import platform
 import resource
-import select
 import shutil
 import signal
 import subprocess
@@ -57,9 +56,11 @@ import trio
 import yaml
 
 from genrm_trio.app import bench
+from genrm_trio.app.bench import procfs
 from genrm_trio.config import Settings
-from genrm_trio.testing import FaultRule, SimConfig, serve_sim_judge
+from genrm_trio.testing import FaultRule, SimConfig, procs, serve_sim_judge
 from genrm_trio.testing.asgi import SimJudgeApp
+from genrm_trio.testing.procs import Proc
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -89,65 +90,10 @@ SHIPPED: dict[str, Any] = _shipped()
 # --- processes -----------------------------------------------------------------------------------
 
 
-def _genrm_trio() -> list[str]:
-    script = Path(sys.executable).with_name("genrm-trio")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("genrm-trio")
-    return [found] if found else [sys.executable, "-m", "genrm_trio.app.cli"]
-
-
 def _cli_module(source: Path) -> str:
     """The command line's module in a checkout: the installed `genrm-trio` script names today's,
     which an older checkout (before the layer folders) does not have."""
     return "genrm_trio.app.cli" if (source / "genrm_trio/app/cli.py").exists() else "genrm_trio.cli"
-
-
-@dataclasses.dataclass
-class Proc:
-    popen: subprocess.Popen[bytes]
-    url: str
-    log_path: Path
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 10 s; always reaps the process."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout=10)
-        if self.popen.stdout is not None:
-            self.popen.stdout.close()
-
-
-def _listening(popen: subprocess.Popen[bytes], timeout: float) -> str:
-    assert popen.stdout is not None
-    fd = popen.stdout.fileno()
-    buffer = b""
-    deadline = time.monotonic() + timeout
-    while b"\n" not in buffer:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise RuntimeError(f"no listening line within {timeout}s")
-        ready, _, _ = select.select([fd], [], [], left)
-        if ready:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                raise RuntimeError(f"process exited before listening (rc={popen.wait(5)})")
-            buffer += chunk
-    line = buffer.partition(b"\n")[0].decode()
-    if not line.startswith("listening on http://"):
-        raise RuntimeError(f"unexpected first line {line!r}")
-    return line.removeprefix("listening on ")
 
 
 SERVER_PYTHONPATH: str | None = None  # --server-src: serve another checkout (before/after runs)
@@ -163,20 +109,16 @@ def start(
     program: Sequence[str] | None = None,
 ) -> Proc:
     """`taskset -c CPU genrm-trio ARGS` (or `PROGRAM ARGS`), once it printed its listening line."""
-    cmd = ["taskset", "-c", str(cpu), *(program or _genrm_trio()), *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    with log_path.open("wb") as log:
-        popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT)
-    try:
-        url = _listening(popen, START_TIMEOUT_S)
-    except BaseException:
-        if popen.poll() is None:
-            popen.kill()
-        popen.wait(timeout=10)
-        raise
-    return Proc(popen, url, log_path)
+    env = {"PYTHONPATH": pythonpath} if pythonpath else None
+    return procs.start(
+        args,
+        log_path,
+        program=program,
+        prefix=["taskset", "-c", str(cpu)],
+        env=env,
+        cwd=ROOT,
+        timeout=START_TIMEOUT_S,
+    )
 
 
 def start_judge(log_dir: Path, name: str, flags: Sequence[str]) -> Proc:
@@ -210,36 +152,14 @@ def start_server(
 # --- CPU and memory accounting -------------------------------------------------------------------
 
 
-def _system_busy_s() -> float:
-    """CPU seconds all cores spent busy since boot (/proc/stat: total minus idle and iowait)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:9]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
 def _reference_running() -> bool:
     """Whether the reference harness is measuring right now (its server process exists)."""
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if b"run_reference_server.py" in f.read():
-                        return True
-            except OSError:
-                continue
-    return False
+    return any(b"run_reference_server.py" in (procfs.cmdline(pid) or b"") for pid in procfs.pids())
 
 
-def wait_for_quiet(max_wait_s: float, busy_cores: float = 0.15, window_s: float = 2.0) -> float:
-    """Wait until other work on the box uses less than `busy_cores`; returns the last reading."""
-    end = time.monotonic() + max_wait_s
-    while True:
-        busy0, t0 = _system_busy_s(), time.monotonic()
-        time.sleep(window_s)
-        busy = (_system_busy_s() - busy0) / (time.monotonic() - t0)
-        quiet = busy < busy_cores and not _reference_running()
-        if quiet or time.monotonic() >= end:
-            return round(busy, 3)
+def wait_for_quiet(max_wait_s: float) -> float:
+    """Wait until other work on the box is quiet and the reference harness is not measuring."""
+    return procfs.wait_for_quiet(max_wait_s, window_s=2.0, also_busy=_reference_running)
 
 
 class CpuMeter:
@@ -250,9 +170,9 @@ class CpuMeter:
         self._t0 = self._read()
 
     def _read(self) -> tuple[float, float, float, float, float]:
-        server = bench._proc_cpu_s(self._server) or 0.0
-        judge = (bench._proc_cpu_s(self._judge) or 0.0) if self._judge else 0.0
-        return time.monotonic(), server, judge, time.process_time(), _system_busy_s()
+        server = procfs.cpu_s(self._server) or 0.0
+        judge = (procfs.cpu_s(self._judge) or 0.0) if self._judge else 0.0
+        return time.monotonic(), server, judge, time.process_time(), procfs.system_busy_s()
 
     def stop(self, groups: int) -> dict[str, Any]:
         t1 = self._read()
@@ -367,7 +287,7 @@ def run_load(
         extra = ["--state", os.path.join(state_dir, "state.sqlite")] if state_dir else []
         server = start_server(log_dir, sc.name, judge.url + "/v1", extra=extra)
         time.sleep(1.0)
-        rss_fresh = bench._proc_rss_mb(server.pid)
+        rss_fresh = procfs.rss_mb(server.pid)
 
         def cfg(groups: int) -> bench.BenchConfig:
             return bench.BenchConfig(
@@ -420,7 +340,7 @@ def run_load(
             "scenario": dataclasses.asdict(sc),
             "setup": _setup(),
             "server_rss_fresh_mb": rss_fresh,
-            "server_rss_after_run_mb": bench._proc_rss_mb(server.pid),
+            "server_rss_after_run_mb": procfs.rss_mb(server.pid),
             "cpu": cpu,
             "box_busy_cores_before": busy_before,
             "contaminated": cpu["contaminated"],
@@ -442,8 +362,10 @@ def run_load(
             spy.kill()
             spy.wait(timeout=10)
         if server is not None:
-            server.stop()
-        judge.stop()
+            server.stop(10.0)
+            server.close()
+        judge.stop(10.0)
+        judge.close()
         if state_dir:
             shutil.rmtree(state_dir, ignore_errors=True)
 
@@ -683,7 +605,7 @@ async def _hold(
     host, _, port = url.removeprefix("http://").rpartition(":")
     streams: list[trio.SocketStream] = []
     limiter = trio.CapacityLimiter(connect_limit)
-    rss_idle = bench._proc_rss_mb(server_pid)
+    rss_idle = procfs.rss_mb(server_pid)
     t0 = trio.current_time()
 
     async def send(group: int, rollout: int) -> None:
@@ -723,11 +645,11 @@ async def _hold(
                 await trio.sleep(0.5)
     held_s = trio.current_time() - t0
     await trio.sleep(1.0)
-    rss_held = bench._proc_rss_mb(server_pid)
+    rss_held = procfs.rss_mb(server_pid)
     for stream in streams:
         await stream.aclose()
     await trio.sleep(3.0)
-    rss_released = bench._proc_rss_mb(server_pid)
+    rss_released = procfs.rss_mb(server_pid)
     members = groups * held
     return {
         "members_held": present,
@@ -768,8 +690,10 @@ def run_memory(
         }
     finally:
         if server is not None:
-            server.stop()
-        judge.stop()
+            server.stop(10.0)
+            server.close()
+        judge.stop(10.0)
+        judge.close()
 
 
 # --- main ----------------------------------------------------------------------------------------

@@ -24,11 +24,7 @@ import json
 import math
 import os
 import re
-import select
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -40,84 +36,22 @@ import httpx
 import trio
 import yaml
 
-from genrm_trio.app.bench import answer_text, verify_body
+from genrm_trio.app.bench import answer_text, procfs, verify_body
+from genrm_trio.testing import procs
+from genrm_trio.testing.procs import Proc
 
 PROMPT = "Explain why the sum of two even numbers is even."
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
 
 
-# --- processes ----------------------------------------------------------------------------------
-
-
-def _command() -> list[str]:
-    script = Path(sys.executable).with_name("genrm-trio")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("genrm-trio")
-    return [found] if found else [sys.executable, "-m", "genrm_trio.app.cli"]
-
-
-@dataclass
-class Proc:
-    popen: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    def stop(self, timeout: float = 30.0) -> int:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-        try:
-            return self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
-            return -9
+# --- processes and sampling: genrm_trio.testing.procs, genrm_trio.app.bench.procfs ----------------
 
 
 def _start(args: Sequence[str], log: Path, timeout: float = 60.0) -> Proc:
-    with log.open("wb") as err:
-        popen = subprocess.Popen(
-            [*_command(), *args],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    assert popen.stdout is not None
-    ready, _, _ = select.select([popen.stdout], [], [], timeout)
-    line = popen.stdout.readline().decode() if ready else ""
-    if not line.startswith("listening on http://"):
-        popen.kill()
-        popen.wait()
-        raise SystemExit(f"{args[0]} did not start: {line!r}; see {log}")
-    return Proc(popen, line.strip().removeprefix("listening on "), log)
-
-
-# --- process sampling -----------------------------------------------------------------------------
-
-
-def _status_field(pid: int, name: str) -> int | None:
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(name + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _fds(pid: int) -> int | None:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return None
-
-
-def _cpu_s(pid: int) -> float | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return procs.start(args, log, timeout=timeout)
+    except procs.StartError as exc:
+        raise SystemExit(f"{args[0]} did not start: {exc}; see {log}") from None
 
 
 def _metrics(text: str) -> dict[str, float]:
@@ -244,14 +178,14 @@ async def _drive(opts: Options, base: str, judge: str, pid: int) -> tuple[Tally,
             cohorts = (await http.get(f"{base}/cohorts")).json()
             m = _metrics((await http.get(f"{base}/metrics")).text)
             sim = (await http.get(f"{judge}/stats")).json()
-            rss = _status_field(pid, "VmRSS")
+            rss = procfs.rss_mb(pid)
             samples.append(
                 Sample(
                     t_s=round(trio.current_time() - started, 1),
-                    rss_mb=None if rss is None else round(rss / 1024, 1),
-                    fds=_fds(pid),
-                    threads=_status_field(pid, "Threads"),
-                    cpu_s=_cpu_s(pid),
+                    rss_mb=None if rss is None else round(rss, 1),
+                    fds=procfs.open_fds(pid),
+                    threads=procfs.status_field(pid, "Threads"),
+                    cpu_s=procfs.cpu_s(pid),
                     active_cohorts=len(cohorts),
                     judge_inflight=m.get("genrm_trio_judge_inflight", math.nan),
                     judge_queued=m.get("genrm_trio_judge_queued", math.nan),
@@ -503,12 +437,11 @@ def run(opts: Options) -> dict[str, Any]:
         print(f"      judge {judge.url} ({faults}), server {server.url}")
         print(f"      logs in {opts.workdir}")
         tally, samples = trio.run(_drive, opts, server.url, judge.url, server.popen.pid)
-        codes = {"serve": server.stop(), "sim-judge": judge.stop()}
+        codes = {"serve": server.stop(30.0), "sim-judge": judge.stop(30.0)}
     finally:
         for proc in (server, judge):
-            if proc is not None and proc.popen.poll() is None:
-                proc.popen.kill()
-                proc.popen.wait()
+            if proc is not None:
+                proc.close()
     summary = summarise(opts, tally, samples, codes)
     if "Traceback" in (opts.workdir / "serve.err").read_text(errors="replace"):
         summary["problems"].append("a Traceback in the server log")

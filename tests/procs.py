@@ -1,24 +1,19 @@
-"""Real `genrm-trio` processes for the fault, limit and security tests.
+"""Real `genrm-trio` processes for the fault, limit and security tests, and their HTTP side.
 
-Only 127.0.0.1, the real clock, and every wait bounded. A `Proc` keeps its stderr in a file so a
-test can scrape everything the process logged. Starting is synchronous (call it through
-`trio.to_thread.run_sync` from an async test); the HTTP side is async (`httpx.AsyncClient`).
+Only 127.0.0.1, the real clock, and every wait bounded. The processes themselves are
+`genrm_trio.testing.procs` (the harness the benchmarks use too): a `Proc` keeps its stderr in a
+file so a test can scrape everything the process logged. Starting is synchronous (call it
+through `trio.to_thread.run_sync` from an async test); the HTTP side is async
+(`httpx.AsyncClient`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import select
-import shutil
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,129 +22,24 @@ import trio
 import yaml
 
 from genrm_trio.app.bench import verify_body
+from genrm_trio.testing.procs import START_TIMEOUT_S, Proc, command, start
+
+__all__ = ["Proc", "command", "start"]  # the harness, re-exported for the tests
 
 SHUTTING_DOWN = "GenRM server is shutting down"
 PROMPT = "Why is ice slippery?"
-START_TIMEOUT_S = 30.0
-
-
-def command() -> list[str]:
-    """How to run `genrm-trio` from this interpreter's environment."""
-    script = Path(sys.executable).with_name("genrm-trio")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("genrm-trio")
-    return [found] if found else [sys.executable, "-m", "genrm_trio.app.cli"]
-
-
-@dataclass
-class Proc:
-    """One started process: its `listening on` URL and the file its stderr goes to."""
-
-    popen: subprocess.Popen[bytes]
-    url: str
-    stderr_path: Path
-    stdout_extra: list[bytes] = field(default_factory=list)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def port(self) -> int:
-        return int(self.url.rpartition(":")[2])
-
-    def log(self) -> str:
-        """Everything the process wrote to stderr so far."""
-        return self.stderr_path.read_text(errors="replace")
-
-    def stdout_rest(self) -> bytes:
-        """Whatever stdout holds after the listening line (read once the process ended)."""
-        assert self.popen.stdout is not None
-        if self.popen.poll() is not None:
-            self.stdout_extra.append(self.popen.stdout.read())
-        return b"".join(self.stdout_extra)
-
-    def signal(self, signum: int) -> None:
-        self.popen.send_signal(signum)
-
-    def wait(self, timeout: float) -> int:
-        return self.popen.wait(timeout=timeout)
-
-    def stop(self, timeout: float = 15.0) -> int:
-        """SIGTERM and wait; SIGKILL (and raise) if it does not stop in time."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-        try:
-            return self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-        self.popen.wait(timeout=15)
-
-    def close(self) -> None:
-        """Kill if still running and close the pipes (idempotent)."""
-        self.kill()
-        if self.popen.stdout is not None:
-            self.popen.stdout.close()
-
-
-def _read_listening_line(popen: subprocess.Popen[bytes], timeout: float) -> str:
-    assert popen.stdout is not None
-    fd = popen.stdout.fileno()
-    buffer = b""
-    deadline = time.monotonic() + timeout
-    while b"\n" not in buffer:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise AssertionError(f"no listening line within {timeout}s (got {buffer!r})")
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
-            continue
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            raise AssertionError(f"process exited before listening (rc={popen.wait(5)})")
-        buffer += chunk
-    line, _, _ = buffer.partition(b"\n")
-    text = line.decode()
-    assert text.startswith("listening on http://"), text
-    return text.removeprefix("listening on ")
-
-
-def start(
-    args: Sequence[str],
-    stderr_path: Path,
-    *,
-    env: Mapping[str, str] | None = None,
-    timeout: float = START_TIMEOUT_S,
-) -> Proc:
-    """Run `genrm-trio ARGS` and wait for its `listening on http://H:P` line."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    with stderr_path.open("ab") as err:
-        popen = subprocess.Popen(
-            [*command(), *args], stdout=subprocess.PIPE, stderr=err, env=full_env
-        )
-    try:
-        url = _read_listening_line(popen, timeout)
-    except BaseException:
-        if popen.poll() is None:
-            popen.kill()
-        popen.wait(timeout=15)
-        assert popen.stdout is not None
-        popen.stdout.close()
-        raise
-    return Proc(popen, url, stderr_path)
 
 
 def start_judge(
-    directory: Path, *flags: str, name: str = "judge", env: Mapping[str, str] | None = None
+    directory: Path,
+    *flags: str,
+    name: str = "judge",
+    env: Mapping[str, str] | None = None,
+    timeout: float = START_TIMEOUT_S,
 ) -> Proc:
     """`genrm-trio sim-judge --port 0 FLAGS` (flags may set `--port` again: the last wins)."""
-    return start(["sim-judge", "--port", "0", *flags], directory / f"{name}.err", env=env)
+    args = ["sim-judge", "--port", "0", *flags]
+    return start(args, directory / f"{name}.err", env=env, timeout=timeout)
 
 
 def start_server(
@@ -160,13 +50,14 @@ def start_server(
     name: str = "serve",
     extra: Iterable[str] = (),
     env: Mapping[str, str] | None = None,
+    timeout: float = START_TIMEOUT_S,
 ) -> Proc:
     """`genrm-trio serve --config F --port 0` against `judge_url` (or `--judge sim`)."""
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
     judge = ["--judge-url", judge_url] if judge_url is not None else ["--judge", "sim"]
     args = ["serve", "--config", str(path), "--port", "0", *judge, *extra]
-    return start(args, directory / f"{name}.err", env=env)
+    return start(args, directory / f"{name}.err", env=env, timeout=timeout)
 
 
 # --- HTTP helpers ---------------------------------------------------------------------------------
@@ -317,16 +208,29 @@ async def judge_idle(http: httpx.AsyncClient, judge: Proc, *, within: float = 5.
 
 
 async def wait_cohort_state(
-    http: httpx.AsyncClient, base: str, group_id: str, state: str, *, within: float = 10.0
+    http: httpx.AsyncClient,
+    base: str,
+    group_id: str,
+    state: str,
+    *,
+    within: float = 10.0,
+    **fields: Any,
 ) -> dict[str, Any]:
-    """Poll /cohorts until the group's cohort is in `state`; returns its view."""
-    with trio.fail_after(within):
+    """Poll /cohorts until the group's cohort is in `state` (and its view has the given
+    `fields`, e.g. `requests_waiting=0`); returns its view. Fails after `within` seconds with
+    the group's last view."""
+    last: list[dict[str, Any]] = []
+    with trio.move_on_after(within):
         while True:
-            for view in (await http.get(f"{base}/cohorts")).json():
-                if view["group_id"] == group_id and view["state"] == state:
+            last = [
+                v for v in (await http.get(f"{base}/cohorts")).json() if v["group_id"] == group_id
+            ]
+            for view in last:
+                if view["state"] == state and all(view.get(k) == v for k, v in fields.items()):
                     found: dict[str, Any] = view
                     return found
             await trio.sleep(0.02)
+    raise AssertionError(f"cohort {group_id!r} not {state} {fields} within {within}s: {last}")
 
 
 async def clean_group_scores(http: httpx.AsyncClient, base: str, group_id: str, n: int) -> None:

@@ -5,6 +5,7 @@ Real sockets on 127.0.0.1 and the real clock (no autojump: the I/O is real), eve
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -19,11 +20,11 @@ from genrm_trio.app.bench import (
     BenchConfig,
     BenchError,
     BenchReport,
-    _HttpPool,
     answer_text,
     no_group_hint,
     run_bench,
 )
+from genrm_trio.app.bench.client import HttpPool
 from genrm_trio.app.cli import main
 from genrm_trio.app.serve import serve
 from genrm_trio.config import settings_from_mapping
@@ -75,6 +76,7 @@ async def test_connection_close_and_close_delimited_bodies() -> None:
 
 async def test_a_keep_alive_connection_closed_while_idle_is_retried_on_a_new_one() -> None:
     connections = 0
+    closed = trio.Event()
 
     async def answer_once_then_close(stream: trio.SocketStream) -> None:
         nonlocal connections
@@ -84,6 +86,7 @@ async def test_a_keep_alive_connection_closed_while_idle_is_retried_on_a_new_one
             data += await stream.receive_some(4096)
         await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
         await stream.aclose()  # without `connection: close`, as an expired keep-alive looks
+        closed.set()
 
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
@@ -91,9 +94,9 @@ async def test_a_keep_alive_connection_closed_while_idle_is_retried_on_a_new_one
                 partial(trio.serve_tcp, answer_once_then_close, 0, host="127.0.0.1")
             )
             port = listeners[0].socket.getsockname()[1]
-            pool = _HttpPool(f"http://127.0.0.1:{port}", 5.0, {})
+            pool = HttpPool(f"http://127.0.0.1:{port}", 5.0, {})
             assert await pool.post("/x", b"{}") == (200, b"ok")
-            await trio.sleep(0.05)  # the server has closed the idle connection by now
+            await closed.wait()  # the server has closed the idle connection
             assert await pool.post("/x", b"{}") == (200, b"ok")
             assert connections == 2
             await pool.aclose()
@@ -222,11 +225,12 @@ def test_bench_command_prints_why_it_stopped_in_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import genrm_trio.app.bench as bench
+    from genrm_trio.app.bench import output
 
     async def mismatched(cfg: BenchConfig, **_: Any) -> BenchReport:
         raise BenchError(bench.rollouts_mismatch(16, cfg.rollouts))
 
-    monkeypatch.setattr(bench, "run_bench", mismatched)
+    monkeypatch.setattr(output, "run_bench", mismatched)  # where the command calls it
     assert main(["bench", "--rollouts", "8"]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -253,3 +257,25 @@ def test_help_shows_the_description_and_defaults(
     for text in shown:
         assert text in out
     assert "(default: None)" not in out and "(default: False)" not in out
+
+
+def test_the_proc_reader_reads_this_process() -> None:
+    """`genrm_trio.app.bench.procfs`, the one /proc reader of bench and the benchmarks."""
+    from genrm_trio.app.bench import procfs
+
+    pid = os.getpid()
+    found = procfs.stat(pid)
+    assert found is not None and found.state == "R" and found.ppid == os.getppid()
+    assert procfs.cpu_ticks(pid) >= found.cpu_ticks
+    cpu = procfs.cpu_s(pid)
+    assert cpu is not None and cpu > 0
+    rss = procfs.rss_mb(pid)
+    assert rss is not None and rss > 1
+    assert (procfs.status_field(pid, "Threads") or 0) >= 1
+    assert (procfs.open_fds(pid) or 0) >= 3
+    assert pid in procfs.pids()
+    assert (procfs.cmdline(pid) or b"").split(b"\0")[0]  # the program that runs this test
+    assert procfs.system_busy_s() > 0
+    gone = max(procfs.pids()) + 100_000
+    assert (procfs.stat(gone), procfs.cpu_s(gone), procfs.rss_mb(gone)) == (None, None, None)
+    assert (procfs.cpu_ticks(gone), procfs.open_fds(gone), procfs.cmdline(gone)) == (0, None, None)

@@ -10,13 +10,9 @@ import json
 import logging
 import math
 import os
-import select
-import shutil
 import signal
 import socket
 import subprocess
-import sys
-import textwrap
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -408,78 +404,21 @@ def test_the_model_warning_names_a_bounded_number_of_ids(
 # --- real processes: sim-judge + serve, a 4-rollout group end to end, SIGTERM → 0 ----------------
 
 
-def _command() -> list[str]:
-    script = Path(sys.executable).with_name("genrm-trio")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("genrm-trio")
-    return [found] if found else [sys.executable, "-m", "genrm_trio.app.cli"]
-
-
-def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    assert ready, f"no output within {timeout}s"
-    return proc.stdout.readline()
-
-
-def _stop(proc: subprocess.Popen[str]) -> int:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise
-
-
 def test_processes_score_a_group_end_to_end_then_stop_with_0(tmp_path: Path) -> None:
-    config = tmp_path / "genrm.yaml"
-    config.write_text(
-        textwrap.dedent(
-            """\
-            num_rollouts_per_prompt: 4
-            cohort_collection_timeout_s: 20
-            cohort_evaluation_timeout_s: 20
-            judge_request_timeout_s: 5
-            genrm_parse_retry_sleep_s: 0.01
-            """
-        )
-    )
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    judge_err = (tmp_path / "judge.err").open("w")
-    serve_err = (tmp_path / "serve.err").open("w")
-    judge = subprocess.Popen(
-        [*_command(), "sim-judge", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=judge_err,
-        text=True,
-        env=env,
-    )
-    server: subprocess.Popen[str] | None = None
+    config = {
+        "num_rollouts_per_prompt": 4,
+        "cohort_collection_timeout_s": 20,
+        "cohort_evaluation_timeout_s": 20,
+        "judge_request_timeout_s": 5,
+        "genrm_parse_retry_sleep_s": 0.01,
+    }
+    judge = procs.start_judge(tmp_path, timeout=20.0)
+    server: procs.Proc | None = None
     try:
-        line = _read_line(judge, 20)
-        assert line.startswith("listening on http://127.0.0.1:")
-        judge_url = line.strip().removeprefix("listening on ") + "/v1"
-        server = subprocess.Popen(
-            [
-                *_command(),
-                "serve",
-                "--config",
-                str(config),
-                "--port",
-                "0",
-                "--judge-url",
-                judge_url,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=serve_err,
-            text=True,
-            env=env,
-        )
-        line = _read_line(server, 20)
-        assert line.startswith("listening on http://127.0.0.1:")
-        base = line.strip().removeprefix("listening on ")
+        assert judge.url.startswith("http://127.0.0.1:")
+        server = procs.start_server(tmp_path, config, judge_url=judge.url + "/v1", timeout=20.0)
+        assert server.url.startswith("http://127.0.0.1:")
+        base = server.url
 
         async def score_group() -> list[httpx.Response]:
             replies: list[httpx.Response] = []
@@ -505,17 +444,12 @@ def test_processes_score_a_group_end_to_end_then_stop_with_0(tmp_path: Path) -> 
             assert row["mask_sample"] is False
             assert row["failure_kind"] is None
             assert math.isfinite(row["reward"])
-        assert _stop(server) == 0
-        assert _stop(judge) == 0
+        assert server.stop(10.0) == 0
+        assert judge.stop(10.0) == 0
     finally:
         for proc in (server, judge):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            if proc is not None and proc.stdout is not None:
-                proc.stdout.close()
-        judge_err.close()
-        serve_err.close()
+            if proc is not None:
+                proc.close()
     serve_log = (tmp_path / "serve.err").read_text()
     assert "Traceback" not in serve_log
     assert "failed; serving anyway" not in serve_log  # the simulated judge answers /v1/models

@@ -138,6 +138,7 @@ def test_every_top_level_default() -> None:
         "retry_backoff": "constant",
         "eager_comparisons": True,
         "state_path": None,
+        "state_commit_timeout_s": 10.0,
     }
     dumped = Settings().model_dump()
     nested = {"judge", "server"}

@@ -107,7 +107,7 @@ class _FifoCommit:
 def test_fifo_store_is_a_queued_store() -> None:
     store = FifoStore()
     assert isinstance(store, QueuedCohortStore)
-    assert queued(store) is store
+    assert queued(store, timeout_s=10.0) is store
 
 
 @contextmanager
@@ -319,7 +319,7 @@ class SlowHooks:
 
 async def test_serial_commits_run_hooks_in_submission_order(autojump_clock: MockClock) -> None:
     hooks = SlowHooks()
-    store = queued(hooks)
+    store = queued(hooks, timeout_s=10.0)
     assert isinstance(store, SerialCommits)
     first = store.submit_watermark(WatermarkRecord("a", 0, DIGEST))
     second = store.submit_open(OpenRecord("k", "b", 0, False, DIGEST))

@@ -54,4 +54,4 @@ def test_gym_stack(tmp_path: Path) -> None:
     # the script fails if Gym had to kill genrm-trio, or if it took the process group's SIGINT
     # and Gym's own for two stops; the time it took is in the summary
     assert "genrm-trio exit after the Ctrl-C:" in summary
-    assert "stopping without waiting" not in summary
+    assert "exiting at once" not in summary

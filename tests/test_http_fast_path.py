@@ -7,14 +7,17 @@ the one layer for every route (body limit, 405, error mapping; Quart serves no P
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import trio
 from fake_engine import FakeEngine
 
 from genrm_trio.config import Settings
+from genrm_trio.domain.model import CohortView
 from genrm_trio.http.app import create_app
-from genrm_trio.http.asgi import _receive_body
+from genrm_trio.http.asgi import PUBLIC_PATHS, _receive_body
+from genrm_trio.http.openapi import openapi_document
 
 
 async def test_the_raw_body_is_not_held_while_the_route_runs() -> None:
@@ -128,3 +131,30 @@ async def test_quart_is_handed_no_body() -> None:
     receive = _bodiless(_receiver(part, last, {"type": "http.disconnect"}))
     assert await receive() == {"type": "http.request", "body": b"", "more_body": False}
     assert await receive() == {"type": "http.disconnect"}
+
+
+def test_the_openapi_document_lists_exactly_the_routes_served() -> None:
+    """One list of routes: what the app serves (Quart's GET rules and the ASGI layer's POST
+    routes) is what `openapi_document` describes, method by method, and the public paths are
+    the ones the bearer check lets through."""
+    app: Any = create_app(FakeEngine(), Settings())
+    served: dict[str, set[str]] = {}
+    for rule in app.url_map.iter_rules():
+        if rule.endpoint != "static":
+            served.setdefault(rule.rule, set()).update((rule.methods or set()) & {"GET"})
+    for path in app.post_routes:
+        served.setdefault(path, set()).add("POST")
+    doc = openapi_document(title="genrm-trio", version="1", auth=True)
+    described = {path: {method.upper() for method in item} for path, item in doc["paths"].items()}
+    assert described == served
+    public = {
+        path for path, item in doc["paths"].items() if item.get("get", {}).get("security") == []
+    }
+    assert public == set(PUBLIC_PATHS)
+
+
+def test_cohort_info_is_cohort_view_field_by_field() -> None:
+    doc = openapi_document(title="genrm-trio", version="1", auth=False)
+    schema = doc["components"]["schemas"]["CohortInfo"]
+    assert list(schema["properties"]) == [f.name for f in dataclasses.fields(CohortView)]
+    assert schema["required"] == list(schema["properties"])

@@ -76,20 +76,33 @@ class Stack:
         return [r for r in replies if r is not None]
 
     async def wait_for_state(
-        self, state: str, members: int | None = None, waiting: int | None = None
+        self,
+        group_id: str,
+        state: str,
+        members: int | None = None,
+        waiting: int | None = None,
+        *,
+        within: float = 10.0,
     ) -> None:
-        """Poll /cohorts until a cohort is in `state` (with that many members present and
-        requests waiting, when given)."""
-        while True:
-            cohorts = (await self.client.get(f"{self.base}/cohorts")).json()
-            if any(
-                c["state"] == state
-                and (members is None or c["members_present"] == members)
-                and (waiting is None or c["requests_waiting"] == waiting)
-                for c in cohorts
-            ):
-                return
-            await trio.sleep(0.01)
+        """Poll /cohorts until the group's cohort is in `state` (with that many members present
+        and requests waiting, when given); fail after `within` seconds showing its last view."""
+        views: list[dict[str, Any]] = []
+        with trio.move_on_after(within):
+            while True:
+                cohorts = (await self.client.get(f"{self.base}/cohorts")).json()
+                views = [c for c in cohorts if c["group_id"] == group_id]
+                if any(
+                    c["state"] == state
+                    and (members is None or c["members_present"] == members)
+                    and (waiting is None or c["requests_waiting"] == waiting)
+                    for c in views
+                ):
+                    return
+                await trio.sleep(0.01)
+        raise AssertionError(
+            f"cohort {group_id!r} not {state} (members={members}, waiting={waiting}) within "
+            f"{within}s: {views}"
+        )
 
 
 @asynccontextmanager
@@ -193,11 +206,11 @@ async def test_disconnect_during_collection_then_exact_reattachment(
                 nursery.start_soon(
                     _send_and_forget, doomed, stack.base, row(0, group, texts[0]), scope
                 )
-                await stack.wait_for_state("collecting", members=1, waiting=1)
+                await stack.wait_for_state(group, "collecting", members=1, waiting=1)
                 scope.cancel()
             # the member and its answer stay, with no request waiting; a different answer for
             # the slot is refused
-            await stack.wait_for_state("collecting", members=1, waiting=0)
+            await stack.wait_for_state(group, "collecting", members=1, waiting=0)
             conflict = await stack.client.post(
                 f"{stack.base}/verify", json=row(0, group, texts[0] + " regenerated")
             )
@@ -205,7 +218,7 @@ async def test_disconnect_during_collection_then_exact_reattachment(
             assert "already has a different response" in conflict.json()["detail"]
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(member, 0)  # the exact retry re-attaches while collecting
-                await stack.wait_for_state("collecting", members=1, waiting=1)
+                await stack.wait_for_state(group, "collecting", members=1, waiting=1)
                 for i in range(1, 4):
                     nursery.start_soon(member, i)
             calls = stack.judge.sim.statistics().calls
@@ -241,10 +254,10 @@ async def test_disconnect_during_judging_then_exact_reattachment(
                 )
                 for i in range(1, 4):
                     nursery.start_soon(member, i)
-                await stack.wait_for_state("judging", waiting=4)
+                await stack.wait_for_state("g-dc-judge", "judging", waiting=4)
                 scope.cancel()
                 # the cohort keeps judging without that request; the exact retry re-attaches
-                await stack.wait_for_state("judging", members=4, waiting=3)
+                await stack.wait_for_state("g-dc-judge", "judging", members=4, waiting=3)
                 nursery.start_soon(member, 0)
             calls = stack.judge.sim.statistics().calls
     capsys.readouterr()
@@ -284,7 +297,7 @@ async def test_graceful_shutdown_while_judging_delivers_503s(
 
                     for i in range(4):
                         nursery.start_soon(member, i)
-                    await stack.wait_for_state("judging")
+                    await stack.wait_for_state("g-stop", "judging")
                     while judge_app.sim.statistics().in_flight < 4:  # noqa: ASYNC110
                         await trio.sleep(0.01)
                     os.kill(os.getpid(), signal.SIGTERM)

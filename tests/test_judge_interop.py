@@ -309,12 +309,19 @@ def private_ca(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         pytest.skip("needs the openssl command")
     d = tmp_path_factory.mktemp("ca")
     ca_key, ca, key, csr, cert = (d / n for n in ("ca.key", "ca.pem", "k.pem", "r.csr", "c.pem"))
+    # A key usage on the CA and key identifiers on the leaf: Python 3.13 verifies strictly
+    # (VERIFY_X509_STRICT) and refuses a CA certificate without them.
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-             "/CN=genrm-trio test CA", "-keyout", str(ca_key), "-out", str(ca))  # fmt: skip
+             "/CN=genrm-trio test CA", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+             "-keyout", str(ca_key), "-out", str(ca))  # fmt: skip
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
              "-keyout", str(key), "-out", str(csr))  # fmt: skip
     ext = d / "ext.cnf"
-    ext.write_text("subjectAltName=IP:127.0.0.1\n")
+    ext.write_text(
+        "subjectAltName=IP:127.0.0.1\nauthorityKeyIdentifier=keyid,issuer\n"
+        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth\n"
+    )
     _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
              "-CAcreateserial", "-days", "1", "-extfile", str(ext), "-out", str(cert))  # fmt: skip
     hashed = d / "certs"

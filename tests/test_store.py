@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, closing, contextmanager
 from functools import partial
@@ -29,6 +30,7 @@ from judges import (
     verify,
 )
 from procs import command
+from trio.testing import MockClock
 
 from genrm_trio.app.compose import durable_engine, restore_from_store
 from genrm_trio.config import Settings
@@ -265,9 +267,10 @@ async def test_restart_keeps_lone_surrogates_and_exact_floats(tmp_path: Path) ->
     assert isinstance(after[0], Scored) and after[0].result["answer_text"] == "a0 \udc80"
 
 
-async def test_restored_records_keep_their_age(tmp_path: Path) -> None:
+async def test_restored_records_keep_their_age(tmp_path: Path, mock_clock: MockClock) -> None:
     """Monotonic clocks are set back by the stored age: with a 1 s TTL, a record and a watermark
-    stored 0.9 s before the restart are gone 0.2 s after it; ones stored later are not."""
+    stored 0.9 s before the restart are gone 0.2 s after it; ones stored later are not. (Virtual
+    time that moves only when jumped: the store's threads need no autojump.)"""
     config = state(tmp_path, cohort_result_ttl_s=1.0)
     wall = Wall()
     async with durable(config, ScriptedJudge(), wall) as engine:
@@ -279,7 +282,7 @@ async def test_restored_records_keep_their_age(tmp_path: Path) -> None:
     judge = ScriptedJudge()
     async with durable(config, judge, wall) as engine:
         assert engine.statistics().terminal_records == 2
-        await trio.sleep(0.2)
+        mock_clock.jump(0.2)
         await gather(engine, [member(i, group="probe") for i in range(2)])  # prunes
         assert {r.key for r in engine.terminal_records()} == {
             explicit_key("young"),
@@ -570,13 +573,18 @@ async def test_a_failed_transaction_rolls_back_and_the_store_goes_on(tmp_path: P
                     errors.append(str(exc))
 
             before = store.statistics().transactions
-            # Hold the connection so that the last two share one batch.
-            async with trio.open_nursery() as nursery, store._io:
+            # Hold the writer thread so that the last two share one batch.
+            held = threading.Event()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(store._commits.writer.run, held.wait)
+                await trio.testing.wait_all_tasks_blocked()
                 nursery.start_soon(store.commit_watermark, WatermarkRecord("w", 0, DIGEST))
                 await trio.testing.wait_all_tasks_blocked()
                 nursery.start_soon(store.commit_terminal, failed(explicit_key("other")))
                 nursery.start_soon(submit_explode)
                 await trio.testing.wait_all_tasks_blocked()
+                assert store.statistics().queued == 2  # behind the watermark's transaction
+                held.set()
             assert len(errors) == 1 and "no such table" in errors[0]
             # the watermark, the failed shared batch, then one transaction per operation
             assert store.statistics().transactions == before + 2
@@ -591,12 +599,15 @@ async def test_a_failed_transaction_rolls_back_and_the_store_goes_on(tmp_path: P
 
 
 async def test_commit_survives_the_callers_cancellation(tmp_path: Path) -> None:
+    """A cancelled wait abandons the wait, never the commit: it is applied in order."""
     config = state(tmp_path)
     with trio.fail_after(LIMIT_S):
         async with open_store(path_of(config), config) as store:
             with trio.CancelScope() as scope:
                 scope.cancel()
                 await store.commit_terminal(record(explicit_key("x")))
+            assert scope.cancelled_caught
+            await store.commit_watermark(WatermarkRecord("after", 0, DIGEST))  # queued later
             assert store.statistics().terminal_records == 1
 
 

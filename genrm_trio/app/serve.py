@@ -6,7 +6,9 @@ with hypercorn on a socket it binds itself, so a busy port is one clear error an
 socket. SIGINT/SIGTERM stop it gracefully (D28): stop accepting, fail the active cohorts so their
 waiters get 503 `GenRM server is shutting down`, give those replies up to
 `server.shutdown_grace_s` to be delivered, then stop at once: idle keep-alive connections do not
-hold the shutdown.
+hold the shutdown, and a stalled durable store holds it at most `state_commit_timeout_s` longer.
+A second signal exits the process at once (`exit_at_once`), unless it is the first one delivered
+twice (`REPEAT_SIGNAL_WINDOW_S`).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import logging
 import os
 import signal
 import socket
+import sys
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final, final
+from typing import Any, Final, NoReturn, final
 
 import hypercorn.trio
 import trio
@@ -231,6 +234,9 @@ async def serve_app(
         sock.close()
 
 
+JUDGE_CLOSE_S: Final = 1.0
+"""How long a shutdown waits for the judge client to close its connections."""
+
 FD_RESERVE: Final = 64
 """Descriptors kept for everything else: the listening socket, logs, the state file, probes."""
 
@@ -387,6 +393,18 @@ def with_admission(settings: Settings, headroom: FdHeadroom) -> Settings:
     return settings.model_copy(update={"server": server})
 
 
+def exit_at_once(code: int) -> NoReturn:
+    """End the process now, without unwinding (a second SIGINT/SIGTERM, docs/operations.md
+    "Graceful shutdown"): nothing it waits for, a stalled store's thread included, can hold it.
+    The durable state stays as consistent as after a kill (SQLite WAL); log lines written so far
+    are flushed first. Exit code 128 + the signal number, as a shell reports a signal."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 def _sim_judge() -> Judge:
     from genrm_trio.testing import SimConfig, SimJudge
 
@@ -410,8 +428,9 @@ async def serve(
 
     Raises ConfigError (a missing secret or judge URL) or ListenError (the address) before
     listening; later start-up errors may arrive inside an ExceptionGroup. A second signal
-    during the shutdown stops at once, unless it comes within `REPEAT_SIGNAL_WINDOW_S` of the
-    first (the same stop delivered twice). Must run in the main thread (signal handling).
+    during the shutdown exits the process at once (`exit_at_once`), unless it comes within
+    `REPEAT_SIGNAL_WINDOW_S` of the first (the same stop delivered twice). Must run in the main
+    thread (signal handling).
     """
     server_secret = settings.server.api_key_env
     if server_secret:
@@ -473,9 +492,8 @@ async def _serve_on(
                         (now - first_at) * 1000,
                     )
                 else:
-                    log.warning("received %s again: stopping without waiting", name)
-                    run_scope.cancel()
-                    return
+                    log.warning("received %s again: exiting at once", name)
+                    exit_at_once(128 + signum)
 
         async def run() -> None:
             nonlocal listening
@@ -510,7 +528,10 @@ async def _serve_on(
                         await engine.aclose()
             finally:
                 if judge is None and the_judge is not None:
-                    with trio.CancelScope(shield=True):
+                    # bounded: closing drops idle judge connections; a TLS close to a judge
+                    # that stopped reading must not hold the shutdown
+                    deadline = trio.current_time() + JUDGE_CLOSE_S
+                    with trio.CancelScope(shield=True, deadline=deadline):
                         await the_judge.aclose()
 
         async with trio.open_nursery() as nursery:

@@ -347,11 +347,15 @@ class Settings(_Strict):
     # own features
     eager_comparisons: bool = True  # judge a pair once both of its members are in (issue #20)
     state_path: str | None = None
+    state_commit_timeout_s: float = 10.0
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
 
     @field_validator(
-        "cohort_collection_timeout_s", "cohort_evaluation_timeout_s", "judge_request_timeout_s"
+        "cohort_collection_timeout_s",
+        "cohort_evaluation_timeout_s",
+        "judge_request_timeout_s",
+        "state_commit_timeout_s",
     )
     @classmethod
     def _deadline(cls, value: float) -> float:

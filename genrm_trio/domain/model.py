@@ -14,6 +14,10 @@ from typing import Any, Literal, final
 JSONValue = Any  # a decoded JSON value (dict/list/str/int/float/bool/None)
 FailureKind = Literal["judge", "cohort"]
 
+# The failure of every cohort and `/compare` batch a shutdown cuts short (docs/differences.md,
+# D28); the store recognises it too (such a cohort keeps its `open` record).
+SHUTTING_DOWN = "GenRM server is shutting down"
+
 
 @final
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ import trio
 from genrm_trio.config import Settings
 from genrm_trio.domain.checkpoint import RestoreReport, checkpoint, restore
 from genrm_trio.domain.model import (
+    SHUTTING_DOWN,
     CohortView,
     CompareFailed,
     CompareInput,
@@ -53,25 +54,24 @@ from genrm_trio.domain.model import (
 from genrm_trio.domain.records import OpenRecord, TerminalRecord, WatermarkRecord
 from genrm_trio.domain.scoring import PlannedComparison, plan_comparisons, plan_fixed_baseline
 from genrm_trio.domain.text import (
-    HistoryError,
     answer_text,
-    digest_text,
     judge_text,
-    normalize_history,
-    prompt_digest,
     reasoning_text,
     response_digest,
 )
 from genrm_trio.engine import machine
 from genrm_trio.engine.cohort import Cohort, Member, Waiter
+from genrm_trio.engine.compare import Comparisons
 from genrm_trio.engine.evaluation import (
     AllMasked,
     Evaluation,
     MemberText,
-    compare_result,
     default_result,
+    judge_principle,
     score_cohort,
 )
+from genrm_trio.engine.exceptions import leaves
+from genrm_trio.engine.keys import RUBRIC_REQUIRED, CohortKey, cohort_key
 from genrm_trio.engine.readiness import Readiness, ReadinessIndex
 from genrm_trio.engine.registry import KEY_LOG_LIMIT, Registry
 from genrm_trio.engine.restore import apply_restore, plan_restore
@@ -87,17 +87,13 @@ from genrm_trio.judge.base import (
 )
 from genrm_trio.judge.queue import QueueGroup, QueueTicket
 from genrm_trio.metrics import Metrics
+from genrm_trio.store.errors import CommitTimeout
 from genrm_trio.store.protocol import CohortStore, Commit, QueuedCohortStore, queued
 
-__all__ = ["Engine", "EngineStatistics", "open_engine"]
+__all__ = ["SHUTTING_DOWN", "Engine", "EngineStatistics", "open_engine"]
 
 log = logging.getLogger("genrm_trio.engine")
 
-SHUTTING_DOWN: Final = "GenRM server is shutting down"
-RUBRIC_REQUIRED: Final = "score_source=rubric_mean requires expected_rubric_ids"
-BASELINE_REQUIRED: Final = (
-    "fixed_baseline requires responses_create_params.metadata.baseline_response"
-)
 LEGACY_ATTEMPT_MESSAGE: Final = (
     "GenRM group attempt omitted; treating legacy requests as group attempt zero"
 )
@@ -111,13 +107,6 @@ def _log_legacy_attempt_once() -> None:
     if not _legacy_attempt_logged:
         _legacy_attempt_logged = True
         log.warning(LEGACY_ATTEMPT_MESSAGE)
-
-
-def _first_leaf(error: BaseException) -> BaseException:
-    """The first non-group exception inside (possibly nested) exception groups."""
-    while isinstance(error, BaseExceptionGroup) and error.exceptions:
-        error = error.exceptions[0]
-    return error
 
 
 @final
@@ -154,25 +143,16 @@ class _Arrival:
         "rubric_ids",
     )
 
-    def __init__(
-        self,
-        item: VerifyInput,
-        key: str,
-        digest: str,
-        history: list[dict[str, str]],
-        baseline: str | None,
-        baseline_digest: str | None,
-        member: Member,
-    ) -> None:
+    def __init__(self, item: VerifyInput, keyed: CohortKey, member: Member) -> None:
         self.group_id = item.group_id
         self.group_attempt = item.group_attempt
         self.principle = item.principle
         self.rubric_ids = item.expected_rubric_ids
-        self.key = key
-        self.digest = digest
-        self.history = history
-        self.baseline = baseline
-        self.baseline_digest = baseline_digest
+        self.key = keyed.key
+        self.digest = keyed.digest
+        self.history = keyed.history
+        self.baseline = keyed.baseline
+        self.baseline_digest = keyed.baseline_digest
         self.member = member
 
 
@@ -210,7 +190,10 @@ class Engine:
     ) -> None:
         self.settings = settings
         self.metrics = metrics
-        self._store: QueuedCohortStore | None = None if store is None else queued(store)
+        self._commit_timeout_s = settings.state_commit_timeout_s
+        self._store: QueuedCohortStore | None = (
+            None if store is None else queued(store, timeout_s=self._commit_timeout_s)
+        )
         # Cohorts whose `open` record is queued but not yet committed: set by the creator.
         self._opening: dict[Cohort, trio.Event] = {}
         self._nursery = nursery
@@ -225,7 +208,7 @@ class Engine:
         self._running = 0
         self._idle = trio.Event()
         self._idle.set()
-        self._compare_scopes: set[trio.CancelScope] = set()
+        self._compares = Comparisons(settings, self._comparator, metrics)
         # the plan of every rollout-cohort group and its readiness index, shared (made once)
         self._shared_plan: tuple[list[PlannedComparison], ReadinessIndex] | None = None
 
@@ -254,20 +237,20 @@ class Engine:
             watermarks=r.watermarks,
             waiters=r.waiters,
             running_tasks=self._running,
-            compares_in_flight=len(self._compare_scopes),
+            compares_in_flight=self._compares.in_flight,
             judge=self._comparator.statistics(),
         )
 
     async def aclose(self) -> None:
-        """Shutdown (docs/differences.md, D28): refuse new work, fail active cohorts with 503,
-        cancel timers, evaluations and `/compare` calls, wait for them, then clear every record."""
+        """Shutdown (docs/differences.md, D28): refuse new work, fail active cohorts (cohort
+        kind, SHUTTING_DOWN), cancel timers, evaluations and `/compare` calls, wait for them,
+        then clear every record."""
         if not self._closed:
             self._closed = True  # refuse new requests at once (D28)
             async with self._lock:  # let a request already inside the registry finish
                 for cohort in list(self._registry.active):
                     self._fail(cohort, "cohort", SHUTTING_DOWN)
-            for scope in list(self._compare_scopes):
-                scope.cancel()
+            self._compares.close()
         await self._idle.wait()
         self._registry.clear()
 
@@ -275,8 +258,9 @@ class Engine:
 
     async def verify(self, item: VerifyInput) -> MemberOutcome:
         """One `/verify` request (docs/architecture.md, "One /verify request"). Raises
-        RequestRejected for 422, 409 and 503 refusals; a cohort-kind GroupFailed is the caller's
-        503, the others are 200 rows."""
+        RequestRejected (its ``Rejection`` reason: invalid, conflict, unavailable) for a refusal;
+        otherwise the member's outcome (Scored, Masked, or GroupFailed of either kind). What
+        each becomes at HTTP is the HTTP layer's (``http/asgi.py``, ``rejection_status``)."""
         arrival = self._arrive(item)
         # From here a request holds only what its cohort needs (queued at the registry lock, a
         # few hundred bytes beside its answer text), then only its cohort, slot and waiter
@@ -293,11 +277,10 @@ class Engine:
         try:
             await cohort.released.wait()
         except BaseException:
-            # Detach only this request; shielded so it completes even if it awaits.
-            with trio.CancelScope(shield=True):  # noqa: ASYNC100
-                slot = cohort.members.get(index)
-                if slot is not None and attached in slot.waiters:
-                    slot.waiters.remove(attached)
+            # Detach only this request. No await here, so no cancellation can cut it short.
+            slot = cohort.members.get(index)
+            if slot is not None and attached in slot.waiters:
+                slot.waiters.remove(attached)
             raise
         outcome = attached.outcome
         assert outcome is not None  # handed over by Cohort.release before it wakes us
@@ -317,55 +300,16 @@ class Engine:
         if not s.cohorting:
             text = MemberText(reasoning_text(item.response), answer_text(item.response))
             return Scored(default_result(s, text))
-
-        size = s.num_rollouts_per_prompt
-        index = item.rollout_index
-        if index is None:
-            raise RequestRejected(
-                Rejection.INVALID, "_ng_rollout_index is required for cohort comparison"
-            )
-        if not 0 <= index < size:
-            raise RequestRejected(
-                Rejection.INVALID, f"_ng_rollout_index must be in [0, {size}); got {index}"
-            )
-        baseline: str | None = None
-        if s.comparison_mode == "fixed_baseline":
-            raw = (item.metadata or {}).get("baseline_response")
-            if not isinstance(raw, str) or not raw.strip():
-                raise RequestRejected(Rejection.INVALID, BASELINE_REQUIRED)
-            baseline = raw
-        try:
-            history = normalize_history(item.input)
-        except HistoryError as error:
-            raise RequestRejected(Rejection.INVALID, str(error)) from None
-
-        base_digest = prompt_digest(item.input, item.principle)
-        if item.group_id is not None:
-            key = f"group_id::{item.group_id}::group_attempt::{item.group_attempt}"
-        elif item.task_index is not None:
-            key = f"task_idx::{item.task_index}::{base_digest}::group_attempt::{item.group_attempt}"
-        elif item.prompt_id is not None:
-            key = f"prompt_id::{item.prompt_id}::{base_digest}::group_attempt::{item.group_attempt}"
-        else:
-            key = f"{base_digest}::group_attempt::{item.group_attempt}"
-        suffix = ""
-        baseline_digest: str | None = None
-        if baseline is not None:
-            baseline_digest = digest_text(baseline)
-            suffix += f":{baseline_digest}"
-        if item.expected_rubric_ids is not None:
-            suffix += ":rubrics:" + ",".join(map(str, item.expected_rubric_ids))
-        key += suffix
-        digest = base_digest + suffix
+        keyed = cohort_key(s, item)  # engine/keys.py (pure)
         member = Member(
-            index=index,
+            index=keyed.index,
             response_digest=response_digest(item.response),
             answer_text=answer_text(item.response),
             reasoning_text=reasoning_text(item.response),
             rubric_ids=item.expected_rubric_ids,
-            baseline_digest=baseline_digest,
+            baseline_digest=keyed.baseline_digest,
         )
-        return _Arrival(item, key, digest, history, baseline, baseline_digest, member)
+        return _Arrival(item, keyed, member)
 
     async def _join(self, arrival: _Arrival) -> tuple[Cohort, int, Waiter | MemberOutcome]:
         """Resolve the request's cohort and attach it (docs/architecture.md "One /verify request",
@@ -383,34 +327,42 @@ class Engine:
                 cohort, created = self._resolve(arrival, commits)
             except BaseException:
                 if commits:  # a commit queued before the refusal is still waited for
-                    with trio.CancelScope(shield=True):
+                    # bounded: a stalled store holds the lock for at most the commit timeout
+                    with trio.CancelScope(shield=True, deadline=self._commit_deadline()):
                         await self._wait_commits(commits)
                 raise
             opening = self._opening.get(cohort) if self._opening else None
             if not commits and opening is None:
                 return cohort, index, self._attach(cohort, member, digest)
         # Durable store: the commits were queued in registry order; wait for them unlocked.
-        with trio.CancelScope(shield=True):  # the creator must set `opening` in every case
+        # Shielded, so that the creator sets `opening` in every case; bounded by the commit
+        # timeout, so that a stalled store fails the request (not confirmed: CommitTimeout)
+        # instead of holding it and a shutdown. Another member waits for `opening`, which the
+        # creator sets at its own, earlier, deadline at the latest.
+        failure: Exception | None = None
+        with trio.CancelScope(shield=True, deadline=self._commit_deadline()) as bound:
             failure = await self._wait_commits(commits)
-            if opening is not None:
-                if created:  # this request queued the cohort's `open` record: it is done
-                    del self._opening[cohort]
-                    if failure is not None:
-                        self._fail(
-                            cohort,
-                            "cohort",
-                            f"GenRM durable store could not record cohort "
-                            f"{key[:KEY_LOG_LIMIT]!r}: {type(failure).__name__}: {failure}",
-                        )
-                    opening.set()
-                else:
-                    await opening.wait()
+            if opening is not None and not created:
+                await opening.wait()
+        if bound.cancelled_caught and failure is None:
+            failure = CommitTimeout("GenRM durable store commit", self._commit_timeout_s)
+        if opening is not None and created:  # this request queued the `open` record: done
+            del self._opening[cohort]
+            if failure is not None:
+                self._fail(
+                    cohort,
+                    "cohort",
+                    f"GenRM durable store could not record cohort "
+                    f"{key[:KEY_LOG_LIMIT]!r}: {type(failure).__name__}: {failure}",
+                )
+            opening.set()
         if failure is not None:
             raise failure
         return cohort, index, self._attach(cohort, member, digest)
 
     async def _wait_commits(self, commits: list[Commit]) -> Exception | None:
-        """Wait for every commit (shielded by the caller); returns the first failure."""
+        """Wait for every commit (shielded and bounded by the caller); returns the first
+        failure."""
         error: Exception | None = None
         for commit in commits:
             try:
@@ -573,6 +525,10 @@ class Engine:
         if self._running == 0:
             self._idle.set()
 
+    def _commit_deadline(self) -> float:
+        """The deadline of a wait for the store: ``state_commit_timeout_s`` from now."""
+        return trio.current_time() + self._commit_timeout_s
+
     def _fail(self, cohort: Cohort, kind: FailureKind, message: str) -> bool:
         return machine.fail(cohort, failure=GroupFailed(kind, message))
 
@@ -582,12 +538,15 @@ class Engine:
             with cohort.scope:
                 await self._judge(cohort)
         except Exception as exc:
-            error = _first_leaf(exc)
-            log.error(
-                "GenRM cohort evaluation failed for key=%r",
-                cohort.key[:KEY_LOG_LIMIT],
-                exc_info=error,
-            )
+            errors = leaves(exc)  # every leaf of a (nested) group, each with its traceback
+            for n, error in enumerate(errors, 1):
+                log.error(
+                    "GenRM cohort evaluation failed for key=%r%s",
+                    cohort.key[:KEY_LOG_LIMIT],
+                    f" ({n} of {len(errors)} errors)" if len(errors) > 1 else "",
+                    exc_info=error,
+                )
+            error = errors[0]
             self._fail(
                 cohort,
                 "cohort",
@@ -596,33 +555,43 @@ class Engine:
         finally:
             if not cohort.terminal:
                 self._fail(cohort, "cohort", "GenRM cohort evaluation was cancelled")
-            with trio.CancelScope(shield=True):
+            # bounded: _finalize releases the waiters whether or not the store confirms in time
+            with trio.CancelScope(shield=True, deadline=self._commit_deadline()):
                 await self._finalize(cohort)
             self._task_done()
 
     async def _finalize(self, cohort: Cohort) -> None:
-        """Commit the terminal record, then wake every waiter (no reply before its commit)."""
+        """Commit the terminal record, then wake every waiter (no reply before its commit). A
+        commit that fails, or is not confirmed by the caller's deadline (the commit timeout), is
+        logged and the waiters are released all the same: no request hangs on the store."""
         record = cohort.record
         assert record is not None
-        if self._store is not None:
-            try:
-                await self._store.submit_terminal(record).wait()
-            except Exception:
-                log.exception(
-                    "GenRM durable store failed to commit key=%r", cohort.key[:KEY_LOG_LIMIT]
-                )
-        if record.phase == "completed":  # published now: the waiters wake with their rewards
-            now = trio.current_time()
-            self.metrics.group_latency_seconds.observe(now - cohort.created_at)
-            if cohort.complete_at is not None:  # the last member in -> rewards published
-                self.metrics.reward_latency_seconds.observe(now - cohort.complete_at)
-        cohort.release()
+        try:
+            if self._store is not None:
+                try:
+                    await self._store.submit_terminal(record).wait()
+                except Exception:
+                    log.exception(
+                        "GenRM durable store failed to commit key=%r", cohort.key[:KEY_LOG_LIMIT]
+                    )
+                except trio.Cancelled:  # shielded by the caller: only its deadline gets here
+                    log.error(
+                        "GenRM durable store did not confirm the commit of key=%r within %ss "
+                        "(state_commit_timeout_s); answering without it",
+                        cohort.key[:KEY_LOG_LIMIT],
+                        self._commit_timeout_s,
+                    )
+                    raise
+        finally:
+            if record.phase == "completed":  # published now: the waiters wake with their rewards
+                now = trio.current_time()
+                self.metrics.group_latency_seconds.observe(now - cohort.created_at)
+                if cohort.complete_at is not None:  # the last member in -> rewards published
+                    self.metrics.reward_latency_seconds.observe(now - cohort.complete_at)
+            cohort.release()
 
     def _judge_principle(self, principle: str | None) -> str | None:
-        s = self.settings
-        if not s.use_principle:
-            return None
-        return principle if principle else s.default_principle
+        return judge_principle(self.settings, principle)
 
     def _new_run(self, cohort: Cohort) -> _GroupRun:
         """The cohort's comparisons (known from its creation: size, strategy, key) and its place
@@ -867,86 +836,10 @@ class Engine:
     # --- /compare -----------------------------------------------------------------------------
 
     async def compare(self, item: CompareInput) -> CompareResult:
-        """Batch comparison (docs/http-api.md, "POST /compare"), fail-fast, in the caller's task."""
-        s = self.settings
-        if self._closed:
+        """Batch comparison (docs/http-api.md, "POST /compare"): ``engine/compare.py``."""
+        if self._closed:  # closed at once, before the batches in flight are cancelled
             raise CompareFailed(SHUTTING_DOWN)
-        if s.score_source == "rubric_mean" and not item.expected_rubric_ids:
-            raise RequestRejected(Rejection.INVALID, RUBRIC_REQUIRED)
-        n = len(item.responses)
-        if s.debug_logging:
-            log.info("GenRM compare request: %s responses", n)
-        if n < 2:
-            return CompareResult([s.default_score] * n, None, None)
-        texts = [MemberText(reasoning_text(r), answer_text(r)) for r in item.responses]
-        plan = plan_comparisons(
-            n, s.comparison_strategy, s.num_judges_per_comparison, s.position_balance
-        )
-        evaluation = Evaluation(
-            plan,
-            [judge_text(t.answer_text) for t in texts],
-            item.history,
-            self._judge_principle(item.principle),
-        )
-        first_error: list[JudgeError] = []
-        timeout = s.cohort_evaluation_timeout_s
-        scope = trio.CancelScope(deadline=trio.current_time() + timeout)
-        self._compare_scopes.add(scope)
-        try:
-            with scope:
-                async with trio.open_nursery() as nursery:
-                    for c, planned in enumerate(plan):
-                        nursery.start_soon(
-                            self._compare_one,
-                            evaluation,
-                            c,
-                            planned,
-                            item.expected_rubric_ids,
-                            first_error,
-                            nursery.cancel_scope,
-                        )
-        except BaseExceptionGroup as group:
-            leaf = _first_leaf(group)
-            if len(group.exceptions) == 1 and isinstance(leaf, Exception):
-                raise leaf from group
-            raise
-        finally:
-            self._compare_scopes.discard(scope)
-        if first_error:
-            raise CompareFailed(first_error[0].message)
-        if scope.cancelled_caught:
-            if self._closed:
-                raise CompareFailed(SHUTTING_DOWN)
-            self.metrics.deadline_failures.labels("compare").inc()
-            raise CompareFailed(f"GenRM compare deadline exceeded after {timeout}s")
-        try:
-            result = compare_result(s, evaluation, texts)
-        except ValueError as exc:  # non-finite rewards: a failure, as for /verify
-            raise CompareFailed(str(exc)) from None
-        if s.debug_logging:
-            log.info("GenRM compare final rewards: %s", [f"{r:.4f}" for r in result.rewards])
-        return result
-
-    async def _compare_one(
-        self,
-        evaluation: Evaluation,
-        c: int,
-        planned: PlannedComparison,
-        rubric_ids: tuple[int, ...] | None,
-        first_error: list[JudgeError],
-        siblings: trio.CancelScope,
-    ) -> None:
-        try:
-            evaluation.results[c] = await self._comparator.compare(
-                evaluation.call(planned),
-                pair=planned.pair,
-                judge_pass=planned.k,
-                expected_rubric_ids=rubric_ids,
-            )
-        except JudgeError as error:
-            if not first_error:
-                first_error.append(error)
-            siblings.cancel()  # fail-fast: every other comparison ends now
+        return await self._compares.compare(item)
 
     # --- terminal records (durable state and checkpoints) ------------------------------------
 
@@ -972,7 +865,8 @@ class Engine:
         return checkpoint(self)
 
     async def restore(self, data: object) -> RestoreReport:
-        """Merge a checkpoint v1 body; raises CheckpointError (422) before applying anything."""
+        """Merge a checkpoint v1 body; raises CheckpointError (an invalid body) before applying
+        anything."""
         return await restore(self, data, num_rollouts=self.settings.num_rollouts_per_prompt)
 
     async def restore_records(
@@ -995,10 +889,13 @@ class Engine:
                 raise RequestRejected(Rejection.UNAVAILABLE, SHUTTING_DOWN)
             plan = plan_restore(self._registry, records, watermarks)
             if self._store is not None and (plan.adds or plan.raises):
-                with trio.CancelScope(shield=True):
+                # bounded: the lock is held; a stalled store fails the restore, nothing applied
+                with trio.CancelScope(shield=True, deadline=self._commit_deadline()) as bound:
                     await self._store.commit_many(
                         list(plan.adds.values()), list(plan.raises.values())
                     )
+                if bound.cancelled_caught:
+                    raise CommitTimeout("the restore's commit", self._commit_timeout_s)
             apply_restore(
                 self._registry,
                 plan,
@@ -1027,6 +924,12 @@ async def open_engine(
         try:
             yield engine
         finally:
-            with trio.CancelScope(shield=True):
+            # bounded: aclose waits for the lock (a refused request may hold it for one commit
+            # timeout) and then for the cohort tasks (their terminal commits, one timeout each,
+            # side by side); a margin of a second for the rest
+            close_s = 2 * settings.state_commit_timeout_s + 1.0
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + close_s) as bound:
                 await engine.aclose()
+            if bound.cancelled_caught:
+                log.error("GenRM engine did not close within %ss; cancelling its tasks", close_s)
             nursery.cancel_scope.cancel()

@@ -38,6 +38,7 @@ __all__ = [
     "MemberText",
     "compare_result",
     "default_result",
+    "judge_principle",
     "score_cohort",
 ]
 
@@ -351,3 +352,11 @@ def compare_result(
     return CompareResult(
         rewards=[agg.final[m] for m in population], comparison_results=rows, metrics=metrics
     )
+
+
+def judge_principle(settings: Settings, principle: str | None) -> str | None:
+    """The principle the judge sees: none unless ``use_principle``, else the request's own or
+    ``default_principle``."""
+    if not settings.use_principle:
+        return None
+    return principle if principle else settings.default_principle

@@ -5,11 +5,13 @@ from them and the request models of `http/schema.py` (docs/http-api.md).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, create_model
 from pydantic.json_schema import models_json_schema
 
+from genrm_trio.domain.model import CohortView
+from genrm_trio.http.asgi import PUBLIC_PATHS
 from genrm_trio.http.rows import FAILSAFE_REASON_LIMIT
 from genrm_trio.http.schema import (
     AggregateMetricsRequest,
@@ -147,20 +149,12 @@ class HealthResponse(BaseModel):
     status: Literal["ok"]
 
 
-class CohortInfo(BaseModel):
-    key: str
-    group_id: str | None
-    group_attempt: int
-    state: Literal["collecting", "judging"]
-    members_present: int
-    members_expected: int
-    requests_waiting: int
-    comparisons_total: int
-    comparisons_done: int
-    comparisons_failed: int
-    comparisons_pending: int
-    deadline: Literal["collection", "evaluation"]
-    deadline_s_left: float
+# `GET /cohorts` renders `dataclasses.asdict(CohortView)`: its schema is derived from the
+# dataclass itself, field by field, so the two cannot drift apart.
+_COHORT_FIELDS: dict[str, Any] = {
+    name: (hint, ...) for name, hint in get_type_hints(CohortView).items()
+}
+CohortInfo: type[BaseModel] = create_model("CohortInfo", **_COHORT_FIELDS)
 
 
 _SCHEMA_MODELS: tuple[tuple[type[BaseModel], Literal["validation", "serialization"]], ...] = (
@@ -295,7 +289,7 @@ def openapi_document(*, title: str, version: str, auth: bool) -> dict[str, Any]:
             },
         },
     }
-    for path in ("/", "/health", "/healthz", "/readyz", "/livez"):
+    for path in sorted(PUBLIC_PATHS):  # the paths the bearer check lets through
         paths[path] = get("Liveness", health, public=True)
 
     doc: dict[str, Any] = {

@@ -446,7 +446,8 @@ class JudgeFleet:
             return
         self._closed = True
         for replica in self._replicas:
-            with trio.CancelScope(shield=True):
+            # bounded: a replica's close drops idle connections; one second caps it anyway
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + 1.0):
                 await replica.judge.aclose()
 
 

@@ -192,7 +192,8 @@ class KeepAlivePool:
         try:
             await tls.do_handshake()
         except BaseException as exc:
-            with trio.CancelScope(shield=True):
+            # bounded: a forceful close does not wait for the peer; one second caps it anyway
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + 1.0):
                 await trio.aclose_forcefully(tls)
             if isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError)):
                 # trio's error says only "BrokenResourceError"; the ssl error under it says
@@ -216,7 +217,8 @@ class KeepAlivePool:
         return await self._connect(), False
 
     async def _discard(self, connection: Http1Connection) -> None:
-        with trio.CancelScope(shield=True):
+        # bounded: a forceful close does not wait for the peer; one second caps it anyway
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + 1.0):
             try:
                 await trio.aclose_forcefully(connection.stream)
             except Exception:  # closing a broken socket may fail; it is gone either way

@@ -138,7 +138,8 @@ async def _probe_one(
             return
         problem = f"HTTP {status}"
     finally:
-        with trio.CancelScope(shield=True):
+        # bounded: the probe's pool close drops its connection; one second caps it anyway
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + 1.0):
             await pool.aclose()
     log.warning("judge probe GET %s failed: %s; serving anyway", url, one_line(problem, 500))
     answered.append(False)

@@ -18,6 +18,7 @@ from typing import Protocol, final, runtime_checkable
 import trio
 
 from genrm_trio.domain.records import OpenRecord, TerminalRecord, WatermarkRecord
+from genrm_trio.store.errors import CommitTimeout
 
 __all__ = [
     "CohortStore",
@@ -36,8 +37,9 @@ class CohortStore(Protocol):
     through :class:`SerialCommits`, which runs them one at a time in submission order; a store
     that can queue commits itself implements :class:`QueuedCohortStore` as well.
     ``commit_terminal`` replaces the cohort's ``open`` record in one transaction. An exception
-    from a hook is a bug (the request that hit it gets a 500; a terminal commit failure is
-    logged and the waiters are still released so that no request hangs).
+    from a hook is a bug (it reaches the request that hit it; a terminal commit failure is
+    logged and the waiters are still released so that no request hangs). A hook call that takes
+    longer than ``state_commit_timeout_s`` is cancelled and fails with ``CommitTimeout``.
     """
 
     async def commit_watermark(self, record: WatermarkRecord) -> None: ...
@@ -49,7 +51,9 @@ class CohortStore(Protocol):
 
 class Commit(Protocol):
     """A queued commit. ``wait()`` returns once it is committed (raising what it failed with);
-    it is shielded from cancellation, and any number of tasks may wait, any number of times."""
+    any number of tasks may wait, any number of times. ``wait()`` is cancel-safe: a cancelled
+    wait abandons the wait, never the commit, which is still applied in order. How long to wait
+    is the caller's to bound (the engine: ``state_commit_timeout_s``, shielded)."""
 
     async def wait(self) -> None: ...
 
@@ -86,32 +90,46 @@ class QueuedCohortStore(CohortStore, Protocol):
 class _SerialCommit:
     """One hook call of :class:`SerialCommits`: runs once, after its predecessor finished."""
 
-    __slots__ = ("_call", "_done", "_error", "_previous", "_started")
+    __slots__ = ("_call", "_done", "_error", "_previous", "_started", "_timeout_s")
 
-    def __init__(self, call: Callable[[], Awaitable[None]], previous: _SerialCommit | None) -> None:
+    def __init__(
+        self,
+        call: Callable[[], Awaitable[None]],
+        previous: _SerialCommit | None,
+        timeout_s: float,
+    ) -> None:
         self._call: Callable[[], Awaitable[None]] | None = call
         self._previous = previous
+        self._timeout_s = timeout_s
         self._started = False
         self._done = trio.Event()
         self._error: Exception | None = None
 
     async def wait(self) -> None:
-        with trio.CancelScope(shield=True):
-            if self._started:
-                await self._done.wait()
-            else:
-                self._started = True
-                previous, self._previous = self._previous, None
-                if previous is not None:
-                    await previous._finished()
-                call, self._call = self._call, None
-                assert call is not None
-                try:
-                    await call()
-                except Exception as exc:
-                    self._error = exc
-                finally:
-                    self._done.set()
+        if self._started:
+            await self._done.wait()
+        else:
+            self._started = True
+            # Shielded: the hook runs in the first waiter's task, and a waiter cancelled
+            # mid-hook must not abandon the commit. Bounded by the commit timeout: the hook is
+            # the store's code, and one that never returns must not hold a request or a
+            # shutdown (its predecessor's wait counts against the same bound).
+            deadline = trio.current_time() + self._timeout_s
+            try:
+                with trio.CancelScope(shield=True, deadline=deadline) as bound:
+                    previous, self._previous = self._previous, None
+                    if previous is not None:
+                        await previous._finished()
+                    call, self._call = self._call, None
+                    assert call is not None
+                    try:
+                        await call()
+                    except Exception as exc:
+                        self._error = exc
+                if bound.cancelled_caught and self._error is None:
+                    self._error = CommitTimeout("the store's commit hook", self._timeout_s)
+            finally:
+                self._done.set()
         if self._error is not None:
             raise self._error
 
@@ -152,14 +170,17 @@ class SerialCommits(CommitsBySubmit):
     ``submit_*`` chains the hook call after the previous one; it runs when first waited for, so
     hooks run one at a time, in submission order. Meant for simple and test stores; it has no
     group commit and no ``commit_many`` of its own (it delegates when the inner store has one).
+    A hook call that takes longer than ``timeout_s`` is cancelled and fails with
+    :class:`~genrm_trio.store.errors.CommitTimeout`.
     """
 
-    def __init__(self, inner: CohortStore) -> None:
+    def __init__(self, inner: CohortStore, *, timeout_s: float) -> None:
         self.inner = inner
+        self._timeout_s = timeout_s
         self._last: _SerialCommit | None = None
 
     def _chain(self, call: Callable[[], Awaitable[None]]) -> Commit:
-        self._last = commit = _SerialCommit(call, self._last)
+        self._last = commit = _SerialCommit(call, self._last, self._timeout_s)
         return commit
 
     def submit_watermark(self, record: WatermarkRecord) -> Commit:
@@ -184,8 +205,9 @@ class SerialCommits(CommitsBySubmit):
             await self.commit_watermark(mark)
 
 
-def queued(store: CohortStore) -> QueuedCohortStore:
-    """``store`` itself when it queues commits, else :class:`SerialCommits` around it."""
+def queued(store: CohortStore, *, timeout_s: float) -> QueuedCohortStore:
+    """``store`` itself when it queues commits, else :class:`SerialCommits` around it (each hook
+    call bounded by ``timeout_s``)."""
     if isinstance(store, QueuedCohortStore):
         return store
-    return SerialCommits(store)
+    return SerialCommits(store, timeout_s=timeout_s)

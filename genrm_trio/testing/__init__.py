@@ -20,7 +20,8 @@ answers as an exhausted budget, as a reasoning judge cut off before its verdict 
 `LengthModel` for the distribution and its presets. `FaultRule` (`faults`) scripts the faults;
 `flags` maps the `sim-judge` command's flags onto a `SimConfig`. `PolicyStandIn` (`policy`,
 `sim-judge --policy`) answers ordinary policy requests too, so one server can be both models of a
-GPU-free NeMo Gym trial.
+GPU-free NeMo Gym trial. `procs` starts real `genrm-trio` processes for the tests and the
+benchmarks (one harness for both).
 
 Nothing in the library imports this package; only the app layer (`genrm-trio sim-judge`,
 `--judge sim`, the demo) does.

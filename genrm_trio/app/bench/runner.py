@@ -1,134 +1,43 @@
-"""`genrm-trio bench`: a load generator for `/verify` groups and `/compare` batches.
+"""The bench run: closed- or open-loop groups against one server, measured into a report.
 
-Closed loop: G workers each run one group at a time (N concurrent `/verify` requests shaped like
-NeMo Gym's simple agent's body, or one `/compare` of N answers). Open loop: groups start at a fixed
-arrival rate whatever the server's latency. Works against genrm-trio and against the reference
-server alike: judge calls are read from genrm-trio's `/metrics` when it has them, or from the
-simulated judge's `/stats`.
+Closed loop: G workers each run one group at a time (N concurrent `/verify` requests, or one
+`/compare` of N answers). Open loop: groups start at a fixed arrival rate whatever the server's
+latency. Judge calls are read from genrm-trio's `/metrics` when it has them, or from the
+simulated judge's `/stats`; the server's CPU and RSS from /proc (`procfs`).
 """
 
 from __future__ import annotations
 
-import argparse
-import functools
 import json
 import math
-import os
 import re
 import resource
-import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Final, Literal, final
+from typing import Final, Literal, final
 
 import httpx
 import trio
-from rich.console import Console
-from rich.progress import Progress
-from rich.table import Table
 
-from genrm_trio.judge.pool import KeepAlivePool
+from genrm_trio.app.bench import procfs
+from genrm_trio.app.bench.client import HttpPool
+from genrm_trio.app.bench.payloads import answer_text, policy_response, verify_body
+
+__all__ = [
+    "GROUP_SIZE_POLL_S",
+    "BenchConfig",
+    "BenchError",
+    "BenchReport",
+    "Mode",
+    "no_group_hint",
+    "nothing_judged",
+    "rollouts_mismatch",
+    "run_bench",
+]
 
 Mode = Literal["verify", "compare"]
-
-# Every Responses create-params key the simple agent sends, mostly null (docs/http-api.md).
-_AGENT_CREATE_PARAMS: dict[str, Any] = {
-    "background": None,
-    "context_management": None,
-    "conversation": None,
-    "include": None,
-    "instructions": None,
-    "max_output_tokens": None,
-    "max_tool_calls": None,
-    "metadata": None,
-    "model": None,
-    "moderation": None,
-    "parallel_tool_calls": True,
-    "previous_response_id": None,
-    "prompt": None,
-    "prompt_cache_key": None,
-    "prompt_cache_retention": None,
-    "reasoning": None,
-    "safety_identifier": None,
-    "service_tier": None,
-    "store": None,
-    "stream": None,
-    "stream_options": None,
-    "temperature": None,
-    "text": None,
-    "tool_choice": "auto",
-    "tools": [],
-    "top_logprobs": None,
-    "top_p": None,
-    "truncation": None,
-    "user": None,
-}
-
-_WORDS = (
-    "the answer follows from the constraint because each step preserves the invariant and the "
-    "final value is reached after checking every case carefully so the result holds in general"
-).split()
-
-
-def answer_text(group: int, rollout: int, chars: int) -> str:
-    """A deterministic answer of exactly `chars` characters, different per rollout."""
-    words: list[str] = [f"[g{group}r{rollout}]"]
-    length = len(words[0]) + 1
-    index = group * 31 + rollout * 7
-    while length < chars:
-        word = _WORDS[index % len(_WORDS)]
-        words.append(word)
-        length += len(word) + 1
-        index = index * 1103515245 + 12345 & 0x7FFFFFFF
-    return " ".join(words)[:chars]
-
-
-def policy_response(text: str) -> dict[str, Any]:
-    """A Responses API object like the policy model returns, with one message."""
-    return {
-        "id": f"resp_{uuid.uuid4().hex}",
-        "created_at": 1_700_000_000.0,
-        "model": "policy",
-        "object": "response",
-        "output": [
-            {
-                "id": f"msg_{uuid.uuid4().hex}",
-                "type": "message",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
-            }
-        ],
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-        "usage": {
-            # every usage field: the reference server validates the response strictly
-            "input_tokens": 64,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": max(1, len(text) // 4),
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": 64 + max(1, len(text) // 4),
-        },
-    }
-
-
-def verify_body(
-    *, task: int, rollout: int, group_id: str, attempt: int, prompt: str, answer: str
-) -> dict[str, Any]:
-    """A `/verify` body shaped like the simple agent's."""
-    params = dict(_AGENT_CREATE_PARAMS)
-    params["input"] = [{"role": "user", "content": prompt, "type": "message", "phase": None}]
-    return {
-        "responses_create_params": params,
-        "response": policy_response(answer),
-        "_ng_task_index": task,
-        "_ng_rollout_index": rollout,
-        "_ng_group_id": group_id,
-        "_ng_group_attempt": attempt,
-    }
 
 
 @final
@@ -201,69 +110,6 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def _proc_cpu_s(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
-
-
-def _proc_rss_mb(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
-@final
-class _HttpPool:
-    """bench's POSTs to one server, over the judge's keep-alive pool (`judge.pool.KeepAlivePool`).
-
-    A load generator has to cost much less than the server it measures, and it shares a core
-    with the simulated judge: httpx spent about 4 ms of CPU per `/verify` request here (64 ms
-    per group of 16, more than the server under test). The judge's pool does O(1) work per
-    request (responses parsed by llhttp): one connection per request in flight, idle ones
-    reused most-recent first; a connection that fails or is cancelled mid-exchange is closed,
-    and a request on a reused connection that the server closed meanwhile (keep-alive expiry)
-    is sent once more on a new one.
-    """
-
-    def __init__(self, base_url: str, timeout_s: float, headers: dict[str, str]) -> None:
-        url = httpx.URL(base_url)
-        if url.scheme != "http":
-            raise ValueError(f"bench speaks plain http only, got {base_url!r}")
-        self._prefix = url.path.rstrip("/").encode("latin-1")
-        self._headers = [
-            (b"host", url.netloc),
-            *((name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()),
-            (b"content-type", b"application/json"),
-        ]
-        self._timeout_s = timeout_s
-        # No idle expiry: bench reuses an idle connection however long it waited, as before; one
-        # the server closed meanwhile is noticed (readable) or, closed as the request went out,
-        # the request is sent again on a new connection.
-        self._pool = KeepAlivePool(url, keepalive_expiry=math.inf)
-
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        """POST a JSON body; (status, response body). Raises httpx.RequestError (a connection
-        refused or broken, a reply that is not HTTP/1.x) or trio.TooSlowError."""
-        headers = [*self._headers, (b"content-length", b"%d" % len(body))]
-        request = (b"POST", self._prefix + path.encode("latin-1"), headers, body)
-        with trio.fail_after(self._timeout_s):
-            status, _, reply = await self._pool.exchange(request)
-        return status, reply
-
-    async def aclose(self) -> None:
-        await self._pool.aclose()
-
-
 _TRANSPORT_ERRORS = (httpx.RequestError, trio.TooSlowError)
 
 
@@ -297,7 +143,7 @@ async def _judge_calls(cfg: BenchConfig, client: httpx.AsyncClient) -> float | N
         return None
 
 
-async def _run_verify_group(pool: _HttpPool, cfg: BenchConfig, group: int, tally: _Tally) -> None:
+async def _run_verify_group(pool: HttpPool, cfg: BenchConfig, group: int, tally: _Tally) -> None:
     group_id = f"bench-{uuid.uuid4().hex}"
     prompt = f"Bench prompt {group}: explain the result step by step."
     bodies = [
@@ -351,7 +197,7 @@ async def _run_verify_group(pool: _HttpPool, cfg: BenchConfig, group: int, tally
         tally.news.set()
 
 
-async def _run_compare_group(pool: _HttpPool, cfg: BenchConfig, group: int, tally: _Tally) -> None:
+async def _run_compare_group(pool: HttpPool, cfg: BenchConfig, group: int, tally: _Tally) -> None:
     body = {
         "conversation_history": [
             {"role": "user", "content": f"Bench prompt {group}: explain the result."}
@@ -471,14 +317,14 @@ async def run_bench(
     per_group = cfg.rollouts if cfg.mode == "verify" else 1
     in_flight = per_group * (cfg.groups if cfg.rate is not None else cfg.concurrency)
     _raise_fd_limit(in_flight + 64)
-    pool = _HttpPool(cfg.url, cfg.timeout_s, headers)
+    pool = HttpPool(cfg.url, cfg.timeout_s, headers)
     tally = _Tally()
     run_group = _run_verify_group if cfg.mode == "verify" else _run_compare_group
-    rss_idle = _proc_rss_mb(cfg.server_pid) if cfg.server_pid else None
+    rss_idle = procfs.rss_mb(cfg.server_pid) if cfg.server_pid else None
     rss_peak = rss_idle
     async with httpx.AsyncClient(timeout=10.0, headers=headers) as probe:
         calls_before = await _judge_calls(cfg, probe)
-        cpu_before = _proc_cpu_s(cfg.server_pid) if cfg.server_pid else None
+        cpu_before = procfs.cpu_s(cfg.server_pid) if cfg.server_pid else None
         start = time.perf_counter()
         next_group = 0
 
@@ -497,7 +343,7 @@ async def run_bench(
         async def sample_rss(stop: trio.Event) -> None:
             nonlocal rss_peak
             while not stop.is_set() and cfg.server_pid:
-                rss = _proc_rss_mb(cfg.server_pid)
+                rss = procfs.rss_mb(cfg.server_pid)
                 if rss is not None:
                     rss_peak = max(rss_peak or 0.0, rss)
                 with trio.move_on_after(0.2):
@@ -547,7 +393,7 @@ async def run_bench(
             await pool.aclose()
             raise BenchError(rollouts_mismatch(mismatch, cfg.rollouts))
         wall = time.perf_counter() - start
-        cpu_after = _proc_cpu_s(cfg.server_pid) if cfg.server_pid else None
+        cpu_after = procfs.cpu_s(cfg.server_pid) if cfg.server_pid else None
         calls_after = await _judge_calls(cfg, probe)
     await pool.aclose()
     done = len(tally.group_latencies)
@@ -586,103 +432,3 @@ async def run_bench(
         server_rss_peak_mb=None if rss_peak is None else round(rss_peak, 1),
         errors=dict(tally.errors),
     )
-
-
-# --- command line ---------------------------------------------------------------------------
-
-
-BENCH_DESCRIPTION: Final = (
-    "Load generator: run GROUPS groups against a running server, CONCURRENCY at a time (closed "
-    "loop) or RATE per second (open loop), and report throughput, group and request latency "
-    "percentiles, the masked fraction and judge calls per group. verify mode sends N concurrent "
-    "/verify requests per group, shaped like NeMo Gym's simple agent; compare mode one /compare "
-    "of N answers. --rollouts must equal the server's num_rollouts_per_prompt in verify mode "
-    "(bench stops early and says so when the server tells a different N, and fails when groups "
-    "of N > 1 were answered without judging). Exit 0 when every group got answers."
-)
-
-
-def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `genrm-trio bench` flags."""
-    parser.add_argument("--url", default="http://127.0.0.1:8100", help="server base URL")
-    parser.add_argument(
-        "--mode",
-        choices=["verify", "compare"],
-        default="verify",
-        help="verify: N /verify requests per group; compare: one /compare of N answers",
-    )
-    parser.add_argument("--groups", type=int, default=64, help="total groups to run")
-    parser.add_argument("--concurrency", "-G", type=int, default=16, help="groups in flight")
-    parser.add_argument(
-        "--rollouts",
-        "-N",
-        type=int,
-        default=16,
-        help="rollouts per group; in verify mode the server's num_rollouts_per_prompt",
-    )
-    parser.add_argument("--answer-chars", type=int, default=1000, help="characters per answer")
-    parser.add_argument(
-        "--rate",
-        type=float,
-        default=None,
-        help="open loop: groups per second (default: closed loop, --concurrency at a time)",
-    )
-    parser.add_argument(
-        "--timeout", type=float, default=600.0, help="per-request timeout in seconds"
-    )
-    parser.add_argument("--server-pid", type=int, default=None, help="measure its CPU and RSS")
-    parser.add_argument("--judge-stats-url", default=None, help="simulated judge's /stats URL")
-    parser.add_argument("--api-key-env", default=None, help="variable holding a bearer token")
-    parser.add_argument("--json", dest="json_path", default=None, help="also write JSON here")
-    parser.add_argument("--label", default=None, help="a name for this run in the output")
-
-
-def _render(report: BenchReport, label: str | None) -> Table:
-    table = Table(title=f"genrm-trio bench{f' — {label}' if label else ''}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for name, value in asdict(report).items():
-        if name != "errors":
-            table.add_row(name, "-" if value is None else str(value))
-    for error, count in sorted(report.errors.items()):
-        table.add_row(f"error: {error}", str(count))
-    return table
-
-
-def run_bench_command(args: argparse.Namespace) -> int:
-    """Run `genrm-trio bench` from parsed flags; 0 when every group got answers."""
-    api_key = os.environ.get(args.api_key_env, "") if args.api_key_env else None
-    cfg = BenchConfig(
-        url=args.url,
-        mode=args.mode,
-        groups=args.groups,
-        concurrency=args.concurrency,
-        rollouts=args.rollouts,
-        answer_chars=args.answer_chars,
-        rate=args.rate,
-        timeout_s=args.timeout,
-        server_pid=args.server_pid,
-        judge_stats_url=args.judge_stats_url,
-        api_key=api_key or None,
-    )
-    console = Console(stderr=True)
-    try:
-        with Progress(console=console, transient=True) as progress:
-            task = progress.add_task(f"{cfg.mode} groups", total=cfg.groups)
-            report = trio.run(
-                functools.partial(run_bench, cfg, on_group_done=lambda: progress.advance(task))
-            )
-    except BenchError as exc:
-        print(f"genrm-trio: bench stopped: {exc}", file=sys.stderr, flush=True)
-        return 1
-    Console().print(_render(report, args.label))
-    hint = no_group_hint(report)
-    if hint is not None:
-        print(f"genrm-trio: bench: {hint}", file=sys.stderr, flush=True)
-    if args.json_path:
-        payload = json.loads(report.as_json())
-        payload["label"] = args.label
-        with open(args.json_path, "w") as f:
-            json.dump(payload, f, indent=2, sort_keys=True)
-    print(report.as_json())
-    return 0 if report.failed_groups == 0 and report.groups == cfg.groups else 1

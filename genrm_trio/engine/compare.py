@@ -1,0 +1,143 @@
+"""`/compare`: one batch of answers judged pairwise in the caller's own task and context,
+fail-fast, under ``cohort_evaluation_timeout_s`` (docs/http-api.md, "POST /compare";
+docs/differences.md, D40 / D27).
+
+:class:`Comparisons` runs the batches of one engine: the first judge error cancels the batch's
+other comparisons and becomes its :class:`CompareFailed`; the deadline and the engine's shutdown
+do too. A disconnect cancels the caller's task, and so its judge calls.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import final
+
+import trio
+
+from genrm_trio.config import Settings
+from genrm_trio.domain.model import (
+    SHUTTING_DOWN,
+    CompareFailed,
+    CompareInput,
+    CompareResult,
+    Rejection,
+    RequestRejected,
+)
+from genrm_trio.domain.scoring import PlannedComparison, plan_comparisons
+from genrm_trio.domain.text import answer_text, judge_text, reasoning_text
+from genrm_trio.engine.evaluation import Evaluation, MemberText, compare_result, judge_principle
+from genrm_trio.engine.exceptions import sole_leaf
+from genrm_trio.engine.keys import RUBRIC_REQUIRED
+from genrm_trio.judge.attempts import Comparator
+from genrm_trio.judge.base import JudgeError
+from genrm_trio.metrics import Metrics
+
+__all__ = ["Comparisons"]
+
+# The engine's logger: /compare is the engine's route, and operators filter on it.
+log = logging.getLogger("genrm_trio.engine")
+
+
+@final
+class Comparisons:
+    """The `/compare` batches of one engine (see the module docstring)."""
+
+    def __init__(self, settings: Settings, comparator: Comparator, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self._comparator = comparator
+        self._closed = False
+        self._compare_scopes: set[trio.CancelScope] = set()
+
+    @property
+    def in_flight(self) -> int:
+        """Batches being compared now."""
+        return len(self._compare_scopes)
+
+    def close(self) -> None:
+        """Refuse new batches and cancel the ones in flight (each fails with the shutdown)."""
+        self._closed = True
+        for scope in list(self._compare_scopes):
+            scope.cancel()
+
+    async def compare(self, item: CompareInput) -> CompareResult:
+        """Batch comparison (docs/http-api.md, "POST /compare"), fail-fast, in the caller's task."""
+        s = self.settings
+        if self._closed:
+            raise CompareFailed(SHUTTING_DOWN)
+        if s.score_source == "rubric_mean" and not item.expected_rubric_ids:
+            raise RequestRejected(Rejection.INVALID, RUBRIC_REQUIRED)
+        n = len(item.responses)
+        if s.debug_logging:
+            log.info("GenRM compare request: %s responses", n)
+        if n < 2:
+            return CompareResult([s.default_score] * n, None, None)
+        texts = [MemberText(reasoning_text(r), answer_text(r)) for r in item.responses]
+        plan = plan_comparisons(
+            n, s.comparison_strategy, s.num_judges_per_comparison, s.position_balance
+        )
+        evaluation = Evaluation(
+            plan,
+            [judge_text(t.answer_text) for t in texts],
+            item.history,
+            judge_principle(s, item.principle),
+        )
+        first_error: list[JudgeError] = []
+        timeout = s.cohort_evaluation_timeout_s
+        scope = trio.CancelScope(deadline=trio.current_time() + timeout)
+        self._compare_scopes.add(scope)
+        try:
+            with scope:
+                async with trio.open_nursery() as nursery:
+                    for c, planned in enumerate(plan):
+                        nursery.start_soon(
+                            self._compare_one,
+                            evaluation,
+                            c,
+                            planned,
+                            item.expected_rubric_ids,
+                            first_error,
+                            nursery.cancel_scope,
+                        )
+        except BaseExceptionGroup as group:
+            leaf = sole_leaf(group)  # at any depth: a group of groups of one is still one
+            if isinstance(leaf, Exception):
+                raise leaf from group
+            raise
+        finally:
+            self._compare_scopes.discard(scope)
+        if first_error:
+            raise CompareFailed(first_error[0].message)
+        if scope.cancelled_caught:
+            if self._closed:
+                raise CompareFailed(SHUTTING_DOWN)
+            self.metrics.deadline_failures.labels("compare").inc()
+            raise CompareFailed(f"GenRM compare deadline exceeded after {timeout}s")
+        try:
+            result = compare_result(s, evaluation, texts)
+        except ValueError as exc:  # non-finite rewards: a failure, as for /verify
+            raise CompareFailed(str(exc)) from None
+        if s.debug_logging:
+            log.info("GenRM compare final rewards: %s", [f"{r:.4f}" for r in result.rewards])
+        return result
+
+    async def _compare_one(
+        self,
+        evaluation: Evaluation,
+        c: int,
+        planned: PlannedComparison,
+        rubric_ids: tuple[int, ...] | None,
+        first_error: list[JudgeError],
+        siblings: trio.CancelScope,
+    ) -> None:
+        try:
+            evaluation.results[c] = await self._comparator.compare(
+                evaluation.call(planned),
+                pair=planned.pair,
+                judge_pass=planned.k,
+                expected_rubric_ids=rubric_ids,
+            )
+        except JudgeError as error:
+            if not first_error:
+                first_error.append(error)
+            siblings.cancel()  # fail-fast: every other comparison ends now
