@@ -41,10 +41,12 @@ JUDGE_OUTCOME_LABELS: Final = (
     "transport_error",
     "timeout",
     "bad_json",
+    "stalled",
 )
 """The `outcome` label of `genrm_trio_judge_calls_total`: `ReplyStatus` and the attempt errors."""
-RETRY_CAUSE_LABELS: Final = ("transport", "http", "unusable", "parse", "budget")
-"""The `cause` label of `genrm_trio_judge_retries_total` (timeouts and bad JSON are not retried)."""
+RETRY_CAUSE_LABELS: Final = ("transport", "http", "timeout", "stall", "unusable", "parse", "budget")
+"""The `cause` label of `genrm_trio_judge_retries_total` (bad JSON is never retried; a timeout
+only on another replica of a fleet, a stall only in a fleet)."""
 QUEUE_PRIORITY_LABELS: Final = ("complete", "collecting")
 """The `priority` label of `genrm_trio_judge_queue_wait_seconds`: `judge.queue.Priority`."""
 

@@ -21,6 +21,7 @@ from genrm_trio.judge import attempts
 from genrm_trio.judge.base import (
     JudgeBadJSON,
     JudgeHTTPError,
+    JudgeStalled,
     JudgeTimeout,
     JudgeTransportError,
     ReplyStatus,
@@ -149,10 +150,12 @@ def test_the_label_values_are_the_engines_own() -> None:
         JudgeTimeout(1.0),
         JudgeBadJSON("not json"),
         JudgeTransportError("ConnectError", "refused"),
+        JudgeStalled("judge replica a:8000 finished none of its calls in flight for 5s"),
     ]
     outcomes = {status.value for status in ReplyStatus} | {attempts._outcome(e)[0] for e in errors}
     assert outcomes == set(JUDGE_OUTCOME_LABELS)
-    retried = {attempts._outcome(e)[1] for e in errors if e.retryable}
+    # retried: the retryable ones, and in a fleet those retried on another replica (a timeout)
+    retried = {attempts._outcome(e)[1] for e in errors if e.retryable or e.retry_elsewhere}
     assert retried | {"unusable", "parse", "budget"} == set(RETRY_CAUSE_LABELS)
 
 

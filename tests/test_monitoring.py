@@ -109,6 +109,18 @@ def test_every_metric_and_label_is_one_genrm_trio_exports(where: str, expr: str)
             assert set(wanted) <= known, f"{where}: {selector.metric}{{{label}}} has {known}"
 
 
+@pytest.mark.parametrize(("where", "expr"), all_queries())
+def test_every_label_a_query_groups_by_is_one_its_series_carry(where: str, expr: str) -> None:
+    """`sum by (le, priority)`: a misspelt or dropped label would merge the lines silently."""
+    names = exported()
+    carried = PROMETHEUS_LABELS | {"le"}
+    for selector in selectors(expr):
+        carried |= set(names.get(selector.metric, {}))
+    for grouping in re.finditer(r"\bby \(([^)]*)\)", expr):
+        for label in (name.strip() for name in grouping.group(1).split(",")):
+            assert label in carried, f"{where}: no series of {expr!r} has a label {label!r}"
+
+
 def test_the_exported_names_include_what_the_panels_need() -> None:
     """The issue's panel list, by metric: each is queried by at least one panel."""
     queried = {s.metric for _, _, expr in panel_targets() for s in selectors(expr)}
@@ -118,10 +130,12 @@ def test_the_exported_names_include_what_the_panels_need() -> None:
         "genrm_trio_failed_comparisons_total",
         "genrm_trio_cohort_rollouts_total",
         "genrm_trio_group_latency_seconds_bucket",
+        "genrm_trio_reward_latency_seconds_bucket",
         "genrm_trio_judge_attempt_seconds_bucket",
         "genrm_trio_judge_inflight",
         "genrm_trio_judge_queued",
         "genrm_trio_judge_queue_wait_seconds_bucket",
+        "genrm_trio_eager_comparisons_total",
         "genrm_trio_judge_calls_total",
         "genrm_trio_judge_retries_total",
         "genrm_trio_judge_budget_escalations_total",
@@ -129,6 +143,8 @@ def test_the_exported_names_include_what_the_panels_need() -> None:
         "genrm_trio_judge_replica_failures_total",
         "genrm_trio_judge_replica_inflight",
         "genrm_trio_judge_replica_ejected",
+        "genrm_trio_judge_replica_stalls_total",
+        "genrm_trio_judge_replica_ejections_total",
         "genrm_trio_active_cohorts",
         "genrm_trio_deadline_failures_total",
         "process_cpu_seconds_total",
@@ -262,6 +278,7 @@ def test_the_rules_cover_what_needs_a_person() -> None:
         "GenRMTrioJudgeFailing",
         "GenRMTrioReplicaEjected",
         "GenRMTrioAllReplicasEjected",
+        "GenRMTrioReplicaStalled",
         "GenRMTrioJudgeQueueGrowing",
         "GenRMTrioDeadlineFailures",
         "GenRMTrioDown",

@@ -4,7 +4,8 @@ Prometheus (Debian's package; `.ci/run` installs it) scrapes a real `genrm-trio 
 simulated judge replicas every second, with the scrape config and rule file the commands print
 and the server's bearer token from a file. A clean phase of load, then a phase where one member
 of every group fails its comparisons; then every panel query and every variable of the
-dashboard must return a finite value, and every alert expression is evaluated: none true after
+dashboard must return a finite value (the queue wait a line per priority class, the replica
+stalls a 0 per replica: none stalled), and every alert expression is evaluated: none true after
 the clean phase, the masked-rollout alert true after the failure phase (and pending in
 Prometheus's own rule evaluation).
 """
@@ -150,6 +151,13 @@ def test_dashboard_and_rules_against_a_real_prometheus(tmp_path: Path) -> None:
                 query = substitute(expr, values, RATE_INTERVAL)
                 result = prometheus.query(http, query, failed_end)
                 assert finite_values(result), (title, ref, query, result)
+                if "by (le, priority)" in expr:  # one line per class; complete ones were judged
+                    lines = {item["metric"]["priority"]: item for item in result}
+                    assert set(lines) == {"complete", "collecting"}, result
+                    assert finite_values([lines["complete"]]), result
+                if "genrm_trio_judge_replica_stalls_total" in expr:  # at 0 from the start
+                    per_replica = {i["metric"]["replica"]: i["value"][1] for i in result}
+                    assert per_replica == dict.fromkeys(watched.replicas, "0"), result
 
             # Prometheus's own rule evaluation: every rule healthy, the masked alert pending
             def evaluated() -> dict[str, Any] | None:

@@ -5,6 +5,7 @@ quantiles and rates the frames compute, and the command itself (`--once`, Ctrl-C
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
 import re
@@ -12,15 +13,16 @@ import select
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import trio
-from procs import bodies, client, command, start_server
+from procs import answers, bodies, client, command, run_group, start_server
 from rich.console import Console
-from watched import KEY_ENV, Watched, load, watched_server
+from watched import GROUP, KEY_ENV, Watched, load, watched_server
 
 from genrm_trio.app.top import fetch, open_client
 from genrm_trio.app.top_frame import (
@@ -32,6 +34,8 @@ from genrm_trio.app.top_frame import (
     histogram_quantile,
     parse_metrics,
 )
+from genrm_trio.http.app import replica_view
+from genrm_trio.judge.base import JudgeStalled, JudgeTimeout, ReplicaStats
 
 SLOW = "[slow]"
 
@@ -76,6 +80,14 @@ genrm_trio_judge_attempt_seconds_bucket{{le="1.0"}} {all}
 genrm_trio_judge_attempt_seconds_bucket{{le="+Inf"}} {all}
 genrm_trio_judge_attempt_seconds_count {all}
 genrm_trio_judge_attempt_seconds_sum 1.0
+# TYPE genrm_trio_reward_latency_seconds histogram
+genrm_trio_reward_latency_seconds_bucket{{le="0.05"}} {reward_fast}
+genrm_trio_reward_latency_seconds_bucket{{le="0.25"}} {scored}
+genrm_trio_reward_latency_seconds_bucket{{le="+Inf"}} {scored}
+genrm_trio_reward_latency_seconds_count {scored}
+genrm_trio_reward_latency_seconds_sum 1.0
+# TYPE genrm_trio_eager_comparisons_total counter
+genrm_trio_eager_comparisons_total {eager}
 # TYPE process_start_time_seconds gauge
 process_start_time_seconds {start}
 """
@@ -83,6 +95,7 @@ process_start_time_seconds {start}
 
 def snapshot(at: float, *, start: float = 1000.0, **values: float) -> Snapshot:
     numbers = {"scored": 0, "failed": 0, "rollouts": 0, "masked": 0, "fast": 0, "all": 0}
+    numbers |= {"reward_fast": 0, "eager": 0}
     numbers.update(values)
     series = parse_metrics(EXPOSITION.format(start=start, **numbers))
     return Snapshot(at, series, [], [])
@@ -93,7 +106,9 @@ def test_rates_and_quantiles_are_over_the_window() -> None:
     first = text(watcher.update(snapshot(0.0, scored=10, rollouts=40, fast=100, all=100), 1e6))
     assert "groups scored     —" in first  # one snapshot: no rate yet
     assert "first look" in first
-    later = snapshot(5.0, scored=20, rollouts=80, masked=4, fast=100, all=110)
+    later = snapshot(
+        5.0, scored=20, rollouts=80, masked=4, fast=100, all=110, reward_fast=5, eager=15
+    )
     shown = text(watcher.update(later, 1e6 + 5))
     assert "Rates and latencies (last 5s)" in shown
     assert "groups scored     2.00/s" in shown  # 10 groups in 5 s
@@ -102,6 +117,9 @@ def test_rates_and_quantiles_are_over_the_window() -> None:
     # the 10 attempts of the window were all slow (0.1..1 s): p50 at 0.55 s, not the 0.05 s
     # the 100 fast ones before the window would give
     assert "judge p50 / p95   550 ms / 955 ms" in shown
+    # the 10 groups of the window: 5 within 50 ms of their last member, 5 within 50..250 ms
+    assert "reward p50 / p95  50 ms / 230 ms" in shown
+    assert "eager comparisons   3.00/s" in shown  # 15 started early in 5 s
 
 
 def test_a_restart_starts_the_rates_afresh() -> None:
@@ -123,6 +141,71 @@ def test_the_window_keeps_about_ten_seconds() -> None:
     assert view.baseline is not None and view.latest is not None
     assert view.latest.at - view.baseline.at == 10.0
     assert "groups scored     3.00/s" in text(view)
+
+
+IN_SERVICE = ReplicaStats(
+    replica="",
+    url="",
+    calls=40,
+    failures=0,
+    in_flight=0,
+    ejected=False,
+    ejections=0,
+    consecutive_failures=0,
+    stalls=0,
+    back_in_s=None,
+    latency_sum_s=2.0,
+    latency_count=40,
+    last_error=None,
+)
+
+
+def replica(label: str, **fields: Any) -> dict[str, object]:
+    """One row of `GET /judge/replicas`, as the server builds it."""
+    stats = dataclasses.replace(IN_SERVICE, replica=label, url=f"http://{label}/v1", **fields)
+    return replica_view(stats)
+
+
+def test_each_replica_shows_its_stalls_and_why_it_is_out() -> None:
+    stall = JudgeStalled("judge replica a:8000 finished none of its calls in flight for 5s")
+    replicas = [
+        # out now, its last failure a stall (its third)
+        replica(
+            "a:8000",
+            ejected=True,
+            ejections=3,
+            stalls=3,
+            failures=9,
+            back_in_s=4.5,
+            last_error=stall.describe(),
+        ),
+        # out after failed attempts in a row, once stalled before
+        replica(
+            "b:8000",
+            ejected=True,
+            ejections=2,
+            stalls=1,
+            failures=6,
+            back_in_s=2.0,
+            consecutive_failures=3,
+            last_error=JudgeTimeout(10.0).describe(),
+        ),
+        # stalled once, came back through a trial and serves
+        replica("c:8000", ejections=1, stalls=1, failures=2, last_error=stall.describe()),
+        replica("d:8000"),
+    ]
+    view = Watcher("http://x").update(Snapshot(0.0, parse_metrics(""), [], replicas), 1e6)
+    rows = {line.split()[1]: line for line in text(view, width=200).splitlines() if ":8000" in line}
+    assert re.search(
+        r"│ STALLED, trial in 4\.5s\s+│\s+0 │\s+40 │\s+9 │\s+3 │\s+50 ms │ "
+        r"ReplicaStalled: judge replica a:8000",
+        rows["a:8000"],
+    ), rows["a:8000"]
+    assert re.search(
+        r"│ EJECTED, trial in 2\.0s\s+│.*│\s+6 │\s+1 │\s+50 ms │ TimeoutError", rows["b:8000"]
+    ), rows["b:8000"]
+    assert re.search(r"│ ok\s+│.*│\s+2 │\s+1 │\s+50 ms │ ReplicaStalled", rows["c:8000"])
+    assert re.search(r"│ ok\s+│.*│\s+0 │\s+0 │\s+50 ms │\s+│$", rows["d:8000"])
 
 
 def test_a_failed_fetch_shows_down_with_the_last_figures() -> None:
@@ -155,8 +238,8 @@ async def test_frames_of_a_live_server(watched: Watched) -> None:
         result, first = await trio.to_thread.run_sync(look, watcher, http)
         assert isinstance(result, Snapshot), result
         assert f"genrm-trio top {watched.url}" in first and "● serving" in first
-        for replica in watched.replicas:
-            assert re.search(rf"{re.escape(replica)}\s+│ ok\s+│", first), first
+        for replica in watched.replicas:  # in service, never stalled
+            assert re.search(rf"{re.escape(replica)}\s+│ ok\s+│(\s+\d+ │){{3}}\s+0 │", first), first
         await load(watched, 1.0, failing=True, prefix="top")
         result, second = await trio.to_thread.run_sync(look, watcher, http)
         assert isinstance(result, Snapshot)
@@ -165,6 +248,9 @@ async def test_frames_of_a_live_server(watched: Watched) -> None:
         masked = re.search(r"without a reward\s+(\d+\.\d)%", second)
         assert masked is not None and float(masked.group(1)) > 0, second
         assert re.search(r"judge p50 / p95\s+\d+ ms / \d+ ms", second), second
+        # the load's groups were scored: their last member in -> rewards out was observed
+        latency = r"(\d+ ms|\d+\.\d\d s)"
+        assert re.search(rf"reward p50 / p95\s+{latency} / {latency}", second), second
 
         # a group still collecting (2 of 4 members), then one being judged (slow judge)
         async with client(timeout=120.0, headers=watched.headers) as requests:
@@ -194,6 +280,69 @@ async def test_frames_of_a_live_server(watched: Watched) -> None:
         assert "1 collecting, 1 judging" in third
     finally:
         http.close()
+
+
+STALL_S = 1.0
+
+
+@pytest.mark.slow
+async def test_a_replica_that_hangs_shows_as_stalled(tmp_path: Path) -> None:
+    """One of two replicas stopped (SIGSTOP) under load, with judge.replica_stall_s set: it
+    stalls out, and its row says STALLED with one stall while the other serves on."""
+    fleet = {"replica_stall_s": STALL_S, "eject_backoff_s": 60.0}  # no trial while it runs
+    with watched_server(tmp_path, judge=fleet) as hung:
+        stopped, serving = hung.replicas
+        watcher = Watcher(hung.url)
+        http = open_client(hung.url, hung.token)
+        enough = trio.Event()
+        paused = False
+        try:
+            async with (
+                client(timeout=30.0, headers=hung.headers) as requests,
+                trio.open_nursery() as nursery,
+            ):
+                for sender in range(3):  # whole groups until `enough`: none left half-sent
+                    nursery.start_soon(_groups_until, enough, requests, hung, f"stall-{sender}")
+                rows = await _until_replicas(requests, hung, lambda rows: rows[0]["calls"] > 0)
+                hung.judges[0].signal(signal.SIGSTOP)
+                paused = True
+                rows = await _until_replicas(requests, hung, lambda rows: rows[0]["stalls"] > 0)
+                _, shown = await trio.to_thread.run_sync(look, watcher, http)
+                enough.set()
+        finally:
+            if paused:
+                hung.judges[0].signal(signal.SIGCONT)
+            http.close()
+    assert [(r["stalls"], r["ejected"]) for r in rows] == [(1, True), (0, False)], rows
+    lines = {line.split()[1]: line for line in shown.splitlines() if "│ " in line}
+    assert re.search(
+        r"│ STALLED, trial in \d+\.\ds\s+│(\s+\d+ │){3}\s+1 │.*│ ReplicaStalled",
+        lines[stopped],
+    ), shown
+    assert re.search(r"│ ok\s+│(\s+\d+ │){3}\s+0 │", lines[serving]), shown
+
+
+async def _groups_until(
+    enough: trio.Event, http: httpx.AsyncClient, watched: Watched, prefix: str
+) -> None:
+    """Whole groups, one after the other, each scored (those on a stopped replica elsewhere)."""
+    n = 0
+    while not enough.is_set():
+        group = bodies(f"{prefix}-{n}", answers("stall", GROUP))
+        replies, _ = await run_group(http, watched.url, group)
+        assert all(r.status == 200 and not r.body["mask_sample"] for r in replies), replies
+        n += 1
+
+
+async def _until_replicas(
+    http: httpx.AsyncClient, watched: Watched, condition: Callable[[list[Any]], bool]
+) -> list[Any]:
+    with trio.fail_after(20):
+        while True:
+            rows: list[Any] = (await http.get(f"{watched.url}/judge/replicas")).json()
+            if condition(rows):
+                return rows
+            await trio.sleep(0.05)
 
 
 async def _until_cohorts(http: httpx.AsyncClient, watched: Watched, n: int) -> None:

@@ -20,6 +20,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from genrm_trio.judge.base import JudgeStalled
+
 __all__ = [
     "RATE_WINDOW_S",
     "FetchFailed",
@@ -44,6 +46,10 @@ _CALLS = "genrm_trio_judge_calls_total"
 _ATTEMPT = "genrm_trio_judge_attempt_seconds"
 _QUEUE_WAIT = "genrm_trio_judge_queue_wait_seconds"
 _GROUP_LATENCY = "genrm_trio_group_latency_seconds"
+_REWARD_LATENCY = "genrm_trio_reward_latency_seconds"
+_EAGER = "genrm_trio_eager_comparisons_total"
+# the start of a replica's `last_error` when its last failure was a stall (judge.replica_stall_s)
+_STALL_ERROR: Final = f"{JudgeStalled.type_name}: "
 _START = "process_start_time_seconds"
 # counters whose decrease means the server restarted (when it exports no start time)
 _RESET_WITNESSES: Final = (_TERMINAL, _CALLS, _ROLLOUTS)
@@ -328,6 +334,12 @@ def _summary(window: _Window) -> RenderableType:
     table.add_row(
         "judge p50 / p95", _pair(window, _ATTEMPT), "group p50 / p95", _pair(window, _GROUP_LATENCY)
     )
+    table.add_row(  # what the trainer waits for once a group is generated
+        "reward p50 / p95",
+        _pair(window, _REWARD_LATENCY),
+        "eager comparisons",
+        _rate(window.rate(_EAGER)),
+    )
     table.add_row(
         "judge in flight",
         _count(s.value("genrm_trio_judge_inflight")),
@@ -358,15 +370,20 @@ def _replicas(replicas: Sequence[Mapping[str, Any]]) -> RenderableType:
     if not replicas:
         return Text("Judge: one URL (no fleet), so no per-replica figures", style="dim")
     table = Table(title="Judge replicas", expand=False)
-    for name in ("replica", "health", "in flight", "calls", "failures", "mean latency"):
-        table.add_column(name, justify="left" if name in ("replica", "health") else "right")
+    columns = ("replica", "health", "in flight", "calls", "failures", "stalls", "mean latency")
+    for name in columns:  # the last error wraps first when the terminal is narrow
+        key = name in ("replica", "health")
+        table.add_column(name, justify="left" if key else "right", no_wrap=key)
     table.add_column("last error", overflow="ellipsis", max_width=ERROR_CHARS)
     for r in replicas:
+        last_error = str(r.get("last_error") or "")
+        stalls = r.get("stalls")
         if r.get("ejected"):
+            # out after a stall (its last failure one) or after failed attempts in a row
+            word = "STALLED" if last_error.startswith(_STALL_ERROR) else "EJECTED"
             back = r.get("back_in_s")
             health = Text(
-                "EJECTED"
-                + (f", trial in {_duration(back)}" if isinstance(back, float | int) else ""),
+                word + (f", trial in {_duration(back)}" if isinstance(back, float | int) else ""),
                 style="bold red",
             )
         elif r.get("consecutive_failures"):
@@ -380,8 +397,9 @@ def _replicas(replicas: Sequence[Mapping[str, Any]]) -> RenderableType:
             str(r.get("in_flight", "")),
             str(r.get("calls", "")),
             str(r.get("failures", "")),
+            Text(str(stalls), style="yellow") if stalls else str(r.get("stalls", "")),
             _latency(mean if isinstance(mean, float | int) else None),
-            str(r.get("last_error") or "")[:ERROR_CHARS],
+            last_error[:ERROR_CHARS],
         )
     return table
 
