@@ -261,8 +261,7 @@ async def test_frames_of_a_live_server(watched: Watched) -> None:
             async with trio.open_nursery() as nursery:
                 for body in bodies("top-collecting", ["one", "two"]):
                     nursery.start_soon(send, body)
-                await _until_cohorts(requests, watched, 1)
-                await trio.sleep(0.3)
+                await _until_collected(requests, watched, age_s=0.3)
                 slow = [f"slow answer {i} {SLOW}" for i in range(4)]
                 for body in bodies("top-judging", slow):
                     nursery.start_soon(send, body)
@@ -351,6 +350,22 @@ async def _until_cohorts(http: httpx.AsyncClient, watched: Watched, n: int) -> N
             views = (await http.get(f"{watched.url}/cohorts")).json()
             present = len(views) == n and all(v["members_present"] > 0 for v in views)
             if present and (n < 2 or views[1]["state"] == "judging"):
+                return
+            await trio.sleep(0.05)
+
+
+async def _until_collected(http: httpx.AsyncClient, watched: Watched, *, age_s: float) -> None:
+    """Until the one cohort holds both of its members, has judged their pair (eager) and is
+    `age_s` old: the state the frame is checked against, waited on rather than slept for."""
+    with trio.fail_after(10):
+        while True:
+            views = (await http.get(f"{watched.url}/cohorts")).json()
+            if (
+                len(views) == 1
+                and views[0]["members_present"] == 2
+                and views[0]["comparisons_done"] == 1
+                and views[0]["age_s"] >= age_s
+            ):
                 return
             await trio.sleep(0.05)
 
