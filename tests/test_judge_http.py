@@ -26,7 +26,7 @@ from scripted import REFUSED, Fixed, Reply
 from scripted import Script as Answers
 
 from genrm_trio.config import ConfigError, Settings, settings_from_mapping
-from genrm_trio.judge.apis import chat_params, interpret_chat, interpret_responses
+from genrm_trio.judge.apis import JUDGE_APIS, chat_params, interpret_chat, interpret_responses
 from genrm_trio.judge.base import (
     JudgeBadJSON,
     JudgeCall,
@@ -1186,6 +1186,23 @@ def test_every_judge_api_value_has_one_object_and_one_simulated_side() -> None:
     # the simulated judge serves each API at the path the client posts to
     paths = {"/v1" + JUDGE_APIS[name].path for name in names}
     assert paths == {"/v1/responses", "/v1/chat/completions"}
+
+
+@pytest.mark.parametrize("api", sorted(JUDGE_APIS))
+async def test_the_simulated_judge_answers_each_api_where_the_client_posts(
+    autojump_clock: trio.testing.MockClock, api: str
+) -> None:
+    """Each judge API's client, against the simulated judge: the paths agree and the reply
+    classifies as a completed verdict."""
+    from genrm_trio.testing import SimConfig, sim_asgi_app
+
+    app = sim_asgi_app(SimConfig())
+    judge = make_http_judge(settings(api=api), backend=MemoryNetwork(serve_asgi(app)))
+    with trio.fail_after(5):
+        reply = await judge.attempt(CALL)
+    await judge.aclose()
+    assert reply.status is ReplyStatus.COMPLETED, reply
+    assert app.sim.statistics().calls == 1
 
 
 def test_the_pool_defaults_are_the_settings_defaults() -> None:
