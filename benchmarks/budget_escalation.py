@@ -31,7 +31,6 @@ import json
 import logging
 import math
 import re
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -41,11 +40,14 @@ from typing import Any, Final
 import trio
 import trio.testing
 
-from genrm_trio import GroupFailed, Masked, Scored, Settings, VerifyInput, open_engine
+from genrm_trio import GroupFailed, Masked, Scored, Settings, open_engine
 from genrm_trio.domain.scoring import percentile
 from genrm_trio.judge.base import JudgeCall, JudgeReply, ReplyStatus
 from genrm_trio.testing import SimConfig, SimJudge
 from genrm_trio.testing.verdicts import LENGTH_PRESETS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import git_commit, verify_input
 
 SIZE: Final = 16
 PROMPT: Final = "Compare the two answers to the user's question and decide which is better."
@@ -139,30 +141,6 @@ class CountingJudge:
         await self._sim.aclose()
 
 
-def answer(group: int, index: int) -> str:
-    return f"[g{group}:{index}] The answer, worked through step by step, is {group * 31 + index}."
-
-
-def verify_input(group: int, index: int) -> VerifyInput:
-    return VerifyInput(
-        input=[{"role": "user", "content": PROMPT, "type": "message"}],
-        response={
-            "id": f"resp-{group}-{index}",
-            "output": [
-                {
-                    "type": "message",
-                    "role": "assistant",
-                    "content": [{"type": "output_text", "text": answer(group, index)}],
-                }
-            ],
-        },
-        group_id=f"g{group}",
-        group_attempt=0,
-        group_attempt_given=True,
-        rollout_index=index,
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class Result:
     scenario: str
@@ -196,7 +174,7 @@ async def run(scenario: Scenario, escalation: bool, groups: int, seed: int) -> R
             outcomes: list[Any] = [None] * SIZE
 
             async def rollout(index: int) -> None:
-                outcomes[index] = await engine.verify(verify_input(group, index))
+                outcomes[index] = await engine.verify(verify_input(group, index, PROMPT))
 
             async with trio.open_nursery() as nursery:
                 for index in range(SIZE):
@@ -241,16 +219,6 @@ async def run(scenario: Scenario, escalation: bool, groups: int, seed: int) -> R
         output_tokens_per_group_mean=math.fsum(tokens) / groups,
         output_tokens_per_group_p95=percentile(tokens, 0.95),
     )
-
-
-def commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return out.stdout.strip()
 
 
 def table(results: Sequence[Result]) -> str:
@@ -328,7 +296,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         record = {
             "benchmark": "budget_escalation",
-            "commit": commit(),
+            "commit": git_commit(),
             "command": " ".join(
                 ["python", "benchmarks/budget_escalation.py", *(argv or sys.argv[1:])]
             ),

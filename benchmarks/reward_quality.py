@@ -35,17 +35,17 @@ import hashlib
 import json
 import logging
 import math
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 import trio
 import trio.testing
 
-from genrm_trio import GroupFailed, Masked, Scored, Settings, VerifyInput, open_engine
+from genrm_trio import GroupFailed, Masked, Scored, Settings, open_engine
 from genrm_trio.config import DEFAULT_BRADLEY_TERRY_PRIOR
 from genrm_trio.domain.scoring import (
     CYCLE_RATE,
@@ -65,6 +65,9 @@ from genrm_trio.testing.judgment import (
     judged_verdict,
     latent_quality,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import answer, git_commit, verify_input
 
 SIZE: Final = 16
 PROMPT: Final = "Which of the two answers solves the task better?"
@@ -135,10 +138,6 @@ def settings(graph: Graph, method: str, policy: str) -> Settings:
             "server": {"max_active_cohorts": 1_000_000},
         }
     )
-
-
-def answer(group: int, index: int) -> str:
-    return f"[g{group}:{index}] The answer, worked through step by step, is {group * 31 + index}."
 
 
 def failure_draw(seed: int, key: bytes, occurrence: int) -> float:
@@ -382,26 +381,6 @@ class FailingJudge:
         await self._sim.aclose()
 
 
-def verify_input(group: int, index: int) -> VerifyInput:
-    return VerifyInput(
-        input=[{"role": "user", "content": PROMPT, "type": "message"}],
-        response={
-            "id": f"resp-{group}-{index}",
-            "output": [
-                {
-                    "type": "message",
-                    "role": "assistant",
-                    "content": [{"type": "output_text", "text": answer(group, index)}],
-                }
-            ],
-        },
-        group_id=f"g{group}",
-        group_attempt=0,
-        group_attempt_given=True,
-        rollout_index=index,
-    )
-
-
 COMPARED: Final = (
     "reward",
     "reward_score_raw",
@@ -466,7 +445,7 @@ async def check_engine(
                             replies: list[Any] = [None] * SIZE
 
                             async def one(i: int, g: int = group, out: list[Any] = replies) -> None:
-                                out[i] = await engine.verify(verify_input(g, i))
+                                out[i] = await engine.verify(verify_input(g, i, PROMPT))
 
                             async with trio.open_nursery() as nursery:
                                 for i in range(SIZE):
@@ -486,16 +465,6 @@ async def check_engine(
 
 
 # --- output -----------------------------------------------------------------------------------
-
-
-def commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return out.stdout.strip()
 
 
 def cell_record(cell: Cell) -> dict[str, Any]:
@@ -684,7 +653,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         record = {
             "benchmark": "reward_quality",
-            "commit": commit(),
+            "commit": git_commit(),
             "command": " ".join(
                 ["python", "benchmarks/reward_quality.py", *(argv or sys.argv[1:])]
             ),

@@ -27,7 +27,6 @@ import argparse
 import json
 import math
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -38,7 +37,8 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -47,26 +47,11 @@ import trio
 import yaml
 
 from genrm_trio.app.bench import answer_text, verify_body
+from genrm_trio.domain.scoring import percentile
 from genrm_trio.judge.pool import KeepAlivePool
+from genrm_trio.testing.procs import Proc, command, start
 
 LOOPBACK = "127.0.0.1"
-_LISTENING = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
-
-
-def _command() -> list[str]:
-    script = Path(sys.executable).with_name("genrm-trio")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("genrm-trio")
-    return [found] if found else [sys.executable, "-m", "genrm_trio.app.cli"]
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def _cpu_ns(pid: int) -> int:
@@ -81,50 +66,28 @@ def _cpu_ns(pid: int) -> int:
 # --- processes ----------------------------------------------------------------------------------
 
 
-@dataclass
-class Started:
-    """Processes started here, each stopped by its PID."""
-
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-
-    def start(self, argv: Sequence[str], log: IO[bytes], **kwargs: Any) -> subprocess.Popen[bytes]:
-        popen = subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stderr=log, start_new_session=True, **kwargs
-        )
-        self.procs.append(popen)
-        return popen
-
-    def stop_all(self) -> None:
-        for popen in self.procs:
-            if popen.returncode is None and popen.poll() is None:
-                popen.send_signal(signal.SIGTERM)
-        for popen in self.procs:
-            if popen.returncode is not None:
-                continue
-            try:
-                popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                popen.kill()
-                popen.wait(timeout=10)
+def _spawn(argv: Sequence[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """A helper process (a busy loop, py-spy) in its own session, its stderr to `log`."""
+    return subprocess.Popen(
+        list(argv), stdin=subprocess.DEVNULL, stderr=log, start_new_session=True
+    )
 
 
-def _wait_listening(popen: subprocess.Popen[bytes], timeout_s: float) -> int:
-    assert popen.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = popen.stdout.readline()
-        if not line:
-            raise RuntimeError(f"process {popen.pid} exited before listening")
-        match = _LISTENING.search(line)
-        if match:
-            return int(match.group(1))
-    raise RuntimeError(f"process {popen.pid} did not listen within {timeout_s:g}s")
+def _stop(popen: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s: a process started here, stopped by its PID."""
+    if popen.poll() is None:
+        popen.send_signal(signal.SIGTERM)
+    try:
+        popen.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait(timeout=10)
 
 
 @contextmanager
-def cpu_load(started: Started, count: int, log: IO[bytes]) -> Iterator[None]:
+def cpu_load(count: int, log: IO[bytes]) -> Iterator[None]:
     """`count` busy-looping processes beside the trial (stopped by PID afterwards)."""
-    procs = [started.start([sys.executable, "-c", "while True: pass"], log) for _ in range(count)]
+    procs = [_spawn([sys.executable, "-c", "while True: pass"], log) for _ in range(count)]
     try:
         yield
     finally:
@@ -154,13 +117,13 @@ async def _judge_in_flight(client: httpx.AsyncClient, judge_port: int) -> int:
 
 
 async def _trial(args: argparse.Namespace, judge_port: int, config: Path, logs: Path) -> Trial:
-    started = Started()
-    log = (logs / "serve.log").open("ab")
-    command = shlex.split(args.serve_command) if args.serve_command else _command()
-    argv = [*command, "serve", "--config", str(config), "--port", "0"]
-    server = started.start(argv, log, stdout=subprocess.PIPE)
+    program = shlex.split(args.serve_command) if args.serve_command else command()
+    argv = ["serve", "--config", str(config), "--port", "0"]
+    started = partial(start, argv, logs / "serve.log", program=program, timeout=60.0)
+    server: Proc = await trio.to_thread.run_sync(started)
+    spy: subprocess.Popen[bytes] | None = None
     try:
-        port = await trio.to_thread.run_sync(_wait_listening, server, 60.0)
+        port = server.port
         pid = server.pid
         groups = args.groups
         n = args.rollouts
@@ -212,8 +175,9 @@ async def _trial(args: argparse.Namespace, judge_port: int, config: Path, logs: 
             if args.profile:
                 # attached now, so that the profile holds the stop and not the start
                 record = args.profile / f"stop-{time.time_ns()}.txt"
-                spy = ["py-spy", "record", "--rate", "1000", "--format", "raw", "--pid"]
-                started.start([*spy, str(pid), "-o", str(record)], log)
+                spy_argv = ["py-spy", "record", "--rate", "1000", "--format", "raw", "--pid"]
+                with (logs / "serve.log").open("ab") as log:
+                    spy = _spawn([*spy_argv, str(pid), "-o", str(record)], log)
             await trio.sleep(args.signal_after_s)
             in_flight = await _judge_in_flight(client, judge_port)
             pidfd = os.pidfd_open(pid)
@@ -233,8 +197,8 @@ async def _trial(args: argparse.Namespace, judge_port: int, config: Path, logs: 
         await pool.aclose()
         # it has exited (the pidfd said so): wait4 only reaps it and reads its CPU time
         _, status, usage = os.wait4(server.pid, 0)  # noqa: ASYNC222
-        server.returncode = os.waitstatus_to_exitcode(status)
-        code, cpu_after = server.returncode, usage.ru_utime + usage.ru_stime
+        server.popen.returncode = os.waitstatus_to_exitcode(status)
+        code, cpu_after = server.popen.returncode, usage.ru_utime + usage.ru_stime
         answered = sum(count for key, count in statuses.items() if key.startswith("HTTP "))
         return Trial(
             exit_s=exit_s,
@@ -247,8 +211,10 @@ async def _trial(args: argparse.Namespace, judge_port: int, config: Path, logs: 
             judge_in_flight=in_flight,
         )
     finally:
-        started.stop_all()
-        log.close()
+        if spy is not None:
+            _stop(spy)
+        server.stop(timeout=10)
+        server.close()
 
 
 # --- the run ------------------------------------------------------------------------------------
@@ -274,8 +240,8 @@ def _config(path: Path, args: argparse.Namespace, judge_port: int) -> Path:
 
 def _summary(values: Sequence[float]) -> dict[str, float]:
     return {
-        "p50": round(_percentile(values, 0.5), 4),
-        "p95": round(_percentile(values, 0.95), 4),
+        "p50": round(percentile(values, 0.5), 4),
+        "p95": round(percentile(values, 0.95), 4),
         "max": round(max(values), 4),
     }
 
@@ -309,20 +275,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     logs = args.logs or Path(tempfile.mkdtemp(prefix="stop-under-load-"))
     logs.mkdir(parents=True, exist_ok=True)
-    started = Started()
     trials: list[Trial] = []
+    judge_argv = ["sim-judge", "--port", "0", "--latency-ms", f"{args.judge_latency_ms}"]
+    judge = start(judge_argv, logs / "sim-judge.log")
     with (logs / "sim-judge.log").open("ab") as judge_log:
-        judge = started.start(
-            [*_command(), "sim-judge", "--port", "0", "--latency-ms", f"{args.judge_latency_ms}"],
-            judge_log,
-            stdout=subprocess.PIPE,
-        )
         try:
-            judge_port = _wait_listening(judge, 30)
-            config = _config(logs / "serve.yaml", args, judge_port)
-            with cpu_load(started, args.load, judge_log):
+            config = _config(logs / "serve.yaml", args, judge.port)
+            with cpu_load(args.load, judge_log):
                 for number in range(args.trials):
-                    trial = trio.run(_trial, args, judge_port, config, logs)
+                    trial = trio.run(_trial, args, judge.port, config, logs)
                     trials.append(trial)
                     print(
                         f"trial {number + 1}/{args.trials}: exit {trial.exit_s * 1000:.0f} ms "
@@ -332,7 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         flush=True,
                     )
         finally:
-            started.stop_all()
+            judge.stop(timeout=10)
+            judge.close()
     lost = [t for t in trials if t.cut_off or t.exit_code != 0]
     exits = [t.exit_s for t in trials]
     cpus = [t.stop_cpu_s for t in trials if not math.isnan(t.stop_cpu_s)]

@@ -23,8 +23,10 @@ from genrm_trio.domain.model import (
     CompareFailed,
     CompareInput,
     CompareResult,
+    Masked,
     MemberOutcome,
     RequestRejected,
+    Scored,
     VerifyInput,
 )
 from genrm_trio.engine.engine import Engine, open_engine
@@ -266,6 +268,38 @@ def compare_input(answers: Sequence[str], *, principle: str | None = None) -> Co
 
 
 Reply = MemberOutcome | RequestRejected
+
+
+def scored(replies: Sequence[Any]) -> dict[int, dict[str, Any]]:
+    """Each scored reply's row, by position."""
+    return {i: dict(r.result) for i, r in enumerate(replies) if isinstance(r, Scored)}
+
+
+def masked(replies: Sequence[Any]) -> dict[int, str]:
+    """Each masked reply's reason, by position."""
+    return {i: r.reason for i, r in enumerate(replies) if isinstance(r, Masked)}
+
+
+def judge_error(pair: tuple[int, int]) -> str:
+    """The failure text of comparison ``pair`` whose judge answered `http_error()`'s default
+    500, under `settings()`'s judge and deadline."""
+    return (
+        f"GenRM judge judge.test:8000 /v1/responses pair={pair} deadline=0.2s: "
+        "JudgeHTTPError: HTTP 500; response=judge unavailable"
+    )
+
+
+NO_ADJ: dict[str, float] = {
+    "default_score": 3.0,
+    "reasoning_bonus": 0.0,
+    "answer_bonus": 0.0,
+    "top_percentile": 0.2,
+    "group_reasoning_length_penalty_coeff": 0.0,
+    "group_answer_length_penalty_coeff": 0.0,
+    "group_style_penalty_coeff": 0.0,
+}
+"""`aggregate()`'s adjustment keywords with every bonus and penalty off: the base scores are
+the rewards."""
 
 
 async def verify(engine: Engine, item: VerifyInput) -> Reply:

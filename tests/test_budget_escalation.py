@@ -5,19 +5,17 @@ budget every request carried, log lines, counters; and "off" is today's request,
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
 from judges import compare, compare_input, gather, member
+from loading import load_script
 from scripted import Reply
 from test_attempts import (
     CALL,
@@ -553,13 +551,7 @@ def test_group_metrics_escalation_rate() -> None:
 
 
 def load_benchmark() -> Any:
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "budget_escalation.py"
-    spec = importlib.util.spec_from_file_location("budget_escalation_bench", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while building
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/budget_escalation.py", "budget_escalation_bench")
 
 
 async def test_budget_escalation_benchmark_counts(autojump_clock: trio.testing.MockClock) -> None:

@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -34,15 +33,7 @@ from genrm_trio.testing import SimConfig, serve_sim_judge
 SHUTTING_DOWN = "GenRM server is shutting down"
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """main() configures the `genrm_trio` logger; put it back after each test."""
-    logger = logging.getLogger("genrm_trio")
-    saved = (logger.level, list(logger.handlers), logger.propagate)
-    yield
-    logger.setLevel(saved[0])
-    logger.handlers[:] = saved[1]
-    logger.propagate = saved[2]
+pytestmark = pytest.mark.usefixtures("restore_logging")  # main() configures logging
 
 
 def _one_line(err: str) -> str:

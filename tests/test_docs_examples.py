@@ -8,14 +8,13 @@ docs/architecture.md's copy of the state diagram must equal the machine's own re
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import trio
+from loading import load_script
 
 import genrm_trio
 import genrm_trio.testing
@@ -38,15 +37,7 @@ def block_after(marker: str, language: str) -> str:
 
 
 def load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("embed_engine_example", ROOT / EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses and annotations resolve through sys.modules
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    return module
+    return load_script(EXAMPLE, "embed_engine_example")
 
 
 def test_doc_block_is_the_example_file() -> None:

@@ -12,6 +12,7 @@ from judges import (
     compare_input,
     hang,
     http_error,
+    judge_error,
     ok,
     running,
     settings,
@@ -21,11 +22,6 @@ from trio.testing import MockClock
 from genrm_trio.domain.model import CompareFailed, CompareResult, Rejection, RequestRejected
 from genrm_trio.engine.evaluation import NON_FINITE_MESSAGE
 from genrm_trio.judge.base import ReplyStatus
-
-JUDGE_500 = (
-    "GenRM judge judge.test:8000 /v1/responses pair=(0, 1) deadline=0.2s: "
-    "JudgeHTTPError: HTTP 500; response=judge unavailable"
-)
 
 
 async def test_single_response_returns_default(autojump_clock: MockClock) -> None:
@@ -105,7 +101,7 @@ async def test_judge_failure_is_503_with_the_judge_message(autojump_clock: MockC
     judge = ScriptedJudge(pairs={("a0", "a1"): http_error()})
     async with running(settings(), judge) as engine:
         failed = await compare(engine, compare_input(["a0", "a1"]))
-    assert isinstance(failed, CompareFailed) and failed.detail == JUDGE_500
+    assert isinstance(failed, CompareFailed) and failed.detail == judge_error((0, 1))
 
 
 @pytest.mark.parametrize("status", [ReplyStatus.UNUSABLE, ReplyStatus.BUDGET_EXHAUSTED])
@@ -128,7 +124,7 @@ async def test_fail_fast_one_failing_one_pending(autojump_clock: MockClock) -> N
         failed = await compare(engine, compare_input(["a0", "a1"]))
         assert trio.current_time() - t0 == pytest.approx(0.05)
         assert engine.statistics().compares_in_flight == 0
-    assert isinstance(failed, CompareFailed) and failed.detail == JUDGE_500
+    assert isinstance(failed, CompareFailed) and failed.detail == judge_error((0, 1))
     [pending] = [c for c in judge.calls if c.shown == ("a1", "a0")]
     assert pending.cancelled and pending.ended is None
 

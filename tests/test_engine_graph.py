@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 import pytest
 import trio
 from judges import (
+    NO_ADJ,
     ScriptedJudge,
     Step,
     compare_input,
@@ -19,14 +19,17 @@ from judges import (
     gather,
     hang,
     http_error,
+    judge_error,
+    masked,
     member,
     ok,
     running,
+    scored,
     settings,
 )
 from trio.testing import MockClock
 
-from genrm_trio.domain.model import GroupFailed, Masked, Scored
+from genrm_trio.domain.model import GroupFailed, Scored
 from genrm_trio.domain.scoring import (
     BT_LOG_LIKELIHOOD,
     CYCLE_RATE,
@@ -38,29 +41,8 @@ from genrm_trio.engine.engine import open_engine
 from genrm_trio.judge.base import ReplyStatus
 from genrm_trio.judge.fleet import JudgeFleet
 
-NO_ADJ: dict[str, float] = {
-    "default_score": 3.0,
-    "reasoning_bonus": 0.0,
-    "answer_bonus": 0.0,
-    "top_percentile": 0.2,
-    "group_reasoning_length_penalty_coeff": 0.0,
-    "group_answer_length_penalty_coeff": 0.0,
-    "group_style_penalty_coeff": 0.0,
-}
 BT = {"aggregator_method": "bradley_terry"}
 COMPONENT = {"mask_policy": "component"}
-JUDGE_500 = (
-    "GenRM judge judge.test:8000 /v1/responses pair={pair} deadline=0.2s: "
-    "JudgeHTTPError: HTTP 500; response=judge unavailable"
-)
-
-
-def scored(replies: list[Any]) -> dict[int, dict[str, Any]]:
-    return {i: dict(r.result) for i, r in enumerate(replies) if isinstance(r, Scored)}
-
-
-def masked(replies: list[Any]) -> dict[int, str]:
-    return {i: r.reason for i, r in enumerate(replies) if isinstance(r, Masked)}
 
 
 def sigma(x: float) -> float:
@@ -321,11 +303,11 @@ async def test_circular_cut_twice_masks_the_smaller_arc_with_reasons(
     )
     assert masked(replies) == {
         1: f"GenRM rollout_index=1 {where} and lost a comparison to a judge failure: "
-        + JUDGE_500.format(pair=(0, 1)),
+        + judge_error((0, 1)),
         2: f"GenRM rollout_index=2 {where}; it lost no comparison, failures elsewhere cut it off: "
-        + JUDGE_500.format(pair=(0, 1)),
+        + judge_error((0, 1)),
         3: f"GenRM rollout_index=3 {where} and lost a comparison to a judge failure: "
-        + JUDGE_500.format(pair=(3, 4)),
+        + judge_error((3, 4)),
     }
     rows = scored(replies)
     assert sorted(rows) == [0, 4, 5, 6, 7]
@@ -344,7 +326,7 @@ async def test_every_comparison_failed_fails_the_group_under_component(
         replies = await gather(engine, [member(i) for i in range(3)])
     message = (
         "GenRM masked every rollout of the group after judge failures (3 of 3 comparisons "
-        "failed): " + JUDGE_500.format(pair=(0, 1))
+        "failed): " + judge_error((0, 1))
     )
     assert replies == [GroupFailed("judge", message)] * 3
 
@@ -452,7 +434,7 @@ async def test_compare_ignores_mask_policy_and_stays_fail_fast(autojump_clock: M
     config = settings(comparison_strategy="all_pairs", **BT, **COMPONENT)
     async with running(config, judge) as engine:
         result = await compare(engine, compare_input(["a0", "a1", "a2"]))
-    assert isinstance(result, CompareFailed) and str(result) == JUDGE_500.format(pair=(0, 1))
+    assert isinstance(result, CompareFailed) and str(result) == judge_error((0, 1))
 
 
 async def test_the_singleton_path_is_unchanged_under_both_keys(autojump_clock: MockClock) -> None:

@@ -5,7 +5,6 @@ deadline policy (D12)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import pytest
 import trio
@@ -17,9 +16,12 @@ from judges import (
     gather,
     hang,
     http_error,
+    judge_error,
+    masked,
     member,
     ok,
     running,
+    scored,
     settings,
     verify,
 )
@@ -29,29 +31,12 @@ from genrm_trio.domain.model import GroupFailed, Masked, Rejection, RequestRejec
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.judge.base import JudgeHTTPError, ReplyStatus
 
-HTTP_500 = (
-    "GenRM judge judge.test:8000 /v1/responses pair={pair} deadline=0.2s: "
-    "JudgeHTTPError: HTTP 500; response=judge unavailable"
-)
-
-
-def judge_error(pair: tuple[int, int]) -> str:
-    return HTTP_500.format(pair=pair)
-
 
 def masked_reason(i: int, f: int, c: int, pair: tuple[int, int]) -> str:
     return (
         f"GenRM rollout_index={i} lost a comparison to a judge failure "
         f"({f} of {c} comparisons failed): {judge_error(pair)}"
     )
-
-
-def scored(replies: list[Any]) -> dict[int, dict[str, Any]]:
-    return {i: dict(r.result) for i, r in enumerate(replies) if isinstance(r, Scored)}
-
-
-def masked(replies: list[Any]) -> dict[int, str]:
-    return {i: r.reason for i, r in enumerate(replies) if isinstance(r, Masked)}
 
 
 def failing(*pairs: tuple[int, int]) -> ScriptedJudge:

@@ -10,7 +10,6 @@ stack.
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import select
 import signal
@@ -39,17 +38,6 @@ from genrm_trio.testing import SimConfig, SimJudge
 
 INSTANCE = "genrm_compare_resources_server"
 SERVER_DIR = gym_root() / "resources_servers" / "genrm_trio"
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """main() configures the `genrm_trio` logger; put it back afterwards."""
-    logger = logging.getLogger("genrm_trio")
-    saved = (logger.level, list(logger.handlers), logger.propagate)
-    yield
-    logger.setLevel(saved[0])
-    logger.handlers[:] = saved[1]
-    logger.propagate = saved[2]
 
 
 def gym_config(

@@ -8,16 +8,15 @@ venv links cover every server the merged config starts, and the `genrm-trio` com
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shlex
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import yaml
+from loading import load_script
 
 from genrm_trio.app.cli import build_parser
 from genrm_trio.app.gym import gym_root
@@ -27,15 +26,7 @@ CONFIGS = gym_root() / "resources_servers" / "genrm_trio" / "configs"
 
 
 def gym_stack() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gym_stack", ROOT / "benchmarks/gym_stack.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their annotations through it
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    return module
+    return load_script("benchmarks/gym_stack.py", "gym_stack")
 
 
 STEPS: dict[str, str] = gym_stack().trial_steps()

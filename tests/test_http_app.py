@@ -32,7 +32,8 @@ from genrm_trio.domain.model import (
 )
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.http.app import create_app
-from genrm_trio.http.asgi import current_rollout_id
+from genrm_trio.http.asgi import PUBLIC_PATHS, current_rollout_id
+from genrm_trio.http.openapi import openapi_document
 from genrm_trio.judge.base import ReplicaStats
 from genrm_trio.testing import FaultRule, SimConfig, SimJudge
 
@@ -764,6 +765,15 @@ PROTECTED: list[tuple[str, str]] = [
     ("GET", "/openapi.json"),
     ("POST", "/ng-rollout/r1/verify"),
     ("GET", "/unknown"),
+]
+# and every other route the OpenAPI document lists (which is every route served:
+# tests/test_http_fast_path.py), so that a new route is refused here without a list of its own
+PROTECTED += [
+    (method.upper(), path)
+    for path, operations in openapi_document(title="t", version="1", auth=True)["paths"].items()
+    if path not in PUBLIC_PATHS
+    for method in operations
+    if (method.upper(), path) not in PROTECTED
 ]
 
 

@@ -26,7 +26,7 @@ from scripted import REFUSED, Fixed, Reply
 from scripted import Script as Answers
 
 from genrm_trio.config import ConfigError, Settings, settings_from_mapping
-from genrm_trio.judge.apis import chat_params, interpret_chat, interpret_responses
+from genrm_trio.judge.apis import JUDGE_APIS, chat_params, interpret_chat, interpret_responses
 from genrm_trio.judge.base import (
     JudgeBadJSON,
     JudgeCall,
@@ -38,7 +38,13 @@ from genrm_trio.judge.base import (
 from genrm_trio.judge.client import TRANSPORT_ERRORS, HttpJudge, make_http_judge, parse_retry_after
 from genrm_trio.judge.http1 import ResponseTooLarge
 from genrm_trio.judge.pool import CertificateError, KeepAlivePool
-from genrm_trio.testing.network import MemoryNetwork, Request, serve_asgi
+from genrm_trio.testing.network import (
+    MemoryNetwork,
+    Request,
+    read_request,
+    response_bytes,
+    serve_asgi,
+)
 
 HISTORY = [{"role": "system", "content": "Be fair."}, {"role": "user", "content": "What is 2+2?"}]
 CALL = JudgeCall(HISTORY, "four", "4", None)
@@ -697,7 +703,7 @@ class TinyServer:
                 got = await read_request(stream, buffer)
                 if got is None:
                     return
-                request, buffer = got
+                request, buffer = got[0].raw, got[1]
                 n = len(self.requests)
                 self.requests.append(request)
                 self.got_request.set()
@@ -722,28 +728,6 @@ class TinyServer:
         self.port = listeners[0].socket.getsockname()[1]
 
 
-async def read_request(stream: trio.abc.ReceiveStream, buffer: bytes) -> tuple[bytes, bytes] | None:
-    """One request with a Content-Length body (or none): (the request, what came after it), or
-    None when the peer closed first. `buffer` holds bytes already received."""
-    while b"\r\n\r\n" not in buffer:
-        data = await stream.receive_some()
-        if not data:
-            return None
-        buffer += data
-    head, _, rest = buffer.partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        key, _, value = line.partition(b":")
-        if key.strip().lower() == b"content-length":
-            length = int(value)
-    while len(rest) < length:
-        data = await stream.receive_some()
-        if not data:
-            return None
-        rest += data
-    return head + b"\r\n\r\n" + rest[:length], rest[length:]
-
-
 async def serve_tls(
     stream: trio.SocketStream, context: ssl.SSLContext, reply: Callable[[bytes], bytes]
 ) -> None:
@@ -756,17 +740,12 @@ async def serve_tls(
             got = await read_request(tls, buffer)
             if got is None:
                 return
-            request, buffer = got
+            request, buffer = got[0].raw, got[1]
             await tls.send_all(response_bytes(200, reply(request)))
     except trio.BrokenResourceError:
         return
     finally:
         await trio.aclose_forcefully(tls)
-
-
-def response_bytes(status: int, body: bytes, *headers: str) -> bytes:
-    lines = [f"HTTP/1.1 {status} X", f"content-length: {len(body)}", *headers]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
 def real_judge(port: int, **judge: Any) -> HttpJudge:
@@ -805,7 +784,7 @@ async def test_pool_reuses_one_connection_for_sequential_calls() -> None:
     body = json.dumps(responses_reply(usage={"input_tokens": 1, "output_tokens": 2})).encode()
 
     async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
-        await stream.send_all(response_bytes(200, body, "content-type: text/plain"))
+        await stream.send_all(response_bytes(200, body, ["content-type: text/plain"]))
         return True
 
     async with scripted_judge(script) as (server, judge):
@@ -891,7 +870,7 @@ async def test_pool_real_http_error_with_retry_after_and_token(
     monkeypatch.setenv("GENRM_TEST_JUDGE_TOKEN", TOKEN)
 
     async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
-        await stream.send_all(response_bytes(429, b"slow down", "Retry-After: 3"))
+        await stream.send_all(response_bytes(429, b"slow down", ["Retry-After: 3"]))
         return True
 
     async with scripted_judge(script, api_key_env="GENRM_TEST_JUDGE_TOKEN") as (server, judge):
@@ -1056,7 +1035,7 @@ async def test_pool_reads_close_delimited_http10_replies_and_honours_connection_
     assert isinstance(reply, JudgeReply) and reply.status is ReplyStatus.COMPLETED
     assert judge.open_connections == 0
     await judge.aclose()
-    closing = response_bytes(200, body, "Connection: close")
+    closing = response_bytes(200, body, ["Connection: close"])
     reply, _, judge = await _one_attempt(_reply_with(closing))
     assert isinstance(reply, JudgeReply) and judge.open_connections == 0
     await judge.aclose()
@@ -1094,7 +1073,7 @@ async def test_pool_sends_any_request_and_returns_the_whole_reply() -> None:
     # No httpx transport: the pool's exchange is the one way to the judge (bench and the
     # probe use it too).
     body = json.dumps({"ok": True}).encode()
-    async with tiny_server(_reply_with(response_bytes(201, body, "x-reply: yes"))) as server:
+    async with tiny_server(_reply_with(response_bytes(201, body, ["x-reply: yes"]))) as server:
         pool = KeepAlivePool(httpx.URL(f"http://127.0.0.1:{server.port}"))
         headers = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")]
         with trio.fail_after(5):
@@ -1207,6 +1186,23 @@ def test_every_judge_api_value_has_one_object_and_one_simulated_side() -> None:
     # the simulated judge serves each API at the path the client posts to
     paths = {"/v1" + JUDGE_APIS[name].path for name in names}
     assert paths == {"/v1/responses", "/v1/chat/completions"}
+
+
+@pytest.mark.parametrize("api", sorted(JUDGE_APIS))
+async def test_the_simulated_judge_answers_each_api_where_the_client_posts(
+    autojump_clock: trio.testing.MockClock, api: str
+) -> None:
+    """Each judge API's client, against the simulated judge: the paths agree and the reply
+    classifies as a completed verdict."""
+    from genrm_trio.testing import SimConfig, sim_asgi_app
+
+    app = sim_asgi_app(SimConfig())
+    judge = make_http_judge(settings(api=api), backend=MemoryNetwork(serve_asgi(app)))
+    with trio.fail_after(5):
+        reply = await judge.attempt(CALL)
+    await judge.aclose()
+    assert reply.status is ReplyStatus.COMPLETED, reply
+    assert app.sim.statistics().calls == 1
 
 
 def test_the_pool_defaults_are_the_settings_defaults() -> None:

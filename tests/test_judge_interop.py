@@ -25,7 +25,6 @@ import trio.testing
 from test_judge_http import (
     CALL,
     real_judge,
-    response_bytes,
     responses_reply,
     scripted_judge,
     serve_tls,
@@ -45,6 +44,7 @@ from genrm_trio.judge.base import (
 from genrm_trio.judge.client import make_http_judge
 from genrm_trio.judge.pool import KeepAlivePool, StaleConnectionError
 from genrm_trio.judge.probe import log_proxy_use, probe_judge
+from genrm_trio.testing.network import response_bytes
 
 BODY = json.dumps(responses_reply()).encode()
 
@@ -188,9 +188,9 @@ async def test_compressed_bodies_are_decoded(coding: str, encode: Any) -> None:
 
     async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
         if n == 0:
-            await stream.send_all(response_bytes(200, payload, f"content-encoding: {coding}"))
+            await stream.send_all(response_bytes(200, payload, [f"content-encoding: {coding}"]))
         else:
-            await stream.send_all(response_bytes(502, error_page, f"content-encoding: {coding}"))
+            await stream.send_all(response_bytes(502, error_page, [f"content-encoding: {coding}"]))
         return True
 
     async with scripted_judge(script) as (server, judge):
@@ -214,7 +214,7 @@ async def test_undecodable_bodies_are_one_clear_non_retryable_error(
     headers: list[str], payload: bytes, message: str
 ) -> None:
     async def script(n: int, request: bytes, stream: trio.SocketStream) -> bool:
-        await stream.send_all(response_bytes(200, payload, *headers))
+        await stream.send_all(response_bytes(200, payload, headers))
         return True
 
     async with scripted_judge(script) as (_, judge):
@@ -240,7 +240,7 @@ def _framed(kind: str, body: bytes) -> tuple[bytes, bool]:
         return head + chunks + b"0\r\n\r\n", True
     if kind == "close":
         return b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n" + body, False
-    return response_bytes(200, gzip.compress(body), "content-encoding: gzip"), True
+    return response_bytes(200, gzip.compress(body), ["content-encoding: gzip"]), True
 
 
 @pytest.mark.parametrize("kind", ["length", "chunked", "close", "gzip"])

@@ -5,10 +5,8 @@ benchmark's direct path against the engine."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from loading import load_script
 
 from genrm_trio.app.cli import main
 from genrm_trio.domain.verdict import parse_overall
@@ -169,13 +168,7 @@ class TestFrontEnds:
 
 
 def load_benchmark() -> Any:
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "reward_quality.py"
-    spec = importlib.util.spec_from_file_location("reward_quality_bench", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while building
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/reward_quality.py", "reward_quality_bench")
 
 
 def test_kendall_tau_b() -> None:

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from judges import NO_ADJ
 
 from genrm_trio.domain.scoring import (
     Aggregation,
@@ -36,16 +37,6 @@ from genrm_trio.domain.scoring import (
     strip_code_blocks,
     style_density,
 )
-
-NO_ADJ: dict[str, float] = {
-    "default_score": 3.0,
-    "reasoning_bonus": 0.0,
-    "answer_bonus": 0.0,
-    "top_percentile": 0.2,
-    "group_reasoning_length_penalty_coeff": 0.0,
-    "group_answer_length_penalty_coeff": 0.0,
-    "group_style_penalty_coeff": 0.0,
-}
 
 
 def cfg(**overrides: float) -> dict[str, float]:

@@ -13,6 +13,7 @@ from typing import get_args
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from judges import NO_ADJ
 
 from genrm_trio.config import AggregatorMethod, ComparisonStrategy, MaskPolicy, PositionBalance
 from genrm_trio.domain.scoring import (
@@ -38,16 +39,6 @@ from genrm_trio.domain.scoring import (
     preference_cycle_rate,
 )
 from genrm_trio.domain.scoring import pairs as pairs_module
-
-NO_ADJ: dict[str, float] = {
-    "default_score": 3.0,
-    "reasoning_bonus": 0.0,
-    "answer_bonus": 0.0,
-    "top_percentile": 0.2,
-    "group_reasoning_length_penalty_coeff": 0.0,
-    "group_answer_length_penalty_coeff": 0.0,
-    "group_style_penalty_coeff": 0.0,
-}
 
 
 def jc(

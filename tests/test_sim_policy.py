@@ -7,8 +7,6 @@ In-process over `httpx.ASGITransport` (no sockets).
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -20,17 +18,6 @@ from genrm_trio.testing.asgi import SimJudgeApp
 
 PROMPT = [{"role": "user", "content": "What is SKILL?", "type": "message"}]
 JUDGE = {"input": [], "metadata": {"response_1": "first", "response_2": "second"}}
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """main() configures the `genrm_trio` logger; put it back afterwards."""
-    logger = logging.getLogger("genrm_trio")
-    saved = (logger.level, list(logger.handlers), logger.propagate)
-    yield
-    logger.setLevel(saved[0])
-    logger.handlers[:] = saved[1]
-    logger.propagate = saved[2]
 
 
 def client(app: SimJudgeApp) -> httpx.AsyncClient:

@@ -1,4 +1,5 @@
-"""Serve genrm-trio's simulated judge on 127.0.0.1 (stand-in until `genrm-trio sim-judge` lands).
+"""Serve genrm-trio's simulated judge on 127.0.0.1 for reference_bench.py: `genrm-trio sim-judge`
+plus `--cpu` pinning and a JSON ready line the driver reads.
 
     . /tmp/probe/bin/activate
     python benchmarks/reference/sim_judge.py --port 8300 [--latency-ms 200] \

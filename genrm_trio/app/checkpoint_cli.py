@@ -14,28 +14,14 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
+from genrm_trio.app.arguments import positive, say
+
 __all__ = ["add_checkpoint_arguments", "checkpoint_url", "run_checkpoint_command"]
-
-PROG: Final = "genrm-trio"
-
-
-def _say(line: str) -> None:
-    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
-
-
-def _positive(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-    if not (0 < number < float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {value}")
-    return number
 
 
 def add_checkpoint_arguments(subparsers: Any) -> None:
@@ -68,7 +54,7 @@ def add_checkpoint_arguments(subparsers: Any) -> None:
             "--api-key-env", metavar="ENV", help="variable holding the server's bearer token"
         )
         action.add_argument(
-            "--timeout", type=_positive, default=300.0, help="seconds for the whole request"
+            "--timeout", type=positive, default=300.0, help="seconds for the whole request"
         )
     parser.set_defaults(handler=run_checkpoint_command)
 
@@ -120,7 +106,7 @@ def run_checkpoint_command(args: argparse.Namespace) -> int:
     if args.api_key_env:
         token = os.environ.get(args.api_key_env, "")
         if not token:
-            _say(f"checkpoint {action}: environment variable {args.api_key_env} is unset or empty")
+            say(f"checkpoint {action}: environment variable {args.api_key_env} is unset or empty")
             return 2
         headers["authorization"] = f"Bearer {token}"
     data = b""
@@ -128,7 +114,7 @@ def run_checkpoint_command(args: argparse.Namespace) -> int:
         try:
             data = _read_input(args.file)
         except OSError as exc:
-            _say(f"checkpoint restore: cannot read {args.file}: {exc.strerror or exc}")
+            say(f"checkpoint restore: cannot read {args.file}: {exc.strerror or exc}")
             return 2
         headers["content-type"] = "application/json"
     try:
@@ -139,19 +125,19 @@ def run_checkpoint_command(args: argparse.Namespace) -> int:
                 response = client.post(url, content=data, headers=headers)
     except httpx.HTTPError as exc:
         reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        _say(f"checkpoint {action}: cannot reach {url}: {reason}")
+        say(f"checkpoint {action}: cannot reach {url}: {reason}")
         return 2
     if response.status_code != 200:
-        _say(f"checkpoint {action}: HTTP {response.status_code}: {_detail(response)}")
+        say(f"checkpoint {action}: HTTP {response.status_code}: {_detail(response)}")
         return 2
     try:
         body = response.json()
     except ValueError:
-        _say(f"checkpoint {action}: the reply from {url} is not JSON")
+        say(f"checkpoint {action}: the reply from {url} is not JSON")
         return 2
     if action == "export":
         if not (isinstance(body, dict) and body.get("version") == 1):
-            _say(f"checkpoint export: the reply from {url} is not a checkpoint v1")
+            say(f"checkpoint export: the reply from {url} is not a checkpoint v1")
             return 2
         content = response.content.rstrip(b"\n") + b"\n"
         if args.file is None:
@@ -161,12 +147,12 @@ def run_checkpoint_command(args: argparse.Namespace) -> int:
             try:
                 _write_atomically(args.file, content)
             except OSError as exc:
-                _say(f"checkpoint export: cannot write {args.file}: {exc.strerror or exc}")
+                say(f"checkpoint export: cannot write {args.file}: {exc.strerror or exc}")
                 return 2
         return 0
     print(response.text, flush=True)
     conflicts = body.get("conflicts") if isinstance(body, dict) else None
     if conflicts:
-        _say(f"checkpoint restore: {len(conflicts)} record(s) conflicted and were not restored")
+        say(f"checkpoint restore: {len(conflicts)} record(s) conflicted and were not restored")
         return 1
     return 0

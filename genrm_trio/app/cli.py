@@ -27,12 +27,20 @@ from typing import Any, Final, NoReturn, TypeVar, final
 import trio
 
 from genrm_trio import __version__
+from genrm_trio.app.arguments import (
+    PROG,
+    finite_number,
+    non_negative,
+    port_number,
+    positive_int,
+    probability,
+    say,
+)
 from genrm_trio.app.checkpoint_cli import add_checkpoint_arguments
 from genrm_trio.app.logs import configure_logging
 from genrm_trio.app.watch import add_watch_commands
 from genrm_trio.config import ConfigError, Settings, load_settings
 
-PROG: Final = "genrm-trio"
 COMMANDS: Final = (
     "serve, demo, sim-judge, bench, checkpoint, gym-root, grafana-dashboard, prometheus-rules, "
     "prometheus-config or top"
@@ -87,62 +95,11 @@ class _DefaultsFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def _port(value: str) -> int:
-    try:
-        port = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {value!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in 0..65535 (0 picks a free port), got {port}")
-    return port
-
-
-def _non_negative(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-    if not (number >= 0 and number != float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {value}")
-    return number
-
-
-def _finite_number(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-    if number != number or number in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {value}")
-    return number
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
-    return number
-
-
-def _rate(value: str) -> float:
-    number = _non_negative(value)
-    if number > 1:
-        raise argparse.ArgumentTypeError(f"must be within [0, 1], got {value}")
-    return number
-
-
-def _say(line: str) -> None:
-    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
-
-
 def _config_error(exc: ConfigError | UsageError, file: str = FLAGS_FILE) -> int:
     if isinstance(exc, ConfigError):
-        _say(f"config error: {exc.file or file}: {exc.key}: {exc.message}")
+        say(f"config error: {exc.file or file}: {exc.key}: {exc.message}")
     else:
-        _say(f"config error: {file}: {exc.key}: {exc.message}")
+        say(f"config error: {file}: {exc.key}: {exc.message}")
     return 2
 
 
@@ -220,18 +177,18 @@ def run_service(load: Callable[[], Settings], *, sim: bool = False) -> int:
     except* ConfigError as group:
         code = _config_error(_first(group, ConfigError))
     except* ListenError as group:
-        _say(str(_first(group, ListenError)))
+        say(str(_first(group, ListenError)))
         code = 1
     except* StoreError as group:
         # Raised inside the serve nurseries (the store opens after the judge probe), so it
         # arrives wrapped; its message already names the file and the problem.
-        _say(str(_first(group, StoreError)))
+        say(str(_first(group, StoreError)))
         code = 1
     except* KeyboardInterrupt:
         code = 0  # a second Ctrl-C before the signal receiver was installed
     except* Exception as group:
         log.error("stopped by an unexpected error", exc_info=group)
-        _say(f"error: {_describe(group)}")
+        say(f"error: {_describe(group)}")
         code = 1
     return code
 
@@ -263,7 +220,10 @@ def _add_serve(sub: Any) -> None:
     parser.add_argument("--instance", metavar="NAME", help="Gym config: which genrm_compare block")
     parser.add_argument("--host", metavar="H", help="numeric bind address (default 127.0.0.1)")
     parser.add_argument(
-        "--port", metavar="P", type=_port, help="bind port (default 8100; 0 picks a free port)"
+        "--port",
+        metavar="P",
+        type=port_number,
+        help="bind port (default 8100; 0 picks a free port)",
     )
     judge = parser.add_mutually_exclusive_group()
     judge.add_argument(
@@ -283,7 +243,7 @@ def _add_serve(sub: Any) -> None:
     parser.add_argument(
         "--num-rollouts-per-prompt",
         metavar="N",
-        type=_positive_int,
+        type=positive_int,
         help="rollouts per group, as the trainer sends them (default 1: no grouping, no judging)",
     )
     parser.set_defaults(handler=_run_serve)
@@ -353,14 +313,14 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
         # Fail fast with the one-line message; hypercorn would nest the error and leak the socket.
         bind_socket(args.host, args.port).close()
     except ListenError as exc:
-        _say(str(exc))
+        say(str(exc))
         return 1
     code = 0
     try:
         with tuned_gc():
             trio.run(_sim_judge_main, served, args.host, args.port)
     except* OSError as group:
-        _say(f"cannot listen on {args.host}:{args.port}: {_first(group, OSError).strerror}")
+        say(f"cannot listen on {args.host}:{args.port}: {_first(group, OSError).strerror}")
         code = 1
     except* KeyboardInterrupt:
         code = 0
@@ -382,12 +342,14 @@ def _add_sim_judge(sub: Any) -> None:
         ),
     )
     parser.add_argument("--host", default="127.0.0.1", help="numeric bind address")
-    parser.add_argument("--port", type=_port, default=8000, help="bind port; 0 picks a free port")
-    parser.add_argument("--latency-ms", type=_non_negative, default=0.0, help="per-call latency")
-    parser.add_argument("--jitter-ms", type=_non_negative, default=0.0, help="uniform extra 0..J")
+    parser.add_argument(
+        "--port", type=port_number, default=8000, help="bind port; 0 picks a free port"
+    )
+    parser.add_argument("--latency-ms", type=non_negative, default=0.0, help="per-call latency")
+    parser.add_argument("--jitter-ms", type=non_negative, default=0.0, help="uniform extra 0..J")
     parser.add_argument("--seed", type=int, default=0, help="seed for jitter and random faults")
     parser.add_argument(
-        "--fault-rate", type=_rate, default=0.0, help="probability of a random fault per call"
+        "--fault-rate", type=probability, default=0.0, help="probability of a random fault per call"
     )
     parser.add_argument(
         "--fault-kind",
@@ -422,7 +384,7 @@ def _add_sim_judge(sub: Any) -> None:
     )
     parser.add_argument(
         "--capacity",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="K",
         help=(
@@ -443,20 +405,20 @@ def _add_sim_judge(sub: Any) -> None:
     )
     parser.add_argument(
         "--judgment-noise",
-        type=_non_negative,
+        type=non_negative,
         default=None,
         help="noise sd of the judgment (comparative) or of each score (pointwise); "
         "default: the family's (1.11, 0.75)",
     )
     parser.add_argument(
         "--judgment-bias",
-        type=_finite_number,
+        type=finite_number,
         default=None,
         help="position bias toward the first answer; default: the family's (0.57, 0.90)",
     )
     parser.add_argument(
         "--judgment-beta",
-        type=_non_negative,
+        type=non_negative,
         default=None,
         help="pointwise preference sharpness beta; default: 1.57",
     )
@@ -595,7 +557,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         # What argparse prints for a missing required argument: the usage line, then the error.
         parser.print_usage(sys.stderr)
-        _say(f"error: a command is required: {COMMANDS} ({PROG} --help describes them)")
+        say(f"error: a command is required: {COMMANDS} ({PROG} --help describes them)")
         return 2
     if args.command in ("serve", "sim-judge"):
         configure_logging(logging.INFO)

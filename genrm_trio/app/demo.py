@@ -27,6 +27,7 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from genrm_trio.app.bench.payloads import policy_response
 from genrm_trio.app.serve import bind_socket, serve_app
 from genrm_trio.config import Settings, settings_from_mapping
 from genrm_trio.engine.engine import open_engine
@@ -100,23 +101,6 @@ def _answer(group: int, rollout: int) -> str:
     return text
 
 
-def _policy_response(text: str) -> dict[str, Any]:
-    return {
-        "id": f"resp_{uuid.uuid4().hex}",
-        "object": "response",
-        "model": "policy",
-        "output": [
-            {
-                "id": f"msg_{uuid.uuid4().hex}",
-                "type": "message",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
-            }
-        ],
-    }
-
-
 def verify_body(group: int, rollout: int, group_id: str) -> dict[str, Any]:
     """The `/verify` body of one demo rollout, shaped like NeMo Gym's simple agent's."""
     return {
@@ -125,7 +109,7 @@ def verify_body(group: int, rollout: int, group_id: str) -> dict[str, Any]:
             "tools": [],
             "parallel_tool_calls": False,
         },
-        "response": _policy_response(_answer(group, rollout)),
+        "response": policy_response(_answer(group, rollout)),
         "_ng_task_index": group,
         "_ng_group_id": group_id,
         "_ng_group_attempt": 0,

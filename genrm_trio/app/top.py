@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any, Final
@@ -22,30 +21,16 @@ import httpx
 from rich.console import Console, RenderableType
 from rich.live import Live
 
+from genrm_trio.app.arguments import say, seconds_within
 from genrm_trio.app.top_frame import FetchFailed, Snapshot, Watcher, frame, parse_metrics
 
 __all__ = ["MAX_REPLY_BYTES", "add_top_arguments", "fetch", "run_top"]
 
-PROG: Final = "genrm-trio"
 DEFAULT_URL: Final = "http://127.0.0.1:8100"
 MAX_REPLY_BYTES: Final = 64 * 2**20
 """The most of one reply top reads (`/cohorts` of a full server is a few MiB)."""
 REQUEST_TIMEOUT_S: Final = 5.0
 _REASON_CHARS: Final = 300
-
-
-def _say(line: str) -> None:
-    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
-
-
-def _positive(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-    if not (0.1 <= number <= 3600):
-        raise argparse.ArgumentTypeError(f"must be within [0.1, 3600] seconds, got {value}")
-    return number
 
 
 def add_top_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +44,10 @@ def add_top_arguments(parser: argparse.ArgumentParser) -> None:
         "--api-key-env", metavar="ENV", help="variable holding the server's bearer token"
     )
     parser.add_argument(
-        "--interval", type=_positive, default=1.0, help="seconds between frames (default: 1)"
+        "--interval",
+        type=seconds_within(0.1, 3600),
+        default=1.0,
+        help="seconds between frames (default: 1)",
     )
     parser.add_argument(
         "--once", action="store_true", help="print one frame and exit (0 if the server answered)"
@@ -143,11 +131,11 @@ def run_top(args: argparse.Namespace) -> int:
     if args.api_key_env:
         token = os.environ.get(args.api_key_env, "")
         if not token:
-            _say(f"top: environment variable {args.api_key_env} is unset or empty")
+            say(f"top: environment variable {args.api_key_env} is unset or empty")
             return 2
     url: str = args.url
     if not url.startswith(("http://", "https://")):
-        _say(f"top: --url must start with http:// or https://, got {url!r}")
+        say(f"top: --url must start with http:// or https://, got {url!r}")
         return 2
     console = Console()
     watcher = Watcher(url)

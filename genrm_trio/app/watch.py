@@ -32,7 +32,6 @@ __all__ = [
     "scrape_config",
 ]
 
-PROG: Final = "genrm-trio"
 JOB_NAME: Final = "genrm-trio"
 """The scrape job of `prometheus-config`; the rules' GenRMTrioDown and GenRMTrioAbsent select it."""
 DASHBOARD_FILE: Final = "grafana-dashboard.json"

@@ -201,13 +201,7 @@ class SimCore:
         """Two seeded uniforms in [0, 1) for this call: (fault, jitter)."""
         if self.config.fault_rate == 0 and self.config.jitter_s == 0:
             return 1.0, 0.0  # nothing is drawn: skip the hashing and the occurrence table
-        content = hashlib.sha256()
-        for part in (call.response_1, call.response_2, call.principle or ""):
-            content.update(answer_digest(part))
-        for message in call.history:
-            content.update(answer_digest(message.get("role", "")))
-            content.update(answer_digest(message.get("content", "")))
-        key = content.digest()
+        key = call_key(call)  # the same digest the judgment mode draws from
         if len(self._occurrences) >= _OCCURRENCE_CAP and key not in self._occurrences:
             self._occurrences.clear()
         occurrence = self._occurrences.get(key, 0)

@@ -1,0 +1,49 @@
+"""What the in-process benchmarks share (a helper, not a benchmark): the rollout they send to
+`open_engine` and the commit a results file records.
+
+Imported by budget_escalation.py and reward_quality.py, which put this folder on `sys.path` first
+(so that the tests can load them by path too).
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+from genrm_trio import VerifyInput
+
+
+def answer(group: int, index: int) -> str:
+    """Rollout `index` of group `group`: distinct per rollout, tagged `[gG:I]` at its start."""
+    return f"[g{group}:{index}] The answer, worked through step by step, is {group * 31 + index}."
+
+
+def verify_input(group: int, index: int, prompt: str) -> VerifyInput:
+    """The `/verify` input of `answer(group, index)` in group `g{group}` (attempt 0)."""
+    return VerifyInput(
+        input=[{"role": "user", "content": prompt, "type": "message"}],
+        response={
+            "id": f"resp-{group}-{index}",
+            "output": [
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": answer(group, index)}],
+                }
+            ],
+        },
+        group_id=f"g{group}",
+        group_attempt=0,
+        group_attempt_given=True,
+        rollout_index=index,
+    )
+
+
+def git_commit() -> str:
+    """The checkout's short HEAD, or "unknown" outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip()

@@ -1,0 +1,101 @@
+"""What every `genrm-trio` command shares: the program name, its one-line stderr messages, and
+the argparse types of numeric flags (each rejects a value with one line saying what it takes;
+cli.py's parser reports it as `genrm-trio: config error: <flags>: --flag: message`)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+from typing import Final
+
+__all__ = [
+    "PROG",
+    "finite_number",
+    "non_negative",
+    "port_number",
+    "positive",
+    "positive_int",
+    "probability",
+    "say",
+    "seconds_within",
+]
+
+PROG: Final = "genrm-trio"
+
+
+def say(line: str) -> None:
+    """One line on stderr, prefixed with the program name."""
+    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+
+
+def _float(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+
+
+def _int(value: str, what: str = "an integer") -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not {what}: {value!r}") from None
+
+
+def port_number(value: str) -> int:
+    number = _int(value, "a port number")
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535 (0 picks a free port), got {number}")
+    return number
+
+
+def positive_int(value: str) -> int:
+    number = _int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
+    return number
+
+
+def finite_number(value: str) -> float:
+    number = _float(value)
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {value}")
+    return number
+
+
+def non_negative(value: str) -> float:
+    number = _float(value)
+    if not (math.isfinite(number) and number >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {value}")
+    return number
+
+
+def positive(value: str) -> float:
+    number = _float(value)
+    if not (math.isfinite(number) and number > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {value}")
+    return number
+
+
+def probability(value: str) -> float:
+    """A probability: a number within [0, 1]."""
+    number = non_negative(value)
+    if number > 1:
+        raise argparse.ArgumentTypeError(f"must be within [0, 1], got {value}")
+    return number
+
+
+def seconds_within(low: float, high: float) -> Callable[[str], float]:
+    """A number of seconds within [low, high]."""
+
+    def seconds(value: str) -> float:
+        number = _float(value)
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be within [{low:g}, {high:g}] seconds, got {value}"
+            )
+        return number
+
+    return seconds
