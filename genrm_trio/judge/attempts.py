@@ -120,7 +120,12 @@ class Comparator:
         self._settings = settings
         self._metrics = metrics
         self._rng = rng if rng is not None else random.Random()
-        self._limiter = JudgeQueue(settings.judge.total_concurrency, metrics)
+        self._limiter = JudgeQueue(
+            settings.judge.total_concurrency,
+            metrics,
+            # a fleet with replicas out places fewer: the rest wait here, not inside the fleet
+            capacity=None if self._fleet is None else self._fleet.capacity,
+        )
         self._timeout = settings.judge_request_timeout_s
         self._attempts = settings.attempts
         params = settings.judge_create_params
