@@ -15,8 +15,8 @@ A group is a :class:`QueueGroup`; it is promoted (:meth:`QueueGroup.mark_complet
 member arrives, and its waiting attempts move to the complete class at once. Each comparison has a
 :class:`QueueTicket`, its place: its group and the moment it became ready. A retry waits with the
 same ticket, so it keeps its group's place instead of going to the back. A `/compare` batch is
-complete from the start (its members arrive together): a comparison without a ticket gets one of
-a fresh complete group.
+one group, complete from the start (its members arrive together; engine/compare.py); a
+comparison without a ticket gets one of a fresh complete group.
 
 The queue sits where the priority is known only if it is where calls wait, so
 `judge.max_concurrency` should be the judge's real capacity (vLLM's `max_num_seqs` x replicas):
