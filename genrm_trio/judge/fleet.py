@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Final, final
 
@@ -472,9 +472,6 @@ class JudgeFleet:
             # bounded: a replica's close drops idle connections; one second caps it anyway
             with trio.CancelScope(shield=True, deadline=trio.current_time() + 1.0):
                 await replica.judge.aclose()
-
-
-ReplicaSource = Callable[[], Sequence[ReplicaStats]]
 
 
 def make_judge(settings: Settings, *, backend: NetworkBackend | None = None) -> Judge:
