@@ -244,7 +244,7 @@ class Comparator:
         """Judge one pair within the shared budget; raise JudgeError when the comparison fails.
 
         Every attempt waits for its slot with ``ticket``, the comparison's place in the judge
-        queue (None: a fresh complete group, as for `/compare`)."""
+        queue (None: one of a fresh complete group; `/compare` passes its batch's)."""
         if self._rubric and expected_rubric_ids is None:
             raise ValueError("score_source=rubric_mean requires expected_rubric_ids")
         self._active += 1
