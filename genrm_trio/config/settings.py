@@ -265,7 +265,8 @@ class JudgeSettings(_Strict):
 
     @property
     def total_concurrency(self) -> int:
-        """Judge calls in flight at once: `max_concurrency`, or the replicas' caps if lower."""
+        """Judge calls in flight at once: `max_concurrency`, or the replicas' caps if lower (and
+        while replicas are ejected, only the caps of those in service: `JudgeFleet.capacity`)."""
         cap = self.max_concurrency_per_replica
         if cap is None or not self.fleet:
             return self.max_concurrency

@@ -4,7 +4,9 @@ docs/differences.md, D40 / D27).
 
 :class:`Comparisons` runs the batches of one engine: the first judge error cancels the batch's
 other comparisons and becomes its :class:`CompareFailed`; the deadline and the engine's shutdown
-do too. A disconnect cancels the caller's task, and so its judge calls.
+do too. A disconnect cancels the caller's task, and so its judge calls. In the judge queue a
+batch is one group, complete from the start (its inputs arrive together), its comparisons in
+plan order.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from genrm_trio.engine.exceptions import sole_leaf
 from genrm_trio.engine.keys import RUBRIC_REQUIRED
 from genrm_trio.judge.attempts import Comparator
 from genrm_trio.judge.base import JudgeError
+from genrm_trio.judge.queue import QueueTicket
 from genrm_trio.metrics import Metrics
 
 __all__ = ["Comparisons"]
@@ -86,6 +89,10 @@ class Comparisons:
         timeout = s.cohort_evaluation_timeout_s
         scope = trio.CancelScope(deadline=trio.current_time() + timeout)
         self._compare_scopes.add(scope)
+        # The batch is one complete group in the judge queue; each comparison's place is taken
+        # here, in plan order (its task may start in any order).
+        queue = self._comparator.limiter
+        batch = queue.group(complete=True)
         try:
             with scope:
                 async with trio.open_nursery() as nursery:
@@ -96,6 +103,7 @@ class Comparisons:
                             c,
                             planned,
                             item.expected_rubric_ids,
+                            queue.ticket(batch),
                             first_error,
                             nursery.cancel_scope,
                         )
@@ -127,6 +135,7 @@ class Comparisons:
         c: int,
         planned: PlannedComparison,
         rubric_ids: tuple[int, ...] | None,
+        ticket: QueueTicket,
         first_error: list[JudgeError],
         siblings: trio.CancelScope,
     ) -> None:
@@ -136,6 +145,7 @@ class Comparisons:
                 pair=planned.pair,
                 judge_pass=planned.k,
                 expected_rubric_ids=rubric_ids,
+                ticket=ticket,
             )
         except JudgeError as error:
             if not first_error:

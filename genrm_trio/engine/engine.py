@@ -590,9 +590,6 @@ class Engine:
                     self.metrics.reward_latency_seconds.observe(now - cohort.complete_at)
             cohort.release()
 
-    def _judge_principle(self, principle: str | None) -> str | None:
-        return judge_principle(self.settings, principle)
-
     def _new_run(self, cohort: Cohort) -> _GroupRun:
         """The cohort's comparisons (known from its creation: size, strategy, key) and its place
         in the judge queue; the judge texts are set once the group is complete
@@ -614,7 +611,7 @@ class Engine:
             plan, index = self._shared_plan
             slots = cohort.size
         evaluation = Evaluation(
-            plan, [""] * slots, cohort.history, self._judge_principle(cohort.principle)
+            plan, [""] * slots, cohort.history, judge_principle(s, cohort.principle)
         )
         cohort.history = []  # the evaluation has its own copy from now on
         if s.eager_comparisons:

@@ -29,10 +29,10 @@ request; the shared shape's cost grows with live cohorts while this one's does n
 per-cohort Machine holds 100x the memory.
 
 So a single module-level :data:`MACHINE` is built with ``model=None`` and never learns about
-cohorts: the typed wrappers :func:`start_judging`, :func:`publish` and :func:`fail` call
-``MACHINE.events[name].trigger(cohort, ...)``. Callbacks are named by string and resolved on the
-cohort passed in, conditions included, so there is no per-cohort registration, no
-``add_model`` list scan and no per-cohort ``Machine``. Every callback receives the
+cohorts: the typed wrappers :func:`start_comparisons`, :func:`start_judging`, :func:`publish` and
+:func:`fail` call ``MACHINE.events[name].trigger(cohort, ...)``. Callbacks are named by string and
+resolved on the cohort passed in, conditions included, so there is no per-cohort registration,
+no ``add_model`` list scan and no per-cohort ``Machine``. Every callback receives the
 ``EventData`` (``send_event=True``). Models must use identity equality (``transitions``
 compares models with ``==`` in ``add_model``/``remove_model``; cohorts never rely on it, but
 they keep identity equality so that containers never confuse two cohorts with equal content).

@@ -120,7 +120,12 @@ class Comparator:
         self._settings = settings
         self._metrics = metrics
         self._rng = rng if rng is not None else random.Random()
-        self._limiter = JudgeQueue(settings.judge.total_concurrency, metrics)
+        self._limiter = JudgeQueue(
+            settings.judge.total_concurrency,
+            metrics,
+            # a fleet with replicas out places fewer: the rest wait here, not inside the fleet
+            capacity=None if self._fleet is None else self._fleet.capacity,
+        )
         self._timeout = settings.judge_request_timeout_s
         self._attempts = settings.attempts
         params = settings.judge_create_params
@@ -239,7 +244,7 @@ class Comparator:
         """Judge one pair within the shared budget; raise JudgeError when the comparison fails.
 
         Every attempt waits for its slot with ``ticket``, the comparison's place in the judge
-        queue (None: a fresh complete group, as for `/compare`)."""
+        queue (None: one of a fresh complete group; `/compare` passes its batch's)."""
         if self._rubric and expected_rubric_ids is None:
             raise ValueError("score_source=rubric_mean requires expected_rubric_ids")
         self._active += 1

@@ -271,6 +271,11 @@ class ReplicaReporting(Protocol):
 
     def replica_stats(self) -> list[ReplicaStats]: ...
 
+    def capacity(self) -> int | None:
+        """Attempts it can place at once now (its replicas in service), or None: no limit of its
+        own. The judge queue hands out no more slots than this."""
+        ...
+
     def held_back_for(self) -> float | None:
         """Seconds until a replica may take a call again when every one the next attempt could
         go to is holding back after a `Retry-After`; None when one can take it now."""

@@ -6,7 +6,11 @@ its own keep-alive pool). Every attempt goes to one replica:
 
 - **routing**: the replica with the fewest attempts in flight, ties broken round robin, skipping
   ejected replicas, replicas at `judge.max_concurrency_per_replica`, and, while another can take
-  the attempt, replicas holding back after a `Retry-After` they sent (D44);
+  the attempt, replicas holding back after a `Retry-After` they sent (D44). With that cap the
+  fleet tells the judge queue how many attempts it can place now (`capacity`: the replicas in
+  service, and a trial of each ejected one due it), so attempts wait for a replica in the queue,
+  by priority, outside their attempt deadline; an attempt that still finds every replica full
+  (one ejected between its slot and its choice) waits here for a finished call;
 - **failover**: an attempt whose `JudgeCall.avoid_replica` names a replica (the `Comparator`
   sets it after a failure there) goes to another one when any is available;
 - **ejection**: a replica whose last `judge.eject_after_failures` finished attempts all failed
@@ -37,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Final, final
 
@@ -226,6 +230,25 @@ class JudgeFleet:
                 return picked
             # Every replica is at judge.max_concurrency_per_replica: wait for a finished call.
             await self._lot.park()
+
+    def capacity(self) -> int | None:
+        """Attempts the fleet can place at once now: `max_concurrency_per_replica` for each
+        replica in service and one for each ejected replica due a trial (every replica's when
+        all are ejected: attempts still go out then); None without a cap. The judge queue hands
+        out no more slots than this, so that an attempt never waits here for a replica."""
+        cap = self._cap
+        if cap is None:
+            return None
+        now = trio.current_time()
+        serving = trials = 0
+        for replica in self._replicas:
+            if not replica.ejected:
+                serving += 1
+            elif now >= replica.eject_until and replica.in_flight == 0:
+                trials += 1
+        if not serving:
+            return cap * len(self._replicas)
+        return cap * serving + trials
 
     def held_back_for(self) -> float | None:
         """Seconds until a replica may take a call again when every one an attempt could go to
@@ -449,9 +472,6 @@ class JudgeFleet:
             # bounded: a replica's close drops idle connections; one second caps it anyway
             with trio.CancelScope(shield=True, deadline=trio.current_time() + 1.0):
                 await replica.judge.aclose()
-
-
-ReplicaSource = Callable[[], Sequence[ReplicaStats]]
 
 
 def make_judge(settings: Settings, *, backend: NetworkBackend | None = None) -> Judge:

@@ -15,12 +15,16 @@ A group is a :class:`QueueGroup`; it is promoted (:meth:`QueueGroup.mark_complet
 member arrives, and its waiting attempts move to the complete class at once. Each comparison has a
 :class:`QueueTicket`, its place: its group and the moment it became ready. A retry waits with the
 same ticket, so it keeps its group's place instead of going to the back. A `/compare` batch is
-complete from the start (its members arrive together): a comparison without a ticket gets one of
-a fresh complete group.
+one group, complete from the start (its members arrive together; engine/compare.py); a
+comparison without a ticket gets one of a fresh complete group.
 
 The queue sits where the priority is known only if it is where calls wait, so
 `judge.max_concurrency` should be the judge's real capacity (vLLM's `max_num_seqs` x replicas):
-above it, the judge's own first-in first-out queue decides instead.
+above it, the judge's own first-in first-out queue decides instead. For the same reason a fleet
+with `judge.max_concurrency_per_replica` tells the queue what it can take *now* (`capacity`,
+`JudgeFleet.capacity`): while replicas are ejected only the others' slots are handed out, so a
+call no replica can take waits here, by priority and before its attempt deadline starts, rather
+than inside the fleet holding a slot.
 
 Waiting for a slot is never a failed attempt (D13). A cancelled waiter leaves the queue; a slot
 handed to a waiter that is cancelled in the same moment is passed on. Two heaps with lazy deletion
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal, final
 
@@ -97,7 +102,7 @@ class _Waiter:
 @final
 @dataclass(frozen=True, slots=True)
 class QueueStatistics:
-    total: int  # slots (judge.max_concurrency, or the fleet's total)
+    total: int  # slots (judge.max_concurrency, or the fleet's total when its replicas serve)
     in_use: int
     waiting_complete: int
     waiting_collecting: int
@@ -119,10 +124,18 @@ class JudgeQueue:
     once waited 0).
     """
 
-    def __init__(self, total: int, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        total: int,
+        metrics: Metrics,
+        *,
+        capacity: Callable[[], int | None] | None = None,
+    ) -> None:
         if total < 1:
             raise ValueError("a judge queue needs at least one slot")
         self._total = total
+        # the slots usable now, when the judge says (a fleet with replicas out); None: `total`
+        self._capacity = capacity
         self._metrics = metrics
         self._in_use = 0
         self._ready = itertools.count()
@@ -168,19 +181,30 @@ class JudgeQueue:
             promotions=self._promotions,
         )
 
+    def _free(self) -> bool:
+        """A slot may be handed out now."""
+        limit = self._total
+        if self._capacity is not None:
+            now = self._capacity()
+            if now is not None and now < limit:
+                limit = now
+        return self._in_use < limit
+
     async def acquire(self, ticket: QueueTicket) -> None:
         """Take a slot, waiting by priority when none is free. Pair with :meth:`release`."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        metrics = self._metrics
-        if self._in_use < self._total:  # then nobody waits: slots are handed over on release
+        live = self._live
+        if not live["complete"] and not live["collecting"] and self._free():
             self._in_use += 1
             self._granted[ticket.priority] += 1
-            metrics.judge_queue_wait_seconds.labels(priority=ticket.priority).observe(0.0)
+            self._metrics.judge_queue_wait_seconds.labels(priority=ticket.priority).observe(0.0)
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
         waiter = _Waiter(ticket, trio.current_time())
         self._push(waiter)
         ticket.group.waiting.add(waiter)
+        # Slots are handed out on release; a capacity that grew meanwhile is used from here too.
+        self._grant()
         try:
             await waiter.event.wait()
         except BaseException:
@@ -191,22 +215,29 @@ class JudgeQueue:
             raise
 
     def release(self) -> None:
-        """Give the slot back: to the best waiting attempt, else to the pool."""
-        waiter = self._pop()
-        if waiter is None:
-            self._in_use -= 1
-            return
-        priority = waiter.priority
-        assert priority is not None
-        self._live[priority] -= 1
-        self._granted[priority] += 1
-        waiter.priority = None
-        waiter.granted = True
-        waiter.ticket.group.waiting.discard(waiter)
-        self._metrics.judge_queue_wait_seconds.labels(priority=priority).observe(
-            trio.current_time() - waiter.since
-        )
-        waiter.event.set()
+        """Give the slot back: to the best waiting attempts the capacity admits, else to the
+        pool."""
+        self._in_use -= 1
+        self._grant()
+
+    def _grant(self) -> None:
+        """Hand free slots to the best waiting attempts."""
+        while self._free():
+            waiter = self._pop()
+            if waiter is None:
+                return
+            priority = waiter.priority
+            assert priority is not None
+            self._in_use += 1
+            self._live[priority] -= 1
+            self._granted[priority] += 1
+            waiter.priority = None
+            waiter.granted = True
+            waiter.ticket.group.waiting.discard(waiter)
+            self._metrics.judge_queue_wait_seconds.labels(priority=priority).observe(
+                trio.current_time() - waiter.since
+            )
+            waiter.event.set()
 
     # --- the heaps ----------------------------------------------------------------------------
 

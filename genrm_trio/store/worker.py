@@ -19,10 +19,11 @@ class Worker:
     """One long-lived thread that runs blocking calls for trio, one at a time, in order.
 
     Why not ``trio.to_thread.run_sync``: the store's calls must run in order, one at a time, on
-    one ``sqlite3`` connection, and trio's pool gives neither without a limiter. The connection
-    is opened with ``check_same_thread=False`` because it is opened in trio's thread pool and
-    then used only here: this thread is what keeps it to one thread at a time. It is also
-    cheaper per call than trio's pool (docs/benchmarks.md, "The store's worker thread").
+    one ``sqlite3`` connection, and trio's pool gives neither without a limiter. The store opens
+    its connection in this thread (``store/sqlite.py``, ``_open``), which then owns it, so
+    ``sqlite3``'s ``check_same_thread`` stays on and would catch a call from any other thread.
+    It is also cheaper per call than trio's pool (docs/benchmarks.md, "The store's worker
+    thread").
 
     A call, once queued, always runs to completion. Cancelling :meth:`run` abandons the wait,
     never the call: it still runs, in order, and later calls queue behind it, so the caller

@@ -132,7 +132,7 @@ def _cholesky_solve(
     rows: list[list[float]], first: Sequence[int], b: Sequence[float]
 ) -> list[float]:
     """x with A·x = b, A symmetric positive definite given by its envelope ``rows``
-    (`_negated_hessian`): the lower factor L (its entries stay inside the envelope), then
+    (`_derivatives`): the lower factor L (its entries stay inside the envelope), then
     L z = b and Lᵀ x = z. A circular graph's envelope is two entries a row plus one full row,
     so this is O(N) there and the dense O(N³/3) only for all_pairs. A non-positive pivot (only
     from nan or inf entries) gives nan."""
