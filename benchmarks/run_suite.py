@@ -751,12 +751,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--label-suffix", default="", help="appended to every result label")
     parser.add_argument(
+        "--server-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more config key for every server (VALUE read as YAML), e.g. "
+        "eager_comparisons=false",
+    )
+    parser.add_argument(
         "--lean-server",
         action="store_true",
         help="experiment: serve the app on h1 instead of hypercorn (benchmarks/lean_serve.py)",
     )
     args = parser.parse_args(argv)
     global SERVER_PYTHONPATH, LEAN_SERVER
+    for item in args.server_set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--server-set wants KEY=VALUE, got {item!r}")
+        SHIPPED[key] = yaml.safe_load(value)
     if args.server_src is not None:
         SERVER_PYTHONPATH = str(args.server_src.resolve())
     LEAN_SERVER = args.lean_server
