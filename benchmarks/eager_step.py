@@ -273,8 +273,8 @@ def run_http(cell: Cell, mode: str, seed: int, log_dir: Path) -> Step:
 async def _http_step(
     cell: Cell, times: list[list[float]], url: str, judge_url: str, bench: Any, httpx: Any
 ) -> Step:
-    bench._raise_fd_limit(cell.comparisons + 64)
-    pool = bench._HttpPool(url, 3600.0, {})
+    bench.raise_fd_limit(cell.comparisons + 64)
+    pool = bench.HttpPool(url, 3600.0, {})
     run_id = time.monotonic_ns()  # fresh group ids: a server's retained records never replay
     bodies = [
         [

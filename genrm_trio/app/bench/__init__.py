@@ -13,6 +13,7 @@ the box's busy CPU), ``output`` (the command line).
 
 from __future__ import annotations
 
+from genrm_trio.app.bench.client import HttpPool
 from genrm_trio.app.bench.output import BENCH_DESCRIPTION, add_bench_arguments, run_bench_command
 from genrm_trio.app.bench.payloads import answer_text, policy_response, verify_body
 from genrm_trio.app.bench.runner import (
@@ -21,6 +22,7 @@ from genrm_trio.app.bench.runner import (
     BenchReport,
     no_group_hint,
     nothing_judged,
+    raise_fd_limit,
     rollouts_mismatch,
     run_bench,
 )
@@ -30,11 +32,13 @@ __all__ = [
     "BenchConfig",
     "BenchError",
     "BenchReport",
+    "HttpPool",
     "add_bench_arguments",
     "answer_text",
     "no_group_hint",
     "nothing_judged",
     "policy_response",
+    "raise_fd_limit",
     "rollouts_mismatch",
     "run_bench",
     "run_bench_command",

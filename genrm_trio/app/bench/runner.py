@@ -33,6 +33,7 @@ __all__ = [
     "Mode",
     "no_group_hint",
     "nothing_judged",
+    "raise_fd_limit",
     "rollouts_mismatch",
     "run_bench",
 ]
@@ -113,7 +114,7 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
 _TRANSPORT_ERRORS = (httpx.RequestError, trio.TooSlowError)
 
 
-def _raise_fd_limit(needed: int) -> None:
+def raise_fd_limit(needed: int) -> None:
     """One connection per request in flight: lift the soft open-file limit when it is short."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:
@@ -316,7 +317,7 @@ async def run_bench(
     headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     per_group = cfg.rollouts if cfg.mode == "verify" else 1
     in_flight = per_group * (cfg.groups if cfg.rate is not None else cfg.concurrency)
-    _raise_fd_limit(in_flight + 64)
+    raise_fd_limit(in_flight + 64)
     pool = HttpPool(cfg.url, cfg.timeout_s, headers)
     tally = _Tally()
     run_group = _run_verify_group if cfg.mode == "verify" else _run_compare_group
