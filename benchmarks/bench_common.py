@@ -1,5 +1,6 @@
 """What the in-process benchmarks share (a helper, not a benchmark): the rollout they send to
-`open_engine` and the commit a results file records.
+`open_engine`, the simulated judge wrapped to count or fail calls, and the commit a results file
+records.
 
 Imported by budget_escalation.py and reward_quality.py, which put this folder on `sys.path` first
 (so that the tests can load them by path too).
@@ -10,6 +11,30 @@ from __future__ import annotations
 import subprocess
 
 from genrm_trio import VerifyInput
+from genrm_trio.judge.base import JudgeCall, JudgeReply
+from genrm_trio.testing import SimJudge
+
+
+class WrappedSim:
+    """A `Judge` in front of a `SimJudge`: its endpoint, path and close; a subclass's `attempt`
+    adds what it measures or injects."""
+
+    def __init__(self, sim: SimJudge) -> None:
+        self._sim = sim
+
+    @property
+    def endpoint(self) -> str:
+        return self._sim.endpoint
+
+    @property
+    def path(self) -> str:
+        return self._sim.path
+
+    async def attempt(self, call: JudgeCall) -> JudgeReply:
+        return await self._sim.attempt(call)
+
+    async def aclose(self) -> None:
+        await self._sim.aclose()
 
 
 def answer(group: int, index: int) -> str:

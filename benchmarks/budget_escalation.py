@@ -47,7 +47,7 @@ from genrm_trio.testing import SimConfig, SimJudge
 from genrm_trio.testing.verdicts import LENGTH_PRESETS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import git_commit, verify_input
+from bench_common import WrappedSim, git_commit, verify_input
 
 SIZE: Final = 16
 PROMPT: Final = "Compare the two answers to the user's question and decide which is better."
@@ -106,21 +106,13 @@ class GroupTally:
     escalated: set[tuple[int, int]] = field(default_factory=set)
 
 
-class CountingJudge:
+class CountingJudge(WrappedSim):
     """The simulated judge, tallying each group's attempts and reported output tokens."""
 
     def __init__(self, sim: SimJudge, budget: int) -> None:
-        self._sim = sim
+        super().__init__(sim)
         self._budget = budget
         self.groups: dict[int, GroupTally] = {}
-
-    @property
-    def endpoint(self) -> str:
-        return self._sim.endpoint
-
-    @property
-    def path(self) -> str:
-        return self._sim.path
 
     async def attempt(self, call: JudgeCall) -> JudgeReply:
         reply = await self._sim.attempt(call)
@@ -136,9 +128,6 @@ class CountingJudge:
         if (call.max_output_tokens or 0) > self._budget:
             tally.escalated.add(key)
         return reply
-
-    async def aclose(self) -> None:
-        await self._sim.aclose()
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,7 +67,7 @@ from genrm_trio.testing.judgment import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import answer, git_commit, verify_input
+from bench_common import WrappedSim, answer, git_commit, verify_input
 
 SIZE: Final = 16
 PROMPT: Final = "Which of the two answers solves the task better?"
@@ -350,22 +350,15 @@ def run_cells(
 # --- the engine cross-check -------------------------------------------------------------------
 
 
-class FailingJudge:
+class FailingJudge(WrappedSim):
     """The in-process simulated judge in judgment mode, failing each call whose failure draw
     (the same function of its content as the direct path's) is below ``rate``."""
 
     def __init__(self, sim: SimJudge, seed: int, rate: float) -> None:
-        self._sim, self._seed, self._rate = sim, seed, rate
+        super().__init__(sim)
+        self._seed, self._rate = seed, rate
         self._seen: dict[bytes, int] = {}
         self.calls = 0
-
-    @property
-    def endpoint(self) -> str:
-        return self._sim.endpoint
-
-    @property
-    def path(self) -> str:
-        return self._sim.path
 
     async def attempt(self, call: JudgeCall) -> JudgeReply:
         self.calls += 1
@@ -376,9 +369,6 @@ class FailingJudge:
         if failure_draw(self._seed, key, occurrence) < self._rate:
             raise JudgeHTTPError(500, b"judge down")
         return reply
-
-    async def aclose(self) -> None:
-        await self._sim.aclose()
 
 
 COMPARED: Final = (
