@@ -136,6 +136,8 @@ def start_server(
     path = log_dir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     args = ["serve", "--config", str(path), "--port", "0", "--judge-url", judge_url, *extra]
+    if "api" not in (config.get("judge") or {}):
+        args += ["--judge-api", "genrm_model"]  # the simulated judge serves every judge API
     lean = [sys.executable, str(ROOT / "benchmarks" / "lean_serve.py")] if LEAN_SERVER else None
     if lean is None and SERVER_PYTHONPATH is not None:
         # -P: not the working directory (this checkout) first on sys.path, but PYTHONPATH's
