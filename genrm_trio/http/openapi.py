@@ -255,7 +255,7 @@ def openapi_document(*, title: str, version: str, auth: bool) -> dict[str, Any]:
             "Active cohorts, oldest first", {"type": "array", "items": ref(CohortInfo)}
         ),
         "/judge/replicas": get(
-            "Per-replica counters of a judge fleet ([] for one judge)",
+            "Per-replica counters of the judge: one row per base URL ([] for a simulated judge)",
             {"type": "array", "items": {"type": "object"}},
         ),
         "/metrics": {
