@@ -114,6 +114,7 @@ def test_every_top_level_default() -> None:
         "max_terminal_cohorts": 4096,
         "comparison_mode": "rollout_cohort",
         "comparison_strategy": "circular",
+        "comparisons_per_rollout": 4,
         "num_judges_per_comparison": 1,
         "use_principle": False,
         "default_principle": DEFAULT_PRINCIPLE,
@@ -309,7 +310,7 @@ def test_port_range_accepted(port: int) -> None:
 
 LITERALS: dict[str, tuple[str, ...]] = {
     "comparison_mode": ("rollout_cohort", "fixed_baseline"),
-    "comparison_strategy": ("all_pairs", "circular"),
+    "comparison_strategy": ("all_pairs", "circular", "regular"),
     "aggregator_method": ("simple_tiebreaker",),
     "score_source": ("overall", "rubric_mean"),
     "position_balance": ("none", "alternate"),

@@ -547,7 +547,7 @@ class TestVocabularies:
         assert frozenset(get_args(PositionBalance)) == pairs_module._BALANCES
         for strategy in get_args(ComparisonStrategy):
             for balance in get_args(PositionBalance):
-                assert plan_comparisons(3, strategy, 1, balance)
+                assert plan_comparisons(5, strategy, 1, balance)  # d = 4 fits N = 5
 
     def test_every_mask_policy_is_a_rule(self) -> None:
         plan = plan_comparisons(3, "circular", 1)
