@@ -2,7 +2,9 @@
 
 Random groups (size, strategy, judge passes, position balance, fixed baseline, attempts, judge
 slots), random arrival orders and times, and random verdict outcomes per shown pair (a verdict,
-a judge failure, an unparsable reply) with random latencies, each run with
+a judge failure, an unparsable reply, a first attempt answered 429 with or without a
+`Retry-After` that may or may not fit the group deadline, at any point of collection, then a
+verdict) with random latencies, each run with
 `eager_comparisons: true` and `false` in virtual time: every member gets the same reply (rows,
 rewards, masks and per-group metrics; only the eager row's own share of comparisons done early is
 added), and every comparison is judged the same number of times.
@@ -24,6 +26,7 @@ from trio.testing import MockClock
 from genrm_trio.domain.model import Scored
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.engine.evaluation import EAGER_RATE_KEY
+from genrm_trio.judge.base import JudgeHTTPError
 
 Outcome = tuple[str, float, tuple[float, float, float]]
 
@@ -39,7 +42,13 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
         st.sampled_from([1.0, 2.0, 3.5, 5.0, 6.0]),
     )
     outcome = st.tuples(
-        st.sampled_from(["verdict", "verdict", "verdict", "failure", "unparsable"]),
+        st.sampled_from(
+            # "429 s": Retry-After s (30 fits the 100 s group deadline, 500 does not)
+            [
+                *("verdict", "verdict", "verdict", "failure", "unparsable"),
+                *("429", "429 0.5", "429 30", "429 500"),
+            ]
+        ),
         st.sampled_from([0.0, 0.05, 0.3, 1.5]),
         verdict,
     )
@@ -61,8 +70,15 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
-def step_of(outcome: Outcome) -> Step:
+def step_of(outcome: Outcome, ordinal: int, retries: int) -> Step:
     kind, delay, (score_1, score_2, ranking) = outcome
+    if kind.startswith("429") and ordinal == 0 and retries:
+        # The first attempt at this shown pair only (a retry gets the verdict). Without retries
+        # it would fail whichever judge pass of the pair came first, which eager starts may
+        # order differently, so then the pair gets its verdict at once.
+        _, _, after = kind.partition(" ")
+        retry_after = float(after) if after else None
+        return Step(delay=delay, error=JudgeHTTPError(429, b"slow down", retry_after))
     if kind == "failure":
         return http_error(delay=delay)
     if kind == "unparsable":
@@ -73,7 +89,8 @@ def step_of(outcome: Outcome) -> Step:
 def run(scenario: dict[str, Any], eager: bool) -> tuple[dict[int, Reply], Counter[tuple[str, str]]]:
     outcomes: dict[tuple[str, str], Outcome] = scenario["outcomes"]
     # the same outcome for every attempt at a shown pair: a judge cannot tell passes apart
-    judge = ScriptedJudge(script=lambda r1, r2, _n: step_of(outcomes[(r1, r2)]))
+    retries = scenario["retries"]
+    judge = ScriptedJudge(script=lambda r1, r2, n: step_of(outcomes[(r1, r2)], n, retries))
     config = make_settings(
         num_rollouts_per_prompt=scenario["n"],
         comparison_mode=scenario["mode"],
