@@ -275,6 +275,7 @@ class Comparator:
         completed_seen = False
         retry_after: float | None = None
         avoid: str | None = None  # the replica whose failure caused this retry (failover)
+        previous: AttemptTicket | None = None  # the last attempt's, in a fleet
         last_overall: Verdict | None = None  # parsed overall of the final attempt, if any
         # this attempt's output budget: the caller's, else the configured one
         budget = call.max_output_tokens if call.max_output_tokens is not None else self._budget
@@ -318,8 +319,9 @@ class Comparator:
                     call,
                     max_output_tokens=budget if budget is not None else call.max_output_tokens,
                     avoid_replica=avoid,
-                    ticket=AttemptTicket() if self._fleet is not None else None,
+                    ticket=AttemptTicket(previous) if self._fleet is not None else None,
                 )
+                previous = attempt_call.ticket
             try:
                 reply = await self._attempt(attempt_call, ticket)
             except JudgeAttemptError as error:
