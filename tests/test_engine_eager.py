@@ -31,6 +31,7 @@ from trio.testing import MockClock
 from genrm_trio.app.compose import durable_engine
 from genrm_trio.config import Settings
 from genrm_trio.domain.model import CompareResult, GroupFailed, Masked, Scored, VerifyInput
+from genrm_trio.engine import machine
 from genrm_trio.engine.engine import Engine
 from genrm_trio.engine.evaluation import EAGER_RATE_KEY
 from genrm_trio.judge.base import JudgeHTTPError
@@ -140,6 +141,38 @@ async def test_a_comparison_starts_when_both_of_its_members_are_in(
         waits = "genrm_trio_judge_queue_wait_seconds_count"
         assert metric(engine, waits, priority="collecting") == (2 if on else 0)
         assert metric(engine, waits, priority="complete") == (2 if on else 4)
+
+
+async def test_comparisons_the_machine_refuses_to_start_early_start_with_the_complete_group(
+    autojump_clock: MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Readiness claims a comparison only once `machine.start_comparisons` agreed: one it
+    refuses is not lost but starts when the group is complete (with the old order, claim then
+    trigger, it never started and the group failed at its deadline)."""
+    refused: list[int] = []
+
+    def refuse(model: object, *, count: int) -> bool:
+        refused.append(count)
+        return False
+
+    monkeypatch.setattr(machine, "start_comparisons", refuse)
+    judge = ScriptedJudge(latency=0.5)
+    t0 = trio.current_time()
+    async with running(eager(num_rollouts_per_prompt=4), judge) as engine:
+        replies, at = await arrive(engine, [(float(i), member(i)) for i in range(4)])
+        assert metric(engine, "genrm_trio_eager_comparisons_total") == 0
+    assert refused == [1, 1]  # (0, 1) at 1 s, (1, 2) at 2 s
+    assert sorted(starts(judge, t0)) == [
+        ("a0", "a1", 3.0),
+        ("a1", "a2", 3.0),
+        ("a2", "a3", 3.0),
+        ("a3", "a0", 3.0),
+    ]
+    assert at == {0: 3.5, 1: 3.5, 2: 3.5, 3: 3.5}
+    rewards = [
+        replies[i].result["reward"] if isinstance(replies[i], Scored) else None for i in range(4)
+    ]
+    assert rewards == [1.0, 2.0, 3.0, 4.0]
 
 
 async def test_rows_are_the_same_with_and_without_eager_starts(autojump_clock: MockClock) -> None:
