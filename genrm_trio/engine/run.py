@@ -203,7 +203,10 @@ class GroupRunner:
                 return
             present = [m for m in arrived if self._disagreement(cohort, cohort.members[m]) is None]
             ready = run.readiness.arrive(present)
+            # Claimed only once the machine agrees (machine.start_comparisons): a comparison it
+            # refuses stays unstarted, for the complete group (`readiness.rest`).
             if ready and machine.start_comparisons(cohort, count=len(ready)):
+                run.readiness.take(ready)
                 self.metrics.eager_comparisons.inc(len(ready))
                 self._start_eagerly(run, nursery, ready)
             # No checkpoint between the scan above and this event: no arrival is missed.
