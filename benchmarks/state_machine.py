@@ -11,7 +11,7 @@ Shapes:
 
 For each: microseconds per lifecycle (create + start_judging + publish [+ remove]) and the
 memory retained per live cohort (tracemalloc, ``--live`` cohorts left in ``collecting``).
-The numbers in genrm_trio/engine/machine.py's docstring come from this script.
+docs/benchmarks.md ("Cohort state machine") keeps its figures.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from trio.testing import MockClock
 
 from genrm_trio.domain.model import GroupFailed, Rejection, RequestRejected, Scored
 from genrm_trio.domain.records import OpenRecord, TerminalRecord, WatermarkRecord
-from genrm_trio.engine import engine as engine_module
+from genrm_trio.engine import run as run_module
 from genrm_trio.engine.engine import open_engine
 
 KEY = "group_id::g::group_attempt::0"
@@ -244,7 +244,7 @@ async def test_input_failure_releases_every_waiter_without_judging(
     def broken(*args: object, **kwargs: object) -> list[object]:
         raise TypeError("cannot convert response")
 
-    monkeypatch.setattr(engine_module, "plan_comparisons", broken)
+    monkeypatch.setattr(run_module, "plan_comparisons", broken)
     judge = ScriptedJudge()
     async with running(settings(), judge) as engine:
         replies = await gather(engine, [member(0), member(1)])

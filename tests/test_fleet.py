@@ -241,6 +241,166 @@ async def test_every_replica_ejected_still_tries_the_least_recently_failed(
     assert (len(a.log), len(b.log)) == (3, 4)
 
 
+async def test_an_outage_of_the_whole_fleet_leaves_no_replica_ejected_once_it_answers(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="genrm_trio.judge")
+    a, b = Replica("a", latency=0.5, mode="dead"), Replica("b", latency=0.5, mode="dead")
+    judge = fleet(a, b, eject_after_failures=3, eject_backoff_s=2.0)
+    for at in range(10):  # one attempt every 0.1 s, each refused at once
+        await trio.sleep_until(at / 10)
+        with pytest.raises(JudgeTransportError):
+            await judge.attempt(CALL)
+    # Round robin: a's third failure (t = 0.4) ejects it until 2.4, b's (0.5) until 2.5. The
+    # attempts at 0.6 to 0.9 go out while every replica is ejected (least recently failed
+    # first): no trials, so neither back-off doubles nor moves.
+    assert [t for t, _ in a.log] == [0.0, 0.2, 0.4, 0.6, 0.8]
+    assert [t for t, _ in b.log] == [0.1, 0.3, 0.5, 0.7, 0.9]
+    await trio.sleep_until(1.0)
+    assert [s.back_in_s for s in judge.replica_stats()] == [
+        pytest.approx(1.4),
+        pytest.approx(1.5),
+    ]
+    assert [s.ejections for s in judge.replica_stats()] == [1, 1]
+    # Both restart at t = 1.0. The next attempt still finds every replica ejected and goes to
+    # the least recently failed (a): its answer brings it back at once (t = 1.5), 0.9 s before
+    # its back-off would have ended.
+    a.mode = b.mode = "ok"
+    await judge.attempt(CALL)
+    assert trio.current_time() == 1.5
+    a_stats, b_stats = judge.replica_stats()
+    assert (a_stats.ejected, b_stats.ejected) == (False, True)
+    assert b_stats.back_in_s == pytest.approx(1.0)
+    # b gets its trial when its own 2 s back-off is over (t = 2.5): back at 3.0.
+    await trio.sleep_until(2.5)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(judge.attempt, CALL)
+        nursery.start_soon(judge.attempt, CALL)
+    assert [t for t, o in b.log if o == "ok"] == [2.5]
+    assert [s.ejected for s in judge.replica_stats()] == [False, False]
+    back = [r.getMessage() for r in caplog.records if "is back" in r.getMessage()]
+    assert back == [
+        "judge replica a:8000 is back after 1.1s out (it answered an attempt)",
+        "judge replica b:8000 is back after 2.5s out (it answered a trial attempt)",
+    ]
+
+
+class Poisoned:
+    """A replica that answers 500 to one request (`response_1 == "poison"`) and otherwise as
+    `inner` does: a failure the request causes on every replica."""
+
+    def __init__(self, inner: Replica) -> None:
+        self.inner = inner
+        self.poisoned: list[float] = []
+
+    @property
+    def endpoint(self) -> str:
+        return self.inner.endpoint
+
+    @property
+    def path(self) -> str:
+        return self.inner.path
+
+    async def attempt(self, call: JudgeCall) -> JudgeReply:
+        if call.response_1 == "poison":
+            self.poisoned.append(trio.current_time())
+            await trio.lowlevel.checkpoint()
+            raise JudgeHTTPError(500, b"template error")
+        return await self.inner.attempt(call)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_500_the_request_causes_on_two_replicas_ejects_neither(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    from genrm_trio.judge.base import JudgeError
+
+    caplog.set_level(logging.WARNING, logger="genrm_trio.judge")
+    a, b = Poisoned(Replica("a", latency=1.0)), Poisoned(Replica("b", latency=1.0))
+    judge = JudgeFleet(
+        [("http://a:8000/v1", a), ("http://b:8000/v1", b)],
+        eject_after_failures=3,
+        eject_backoff_s=5.0,
+    )
+    comparator, _ = comparator_for(judge, two_replicas())  # 4 attempts, 0.1 s apart
+    for _ in range(3):  # 12 attempts, 6 on each replica, all 500
+        with pytest.raises(JudgeError):
+            await comparator.compare(poison_call(), pair=(0, 1), judge_pass=0)
+    # a, b, a, b per comparison, each 0.1 s (the retry sleep) after the one before
+    assert a.poisoned == pytest.approx([0.0, 0.2, 0.3, 0.5, 0.6, 0.8])
+    assert b.poisoned == pytest.approx([0.1, 0.3, 0.4, 0.6, 0.7, 0.9])
+    # Each comparison's first 500 counted until its retry got one on the other replica too;
+    # then neither counts: both replicas stay in service, with the failures on record.
+    stats = judge.replica_stats()
+    assert [(s.ejected, s.ejections, s.consecutive_failures, s.failures) for s in stats] == [
+        (False, 0, 0, 6),
+        (False, 0, 0, 6),
+    ]
+    assert not [r for r in caplog.records if "ejected" in r.getMessage()]
+    # A healthy request right after is answered by the first replica it tries.
+    result = await comparator.compare(CALL, pair=(0, 1), judge_pass=0)
+    assert result.attempts == 1
+
+
+async def test_an_ejection_by_a_500_the_request_caused_is_taken_back(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    from genrm_trio.judge.base import JudgeError
+
+    caplog.set_level(logging.WARNING, logger="genrm_trio.judge")
+    sick, healthy = Replica("a", latency=1.0, mode="dead"), Replica("b", latency=1.0)
+    a, b = Poisoned(sick), Poisoned(healthy)
+    judge = JudgeFleet(
+        [("http://a:8000/v1", a), ("http://b:8000/v1", b)],
+        eject_after_failures=3,
+        eject_backoff_s=5.0,
+    )
+    comparator, _ = comparator_for(judge, two_replicas())
+    # a refuses two calls (t = 0 and 1.1: each comparison fails over to b, which answers)...
+    for _ in range(2):
+        await comparator.compare(CALL, pair=(0, 1), judge_pass=0)
+    assert [t for t, _ in sick.log] == [0.0, 1.1]
+    assert judge.replica_stats()[0].consecutive_failures == 2
+    sick.mode = "ok"
+    # ...then the poisoned request's first attempt, a 500 on a, is its third failure in a row
+    # and ejects it; the retry's 500 on b shows the request at fault: a is back at once.
+    now = trio.current_time()
+    with pytest.raises(JudgeError):
+        await comparator.compare(poison_call(), pair=(0, 1), judge_pass=0)
+    assert a.poisoned[0] == now and b.poisoned[0] == pytest.approx(now + 0.1)
+    a_stats, b_stats = judge.replica_stats()
+    assert (a_stats.ejected, a_stats.ejections, a_stats.consecutive_failures) == (False, 1, 2)
+    assert (b_stats.ejected, b_stats.consecutive_failures) == (False, 0)
+    lines = [r.getMessage() for r in caplog.records if "judge replica a:8000" in r.getMessage()]
+    assert len(lines) == 2
+    assert "ejected after 3 consecutive failed attempts (last: JudgeHTTPError: HTTP 500" in lines[0]
+    assert lines[1] == (
+        "judge replica a:8000 is back after 0.1s out (it answered with a server error that "
+        "the request caused on another replica too)"
+    )
+
+
+def poison_call() -> JudgeCall:
+    return dataclasses.replace(CALL, response_1="poison")
+
+
+async def test_a_500_on_one_replica_while_another_answers_still_counts(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sick, healthy = Replica("a", latency=1.0, mode="http500"), Replica("b", latency=1.0)
+    judge = fleet(sick, healthy, eject_after_failures=3, eject_backoff_s=5.0)
+    comparator, _ = comparator_for(judge, two_replicas())
+    for _ in range(5):
+        await comparator.compare(CALL, pair=(0, 1), judge_pass=0)
+    # Comparisons start on a while the round robin sends them there (t = 0, 1.1, 2.2): each
+    # 500 is followed by b's answer, so it is a's fault: the third ejects a.
+    assert [t for t, _ in sick.log] == [0.0, pytest.approx(1.1), pytest.approx(2.2)]
+    a_stats = judge.replica_stats()[0]
+    assert (a_stats.ejected, a_stats.ejections, a_stats.consecutive_failures) == (True, 1, 3)
+
+
 async def test_cancelled_attempt_is_neither_answer_nor_failure(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

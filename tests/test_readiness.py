@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -13,30 +14,37 @@ def pairs(plan: list, comparisons: list[int]) -> list[tuple[int, int, int]]:
     return [(plan[c].i, plan[c].j, plan[c].k) for c in comparisons]
 
 
+def claim(ready: Readiness, members: list[int]) -> list[int]:
+    """What the engine does when the machine agrees: find the ready comparisons, take them."""
+    got = ready.arrive(members)
+    ready.take(got)
+    return got
+
+
 def test_circular_comparisons_start_with_their_second_member() -> None:
     plan = plan_comparisons(4, "circular", 1)
     ready = Readiness(ReadinessIndex(plan, 4))
-    assert ready.arrive([2]) == []
-    assert pairs(plan, ready.arrive([3])) == [(2, 3, 0)]
-    assert pairs(plan, ready.arrive([0])) == [(3, 0, 0)]
+    assert claim(ready, [2]) == []
+    assert pairs(plan, claim(ready, [3])) == [(2, 3, 0)]
+    assert pairs(plan, claim(ready, [0])) == [(3, 0, 0)]
     assert ready.unstarted == 2
-    assert pairs(plan, ready.arrive([1])) == [(0, 1, 0), (1, 2, 0)]  # plan order
+    assert pairs(plan, claim(ready, [1])) == [(0, 1, 0), (1, 2, 0)]  # plan order
     assert ready.rest() == [] and ready.unstarted == 0
 
 
 def test_members_arriving_together_and_every_judge_pass() -> None:
     plan = plan_comparisons(3, "all_pairs", 2, "alternate")
     ready = Readiness(ReadinessIndex(plan, 3))
-    assert pairs(plan, ready.arrive([0, 2])) == [(0, 2, 0), (0, 2, 1)]
+    assert pairs(plan, claim(ready, [0, 2])) == [(0, 2, 0), (0, 2, 1)]
     assert pairs(plan, ready.rest()) == [(0, 1, 0), (1, 2, 0), (0, 1, 1), (1, 2, 1)]
-    assert ready.arrive([1]) == []  # each comparison is handed out once
+    assert claim(ready, [1]) == []  # each comparison is handed out once
 
 
 def test_fixed_baseline_comparisons_start_with_their_member() -> None:
     plan = plan_fixed_baseline(3, 2, "group_id::g::group_attempt::0")
     ready = Readiness(ReadinessIndex(plan, 3))
-    assert pairs(plan, ready.arrive([1])) == [(1, 3, 0), (1, 3, 1)]
-    assert pairs(plan, ready.arrive([0])) == [(0, 3, 0), (0, 3, 1)]
+    assert pairs(plan, claim(ready, [1])) == [(1, 3, 0), (1, 3, 1)]
+    assert pairs(plan, claim(ready, [0])) == [(0, 3, 0), (0, 3, 1)]
     assert pairs(plan, ready.rest()) == [(2, 3, 0), (2, 3, 1)]
 
 
@@ -44,9 +52,9 @@ def test_an_index_is_shared_by_groups_of_one_plan() -> None:
     plan = plan_comparisons(3, "circular", 1)
     index = ReadinessIndex(plan, 3)
     first, second = Readiness(index), Readiness(index)
-    assert first.arrive([0, 1]) == [0]
-    assert second.arrive([0]) == []
-    assert second.arrive([2]) == [2]
+    assert claim(first, [0, 1]) == [0]
+    assert claim(second, [0]) == []
+    assert claim(second, [2]) == [2]
     assert first.unstarted == second.unstarted == 2
 
 
@@ -67,7 +75,7 @@ def test_every_comparison_starts_once_when_its_members_are_in(
     started: list[int] = []
     for m in order[:-1]:
         present.add(m)
-        got = ready.arrive([m])
+        got = claim(ready, [m])
         assert got == sorted(got)
         assert all({plan[c].i, plan[c].j} <= present and m in (plan[c].i, plan[c].j) for c in got)
         started += got
@@ -76,3 +84,25 @@ def test_every_comparison_starts_once_when_its_members_are_in(
     rest = ready.rest()
     assert sorted(started + rest) == list(range(len(plan)))
     assert ready.unstarted == 0
+
+
+def test_finding_ready_comparisons_claims_none_of_them() -> None:
+    """The engine claims what it starts; a comparison it could not start (the machine refused
+    `start_comparisons`) is still handed out by `rest`, and `arrive` finds it again."""
+    plan = plan_comparisons(3, "circular", 1)
+    ready = Readiness(ReadinessIndex(plan, 3))
+    assert pairs(plan, ready.arrive([0, 1])) == [(0, 1, 0)]
+    assert ready.unstarted == 3
+    assert pairs(plan, ready.arrive([1])) == [(0, 1, 0)]  # not taken: still ready
+    assert pairs(plan, ready.rest()) == [(0, 1, 0), (1, 2, 0), (2, 0, 0)]
+    assert ready.unstarted == 0
+    assert ready.arrive([2]) == []  # all taken now
+
+
+def test_a_comparison_is_taken_once() -> None:
+    plan = plan_comparisons(3, "circular", 1)
+    ready = Readiness(ReadinessIndex(plan, 3))
+    ready.take(ready.arrive([0, 1]))
+    with pytest.raises(ValueError, match="comparison 0 was already taken"):
+        ready.take([0])
+    assert ready.unstarted == 2

@@ -530,9 +530,9 @@ def exit_process(code: int) -> NoReturn:
     """End the process with `code`, without the cyclic collector's last pass over the heap.
 
     Interpreter finalization runs a full collection over every object still alive (every module
-    loaded, hypercorn's, quart's and pydantic's included): 150-250 ms of CPU after the last
-    reply of a stop, most of the stop's cost, and Gym kills a server one second after its
-    SIGINT while it stops its other servers on the same cores (benchmarks/stop_under_load.py).
+    loaded, hypercorn's, quart's and pydantic's included): most of a stop's CPU after its last
+    reply, and Gym kills a server one second after its SIGINT while it stops its other servers
+    on the same cores (docs/benchmarks.md, "Stop under load", has the figures).
     Frozen objects are left out of that pass; they go with the process. `sys.exit`, not
     `os._exit`: atexit handlers and the flush of logs and stdio still run.
     """

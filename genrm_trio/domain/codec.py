@@ -37,8 +37,9 @@ def _finite_float(text: str) -> float:
     return value
 
 
-# Every float goes through `_finite_float` (about 0.4 µs each): 1e400 must be refused, not
-# turned into inf, and a scan of the text that could skip the hook costs as much as it saves.
+# Every float goes through `_finite_float`: 1e400 must be refused, not turned into inf, and a
+# scan of the text that could skip the hook costs as much as it saves (docs/benchmarks.md,
+# "Small costs behind code choices").
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 # Depth scan: structural bytes only, brackets as signed steps (+1 open, -1 close).
 _STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')

@@ -197,12 +197,12 @@ class PackedMembers(Mapping[int, MemberRecord]):
     """A retained cohort's members as one zlib-compressed :func:`members_json` text.
 
     A replayable record lives for `cohort_result_ttl_s` (up to `max_terminal_cohorts` of them),
-    so its size is most of a long run's memory. Sixteen member records with their packed results
-    and digests were ~94 small objects and ~12.6 KiB per cohort, scattered between short-lived
-    request objects; this is three objects, and compresses across members (the answers to one
-    prompt share most of their words). Reading a member decompresses and decodes the whole text
-    (a replay, a checkpoint or a restore; never the first reply, which is handed its outcome
-    before the record is compacted); ``unpack()`` gives all members at once.
+    so its size is most of a long run's memory. One small object per member record, packed result
+    and digest would be scattered between short-lived request objects; this is three objects, and
+    compresses across members (the answers to one prompt share most of their words; the sizes are
+    in docs/benchmarks.md, "Retained cohorts"). Reading a member decompresses and decodes the
+    whole text (a replay, a checkpoint or a restore; never the first reply, which is handed its
+    outcome before the record is compacted); ``unpack()`` gives all members at once.
     """
 
     __slots__ = ("_data", "_indexes", "masked")

@@ -23,7 +23,15 @@ from typing import TYPE_CHECKING, Final, Protocol, final
 import trio
 from transitions import EventData
 
-from genrm_trio.domain.model import GroupFailed, Masked, MemberOutcome, Scored
+from genrm_trio.domain.model import (
+    FailureKind,
+    GroupFailed,
+    Masked,
+    MemberOutcome,
+    Rejection,
+    RequestRejected,
+    Scored,
+)
 from genrm_trio.domain.records import COMPRESS_FROM, MemberRecord, TerminalRecord, compressed
 from genrm_trio.engine import machine
 
@@ -211,6 +219,64 @@ class Cohort:
         """Register a new member and wake the run task (it may start the member's comparisons)."""
         self.members[member.index] = member
         self.arrival.set()
+
+    def fail(self, kind: FailureKind, message: str) -> bool:
+        """collecting | judging → failed with this failure; False once terminal (a no-op)."""
+        return machine.fail(self, failure=GroupFailed(kind, message))
+
+    # --- the replay/conflict matrix (docs/architecture.md, "Keys, digests and replay") --------
+
+    def attach(self, member: Member, digest: str) -> Waiter | MemberOutcome:
+        """One request for slot ``member.index`` with prompt digest ``digest``: a waiter on this
+        cohort, or the outcome it replays. Raises RequestRejected (conflict) for a different
+        prompt, a different response in a taken slot, or a new slot once the group is complete.
+        Synchronous (the engine's registry section)."""
+        index = member.index
+        if self.prompt_digest != digest:
+            raise RequestRejected(
+                Rejection.CONFLICT,
+                f"GenRM cohort {self.key!r} received inconsistent prompt or principle content",
+            )
+        state = self.state
+        if state == "failed":
+            return self.failure_outcome()
+        if self.terminal:
+            assert self.record is not None
+            record = self.record.members.get(index)
+            if record is None:
+                raise RequestRejected(
+                    Rejection.CONFLICT,
+                    f"GenRM cohort {self.key!r} is already {machine.wire_phase(state)}; "
+                    f"rollout_index={index} cannot be added",
+                )
+            if not record.masked_alone and record.response_digest != member.response_digest:
+                raise RequestRejected(
+                    Rejection.CONFLICT,
+                    f"GenRM cohort {self.key!r} already has a different response for "
+                    f"rollout_index={index}",
+                )
+            return self.outcome_of(record)
+        present = self.members.get(index)
+        waiter = Waiter()
+        if present is not None:
+            if present.response_digest != member.response_digest:
+                raise RequestRejected(
+                    Rejection.CONFLICT,
+                    f"GenRM cohort {self.key!r} already has a different response for "
+                    f"rollout_index={index}",
+                )
+            present.waiters.append(waiter)
+            return waiter
+        if state != "collecting":
+            raise RequestRejected(
+                Rejection.CONFLICT,
+                f"GenRM cohort {self.key!r} is already {machine.wire_phase(state)}; "
+                f"rollout_index={index} cannot be added",
+            )
+        member.waiters.append(waiter)
+        self.add_member(member)
+        machine.start_judging(self)  # guarded by is_full: a no-op until all N are present
+        return waiter
 
     # --- state machine callbacks (named in machine.STATES / TRANSITIONS) ----------------------
 

@@ -1,24 +1,25 @@
 """The engine: `/verify` cohorts and `/compare` batches on one engine-owned trio nursery.
 
-``open_engine(settings, judge)`` opens the nursery that owns every cohort's run (collection
-deadline, then evaluation under the group deadline; with ``eager_comparisons`` each comparison
-starts once both of its members are in, while the group collects) and every `/verify` judge
-call, each waiting for its slot in the critical-path judge queue (judge/queue.py); request
-handlers only attach waiters and wait, so a client disconnect cancels its own wait and never a
-cohort (docs/architecture.md, "How cancellation flows"). Cohort tasks start in a fresh, empty
-``contextvars`` context so that no per-request variable leaks into shared judge calls. `/compare`
-runs in the request's own task and context, fail-fast, under ``cohort_evaluation_timeout_s``
-(docs/differences.md, D40 / D27).
+``open_engine(settings, judge)`` opens the nursery that owns every cohort's run (engine/run.py:
+collection deadline, then evaluation under the group deadline; with ``eager_comparisons`` each
+comparison starts once both of its members are in, while the group collects) and every
+`/verify` judge call, each waiting for its slot in the critical-path judge queue
+(judge/queue.py); request handlers only attach waiters and wait, so a client disconnect cancels
+its own wait and never a cohort (docs/architecture.md, "How cancellation flows"). Cohort tasks
+start in a fresh, empty ``contextvars`` context so that no per-request variable leaks into
+shared judge calls. `/compare` runs in the request's own task and context, fail-fast, under
+``cohort_evaluation_timeout_s`` (docs/differences.md, D40 / D27).
 
 The request algorithm is docs/architecture.md "One /verify request", in order. The registry
-section (prune, watermarks, supersession, get-or-create) is synchronous under one lock, and so is
-attaching, so a state transition (the final arrival's ``start_judging`` or the collection timer's
-``fail``) decides every race: all members get rewards or none do. With a durable store the
-section only *queues* its commit points (docs/architecture.md "Durable-state commit points": the
-advanced watermark, the new cohort's ``open`` record) in registry order; the request then
-leaves the lock, waits for its commits, and attaches only after them. Members of a cohort whose
-``open`` record is still being committed wait for it (a per-cohort event set by the creating
-request) before they attach; ``_attach`` re-reads the cohort's state afterwards, so a cohort
+section (the registry's policy, `Registry.admit`: prune, watermarks, capacity, supersession;
+then get-or-create) is synchronous under one lock, and so is attaching (`Cohort.attach`), so a
+state transition (the final arrival's ``start_judging`` or the collection timer's ``fail``)
+decides every race: all members get rewards or none do. With a durable store the section only
+*queues* its commit points (docs/architecture.md "Durable-state commit points": the advanced
+watermark, the new cohort's ``open`` record) in registry order; the request then leaves the
+lock, waits for its commits, and attaches only after them. Members of a cohort whose ``open``
+record is still being committed wait for it (a per-cohort event set by the creating request)
+before they attach; ``Cohort.attach`` re-reads the cohort's state afterwards, so a cohort
 superseded or shut down meanwhile answers with its failure. The store applies commits in
 submission order, so it sees watermark, then ``open``, then terminal.
 """
@@ -26,7 +27,6 @@ submission order, so it sees watermark, then ``open``, then terminal.
 from __future__ import annotations
 
 import contextvars
-import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -43,8 +43,6 @@ from genrm_trio.domain.model import (
     CompareFailed,
     CompareInput,
     CompareResult,
-    FailureKind,
-    GroupFailed,
     MemberOutcome,
     Rejection,
     RequestRejected,
@@ -52,40 +50,17 @@ from genrm_trio.domain.model import (
     VerifyInput,
 )
 from genrm_trio.domain.records import OpenRecord, TerminalRecord, WatermarkRecord
-from genrm_trio.domain.scoring import PlannedComparison, plan_comparisons, plan_fixed_baseline
-from genrm_trio.domain.text import (
-    answer_text,
-    judge_text,
-    reasoning_text,
-    response_digest,
-)
-from genrm_trio.engine import machine
+from genrm_trio.domain.text import answer_text, reasoning_text, response_digest
 from genrm_trio.engine.cohort import Cohort, Member, Waiter
 from genrm_trio.engine.compare import Comparisons
-from genrm_trio.engine.evaluation import (
-    AllMasked,
-    Evaluation,
-    MemberText,
-    default_result,
-    judge_principle,
-    score_cohort,
-)
+from genrm_trio.engine.evaluation import MemberText, default_result
 from genrm_trio.engine.exceptions import leaves
 from genrm_trio.engine.keys import RUBRIC_REQUIRED, CohortKey, cohort_key
-from genrm_trio.engine.readiness import Readiness, ReadinessIndex
 from genrm_trio.engine.registry import KEY_LOG_LIMIT, Registry
 from genrm_trio.engine.restore import apply_restore, plan_restore
+from genrm_trio.engine.run import GroupRunner
 from genrm_trio.judge.attempts import Comparator, ComparatorStatistics
-from genrm_trio.judge.base import (
-    Judge,
-    JudgeCall,
-    JudgeError,
-    ReplicaReporting,
-    ReplicaStats,
-    Usage,
-    one_line,
-)
-from genrm_trio.judge.queue import QueueGroup, QueueTicket
+from genrm_trio.judge.base import Judge, ReplicaReporting, ReplicaStats
 from genrm_trio.metrics import Metrics
 from genrm_trio.store.errors import CommitTimeout
 from genrm_trio.store.protocol import CohortStore, Commit, QueuedCohortStore, queued
@@ -157,26 +132,6 @@ class _Arrival:
 
 
 @final
-class _GroupRun:
-    """What one cohort's run task keeps between collection and evaluation."""
-
-    __slots__ = ("cohort", "evaluation", "members_seen", "queue_group", "readiness")
-
-    def __init__(
-        self,
-        cohort: Cohort,
-        evaluation: Evaluation,
-        readiness: ReadinessIndex,
-        queue_group: QueueGroup,
-    ) -> None:
-        self.cohort = cohort
-        self.evaluation = evaluation
-        self.queue_group = queue_group
-        self.readiness = Readiness(readiness)
-        self.members_seen = 0  # members in arrival order (`cohort.members`) already looked at
-
-
-@final
 class Engine:
     """Cohort verification and batch comparison. Create it with :func:`open_engine`."""
 
@@ -209,8 +164,7 @@ class Engine:
         self._idle = trio.Event()
         self._idle.set()
         self._compares = Comparisons(settings, self._comparator, metrics)
-        # the plan of every rollout-cohort group and its readiness index, shared (made once)
-        self._shared_plan: tuple[list[PlannedComparison], ReadinessIndex] | None = None
+        self._runner = GroupRunner(settings, metrics, self._comparator, self._queue)
 
     # --- public surface ---------------------------------------------------------------------
 
@@ -249,7 +203,7 @@ class Engine:
             self._closed = True  # refuse new requests at once (D28)
             async with self._lock:  # let a request already inside the registry finish
                 for cohort in list(self._registry.active):
-                    self._fail(cohort, "cohort", SHUTTING_DOWN)
+                    cohort.fail("cohort", SHUTTING_DOWN)
             self._compares.close()
         await self._idle.wait()
         self._registry.clear()
@@ -333,7 +287,7 @@ class Engine:
                 raise
             opening = self._opening.get(cohort) if self._opening else None
             if not commits and opening is None:
-                return cohort, index, self._attach(cohort, member, digest)
+                return cohort, index, cohort.attach(member, digest)
         # Durable store: the commits were queued in registry order; wait for them unlocked.
         # Shielded, so that the creator sets `opening` in every case; bounded by the commit
         # timeout, so that a stalled store fails the request (not confirmed: CommitTimeout)
@@ -349,8 +303,7 @@ class Engine:
         if opening is not None and created:  # this request queued the `open` record: done
             del self._opening[cohort]
             if failure is not None:
-                self._fail(
-                    cohort,
+                cohort.fail(
                     "cohort",
                     f"GenRM durable store could not record cohort "
                     f"{key[:KEY_LOG_LIMIT]!r}: {type(failure).__name__}: {failure}",
@@ -358,7 +311,7 @@ class Engine:
             opening.set()
         if failure is not None:
             raise failure
-        return cohort, index, self._attach(cohort, member, digest)
+        return cohort, index, cohort.attach(member, digest)
 
     async def _wait_commits(self, commits: list[Commit]) -> Exception | None:
         """Wait for every commit (shielded and bounded by the caller); returns the first
@@ -373,8 +326,8 @@ class Engine:
         return error
 
     def _resolve(self, arrival: _Arrival, commits: list[Commit]) -> tuple[Cohort, bool]:
-        """Watermarks and supersession, then get or create the cohort (docs/architecture.md,
-        "Keys, digests and replay").
+        """The registry's policy (`Registry.admit`: watermarks, capacity, supersession), then get
+        or create the cohort (docs/architecture.md, "Keys, digests and replay").
 
         Synchronous: with a store, the commit points are queued onto ``commits`` in order.
         Returns the cohort and whether this request created it."""
@@ -385,51 +338,11 @@ class Engine:
         if self._closed:
             raise RequestRejected(Rejection.UNAVAILABLE, SHUTTING_DOWN)
         now = trio.current_time()
-        reg.prune(now)
         group_id = arrival.group_id
         attempt = arrival.group_attempt
-        advances = False
-        if group_id is not None:
-            watermark = reg.watermarks.get(group_id)
-            if watermark is not None and watermark.prompt_digest != digest:
-                raise RequestRejected(
-                    Rejection.CONFLICT,
-                    f"GenRM group {group_id!r} received inconsistent prompt or principle content",
-                )
-            if watermark is not None and attempt < watermark.latest_attempt:
-                raise RequestRejected(
-                    Rejection.CONFLICT,
-                    f"GenRM group {group_id!r} attempt {attempt} was superseded by attempt "
-                    f"{watermark.latest_attempt}",
-                )
-            advances = watermark is None or attempt > watermark.latest_attempt
-        if reg.get(key) is None:
-            active = len(reg.active)
-            if advances and group_id is not None:
-                active -= sum(1 for c in reg.group_actives(group_id) if c.group_attempt < attempt)
-            if active >= s.server.max_active_cohorts:
-                raise RequestRejected(
-                    Rejection.UNAVAILABLE,
-                    f"GenRM server is at capacity ({len(reg.active)} active cohorts); retry later",
-                    retry_after_s=1.0,
-                )
-        if group_id is not None:
-            if advances:
-                reg.set_watermark(group_id, attempt, digest, now)
-                for old in reg.group_actives(group_id):
-                    if old.group_attempt < attempt:
-                        self._fail(
-                            old,
-                            "cohort",
-                            f"GenRM group {group_id!r} attempt {old.group_attempt} was superseded "
-                            f"by attempt {attempt}",
-                        )
-                if store is not None:
-                    commits.append(
-                        store.submit_watermark(WatermarkRecord(group_id, attempt, digest))
-                    )
-            else:
-                reg.touch_watermark(group_id, now)
+        if reg.admit(key, group_id, attempt, digest, now) and store is not None:
+            assert group_id is not None  # only an explicit group has a watermark
+            commits.append(store.submit_watermark(WatermarkRecord(group_id, attempt, digest)))
         cohort = reg.get(key)
         if cohort is not None:
             return cohort, False
@@ -457,56 +370,6 @@ class Engine:
         self._spawn(self._run, cohort)
         return cohort, True
 
-    def _attach(self, cohort: Cohort, member: Member, digest: str) -> Waiter | MemberOutcome:
-        """The replay/conflict matrix, then attach (docs/architecture.md, "Keys, digests and
-        replay"). Synchronous."""
-        index = member.index
-        if cohort.prompt_digest != digest:
-            raise RequestRejected(
-                Rejection.CONFLICT,
-                f"GenRM cohort {cohort.key!r} received inconsistent prompt or principle content",
-            )
-        state = cohort.state
-        if state == "failed":
-            return cohort.failure_outcome()
-        if cohort.terminal:
-            assert cohort.record is not None
-            record = cohort.record.members.get(index)
-            if record is None:
-                raise RequestRejected(
-                    Rejection.CONFLICT,
-                    f"GenRM cohort {cohort.key!r} is already {machine.wire_phase(state)}; "
-                    f"rollout_index={index} cannot be added",
-                )
-            if not record.masked_alone and record.response_digest != member.response_digest:
-                raise RequestRejected(
-                    Rejection.CONFLICT,
-                    f"GenRM cohort {cohort.key!r} already has a different response for "
-                    f"rollout_index={index}",
-                )
-            return cohort.outcome_of(record)
-        present = cohort.members.get(index)
-        waiter = Waiter()
-        if present is not None:
-            if present.response_digest != member.response_digest:
-                raise RequestRejected(
-                    Rejection.CONFLICT,
-                    f"GenRM cohort {cohort.key!r} already has a different response for "
-                    f"rollout_index={index}",
-                )
-            present.waiters.append(waiter)
-            return waiter
-        if state != "collecting":
-            raise RequestRejected(
-                Rejection.CONFLICT,
-                f"GenRM cohort {cohort.key!r} is already {machine.wire_phase(state)}; "
-                f"rollout_index={index} cannot be added",
-            )
-        member.waiters.append(waiter)
-        cohort.add_member(member)
-        machine.start_judging(cohort)  # guarded by is_full: a no-op until all N are present
-        return waiter
-
     # --- cohort run (engine nursery) ----------------------------------------------------------
 
     def _spawn(self, fn: Callable[[Cohort], Awaitable[None]], cohort: Cohort) -> None:
@@ -529,14 +392,12 @@ class Engine:
         """The deadline of a wait for the store: ``state_commit_timeout_s`` from now."""
         return trio.current_time() + self._commit_timeout_s
 
-    def _fail(self, cohort: Cohort, kind: FailureKind, message: str) -> bool:
-        return machine.fail(cohort, failure=GroupFailed(kind, message))
-
     async def _run(self, cohort: Cohort) -> None:
-        """Collection, then evaluation (`_judge`); finally commit the record and release."""
+        """Collection, then evaluation (`GroupRunner.judge`, engine/run.py); finally commit the
+        record and release."""
         try:
             with cohort.scope:
-                await self._judge(cohort)
+                await self._runner.judge(cohort)
         except Exception as exc:
             errors = leaves(exc)  # every leaf of a (nested) group, each with its traceback
             for n, error in enumerate(errors, 1):
@@ -547,14 +408,13 @@ class Engine:
                     exc_info=error,
                 )
             error = errors[0]
-            self._fail(
-                cohort,
+            cohort.fail(
                 "cohort",
                 f"GenRM cohort evaluation failed: {type(error).__name__}: {str(error)[:1000]}",
             )
         finally:
             if not cohort.terminal:
-                self._fail(cohort, "cohort", "GenRM cohort evaluation was cancelled")
+                cohort.fail("cohort", "GenRM cohort evaluation was cancelled")
             # bounded: _finalize releases the waiters whether or not the store confirms in time
             with trio.CancelScope(shield=True, deadline=self._commit_deadline()):
                 await self._finalize(cohort)
@@ -589,246 +449,6 @@ class Engine:
                 if cohort.complete_at is not None:  # the last member in -> rewards published
                     self.metrics.reward_latency_seconds.observe(now - cohort.complete_at)
             cohort.release()
-
-    def _new_run(self, cohort: Cohort) -> _GroupRun:
-        """The cohort's comparisons (known from its creation: size, strategy, key) and its place
-        in the judge queue; the judge texts are set once the group is complete
-        (`_read_members`)."""
-        s = self.settings
-        if s.comparison_mode == "fixed_baseline":
-            plan = plan_fixed_baseline(cohort.size, s.num_judges_per_comparison, cohort.key)
-            index = ReadinessIndex(plan, cohort.size)
-            slots = cohort.size + 1  # the baseline is index N
-        else:
-            if self._shared_plan is None:
-                shared = plan_comparisons(
-                    cohort.size,
-                    s.comparison_strategy,
-                    s.num_judges_per_comparison,
-                    s.position_balance,
-                )
-                self._shared_plan = shared, ReadinessIndex(shared, cohort.size)
-            plan, index = self._shared_plan
-            slots = cohort.size
-        evaluation = Evaluation(
-            plan, [""] * slots, cohort.history, judge_principle(s, cohort.principle)
-        )
-        cohort.history = []  # the evaluation has its own copy from now on
-        if s.eager_comparisons:
-            evaluation.done_before_complete = 0
-        return _GroupRun(cohort, evaluation, index, self._queue.group(complete=False))
-
-    def _consistent(self, cohort: Cohort, member: Member) -> bool:
-        """The member agrees with its cohort on rubric ids and baseline (`_read_members`)."""
-        if member.rubric_ids != cohort.rubric_ids:
-            return False
-        if self.settings.comparison_mode == "fixed_baseline":
-            return cohort.baseline is not None and member.baseline_digest == cohort.baseline_digest
-        return True
-
-    def _read_members(self, cohort: Cohort, evaluation: Evaluation) -> dict[int, MemberText]:
-        """The complete group's texts, once each; every judge text set. Raises ValueError for
-        members that disagree (a cohort failure)."""
-        s = self.settings
-        members = [cohort.members[i] for i in range(cohort.size)]
-        for m in members:
-            if m.rubric_ids != cohort.rubric_ids:
-                raise ValueError("GenRM cohort members have inconsistent expected_rubric_ids")
-        texts = {m.index: MemberText(*m.texts()) for m in members}  # one read of each
-        judge_texts = [judge_text(t.answer_text) for t in texts.values()]
-        if s.comparison_mode == "fixed_baseline":
-            if cohort.baseline is None or any(
-                m.baseline_digest != cohort.baseline_digest for m in members
-            ):
-                raise ValueError("GenRM cohort members have inconsistent baseline_response values")
-            judge_texts.append(judge_text(cohort.baseline))
-        evaluation.judge_texts = judge_texts
-        return texts
-
-    async def _judge(self, cohort: Cohort) -> None:
-        """One group from its first member to its scores (docs/architecture.md, "One group").
-
-        Every comparison runs in one nursery inside the cohort's scope: a failure while the
-        group collects (collection deadline, supersession, shutdown) cancels the comparisons it
-        started. The group deadline is set on the scope around that nursery when the group is
-        complete, so it bounds the comparisons started earlier too, from that moment on."""
-        s = self.settings
-        # Without eager starts nothing is planned before the group is complete, as before.
-        run = self._new_run(cohort) if s.eager_comparisons else None
-        texts: dict[int, MemberText] | None = None
-        with trio.CancelScope() as group_deadline:
-            async with trio.open_nursery() as nursery:
-                with trio.move_on_at(cohort.collect_deadline):
-                    if run is not None:
-                        cohort.comparisons_total = run.evaluation.total
-                        await self._collect_eagerly(run, nursery)
-                    else:
-                        await cohort.full.wait()
-                if cohort.state == "collecting":
-                    self.metrics.deadline_failures.labels("collection").inc()
-                    self._fail(  # cancels the cohort's scope: every comparison started hangs up
-                        cohort,
-                        "cohort",
-                        f"GenRM cohort {cohort.key!r} did not collect {cohort.size} unique rollout "
-                        f"indices within {s.cohort_collection_timeout_s}s",
-                    )
-                    return
-                if cohort.state != "judging":
-                    return
-                cohort.eval_deadline = trio.current_time() + s.cohort_evaluation_timeout_s
-                group_deadline.deadline = cohort.eval_deadline
-                if run is None:
-                    run = self._new_run(cohort)
-                evaluation = run.evaluation
-                texts = self._read_members(cohort, evaluation)
-                cohort.comparisons_total = evaluation.total
-                run.queue_group.mark_complete()  # its waiting attempts go first from now on
-                for c in run.readiness.rest():
-                    self._start(run, nursery, c)
-        if run is not None and texts is not None and cohort.state == "judging":
-            self._conclude(cohort, run.evaluation, texts, deadline=group_deadline.cancelled_caught)
-
-    async def _collect_eagerly(self, run: _GroupRun, nursery: trio.Nursery) -> None:
-        """While the group collects, start each comparison once both of its members are in.
-
-        Returns when the group is complete; the last member's comparisons are left to the
-        complete group (they start with its priority)."""
-        cohort = run.cohort
-        while True:
-            arrived = list(itertools.islice(cohort.members, run.members_seen, None))
-            run.members_seen += len(arrived)
-            if cohort.state != "collecting":
-                return
-            present = [m for m in arrived if self._consistent(cohort, cohort.members[m])]
-            ready = run.readiness.arrive(present)
-            if ready and machine.start_comparisons(cohort, count=len(ready)):
-                self.metrics.eager_comparisons.inc(len(ready))
-                self._start_eagerly(run, nursery, ready)
-            # No checkpoint between the scan above and this event: no arrival is missed.
-            cohort.arrival = trio.Event()
-            await cohort.arrival.wait()
-
-    def _start_eagerly(self, run: _GroupRun, nursery: trio.Nursery, ready: list[int]) -> None:
-        """Start comparisons of a collecting group. Each member's text is read once for them and
-        then held only by their calls: a waiting member keeps its compressed texts (D22), not a
-        judge text beside them (so this is a function of its own: no frame keeps ``texts``)."""
-        cohort, evaluation = run.cohort, run.evaluation
-        texts: dict[int, str] = {}
-        for c in ready:
-            planned = evaluation.plan[c]
-            for x in planned.shown:
-                if x not in texts:
-                    texts[x] = self._eager_judge_text(cohort, x)
-            self._start(run, nursery, c, evaluation.call(planned, texts))
-
-    def _eager_judge_text(self, cohort: Cohort, index: int) -> str:
-        if index == cohort.size:  # the fixed baseline, known from the first member
-            assert cohort.baseline is not None
-            return judge_text(cohort.baseline)
-        return judge_text(cohort.members[index].texts()[1])
-
-    def _start(
-        self, run: _GroupRun, nursery: trio.Nursery, c: int, call: JudgeCall | None = None
-    ) -> None:
-        """Start comparison ``c`` with its place in the judge queue (taken now: ready order)."""
-        ticket = self._queue.ticket(run.queue_group)
-        evaluation = run.evaluation
-        planned = evaluation.plan[c]
-        if call is None:
-            call = evaluation.call(planned)
-        nursery.start_soon(
-            self._verify_comparison, run.cohort, evaluation, c, planned, call, ticket
-        )
-
-    def _conclude(
-        self,
-        cohort: Cohort,
-        evaluation: Evaluation,
-        texts: dict[int, MemberText],
-        *,
-        deadline: bool,
-    ) -> None:
-        """The group deadline's policy, then masking and scores, then publish."""
-        s = self.settings
-        timeout = s.cohort_evaluation_timeout_s
-        if deadline:
-            if s.evaluation_deadline_policy == "fail_group":
-                self.metrics.deadline_failures.labels("evaluation").inc()
-                self._fail(
-                    cohort, "judge", f"GenRM cohort evaluation deadline exceeded after {timeout}s"
-                )
-                return
-            for c in evaluation.pending():  # mask_pending (docs/differences.md, D12)
-                planned = evaluation.plan[c]
-                self.metrics.deadline_failures.labels("evaluation").inc()
-                self._comparison_failed(
-                    cohort,
-                    evaluation,
-                    c,
-                    f"GenRM comparison {planned.pair} (judge {planned.k}) was still running at "
-                    f"the group deadline ({timeout}s) and was cancelled",
-                    None,
-                )
-        outcome = score_cohort(s, evaluation, cohort.size, texts)
-        if isinstance(outcome, AllMasked):
-            self._fail(cohort, "judge", outcome.message)
-        elif not machine.publish(cohort, outcomes=outcome):
-            log.debug("Discarding late GenRM completion for key=%r", cohort.key[:KEY_LOG_LIMIT])
-
-    async def _verify_comparison(
-        self,
-        cohort: Cohort,
-        evaluation: Evaluation,
-        c: int,
-        planned: PlannedComparison,
-        call: JudgeCall,
-        ticket: QueueTicket,
-    ) -> None:
-        """One comparison of a cohort: a JudgeError is recorded, anything else escapes."""
-        try:
-            result = await self._comparator.compare(
-                call,
-                pair=planned.pair,
-                judge_pass=planned.k,
-                expected_rubric_ids=cohort.rubric_ids,
-                ticket=ticket,
-            )
-        except JudgeError as error:
-            self._comparison_failed(
-                cohort, evaluation, c, error.message, error.usage, error.escalations
-            )
-            return
-        evaluation.results[c] = result
-        self._comparison_done(cohort, evaluation)
-
-    def _comparison_done(self, cohort: Cohort, evaluation: Evaluation) -> None:
-        cohort.comparisons_done += 1
-        if cohort.state == "collecting" and evaluation.done_before_complete is not None:
-            evaluation.done_before_complete += 1
-
-    def _comparison_failed(
-        self,
-        cohort: Cohort,
-        evaluation: Evaluation,
-        c: int,
-        message: str,
-        usage: Usage | None,
-        escalations: int = 0,
-    ) -> None:
-        planned = evaluation.plan[c]
-        evaluation.errors[c] = message
-        evaluation.error_usage[c] = usage
-        evaluation.error_escalations[c] = escalations
-        self._comparison_done(cohort, evaluation)
-        cohort.comparisons_failed += 1
-        self.metrics.failed_comparisons.inc()
-        log.warning(
-            "GenRM dropped comparison %s (judge %s) of %s after a judge failure: %s",
-            planned.pair,
-            planned.k,
-            evaluation.total,
-            one_line(message, 2000),
-        )
 
     # --- /compare -----------------------------------------------------------------------------
 
@@ -877,7 +497,8 @@ class Engine:
         """Merge terminal records and watermarks (docs/durable-state.md, "Restore rules"): an
         absent key is added with a fresh retention clock (or one set back by ``age_s[key]``), an
         identical record is left alone, anything else is a conflict; a watermark is raised (its
-        clock set back by ``watermark_age_s[group_id]``) when the digests agree. Restored members
+        clock set back by ``watermark_age_s[group_id]``) when the digests agree, and supersedes
+        the group's active older attempts as a newer request would. Restored members
         replay without judging. Added records and raised watermarks are committed to the store in
         one transaction (``commit_many``) before any of them is applied; if that fails, nothing is
         applied."""
@@ -893,7 +514,7 @@ class Engine:
                     )
                 if bound.cancelled_caught:
                     raise CommitTimeout("the restore's commit", self._commit_timeout_s)
-            apply_restore(
+            superseded = apply_restore(
                 self._registry,
                 plan,
                 size=self.settings.num_rollouts_per_prompt,
@@ -901,7 +522,9 @@ class Engine:
                 age_s=age_s,
                 watermark_age_s=watermark_age_s,
             )
-        return RestoreReport(len(plan.adds), plan.unchanged, len(plan.raises), plan.conflicts)
+        return RestoreReport(
+            len(plan.adds), plan.unchanged, len(plan.raises), plan.conflicts, superseded
+        )
 
 
 @asynccontextmanager

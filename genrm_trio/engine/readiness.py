@@ -3,7 +3,9 @@
 With `eager_comparisons` a comparison starts as soon as both of its members are present
 (docs/architecture.md, "One group"); the fixed baseline (index N) is present from the start.
 :class:`Readiness` hands out each comparison exactly once, in plan order among those that became
-ready together, so the judge queue sees them in a reproducible order.
+ready together, so the judge queue sees them in a reproducible order. Finding what is ready
+(:meth:`Readiness.arrive`) does not claim it: the caller claims (:meth:`Readiness.take`) only what
+it starts, so a comparison it could not start is left to :meth:`Readiness.rest`.
 
 A group waiting for its members holds only two bit sets here (members present, comparisons
 started); the member → comparisons index (:class:`ReadinessIndex`) depends only on the plan, so
@@ -55,8 +57,8 @@ class Readiness:
         self.unstarted = index.total
 
     def arrive(self, members: Sequence[int]) -> list[int]:
-        """Mark ``members`` present; the comparisons this makes ready, in plan order (each is
-        returned once, and counts as started from then on)."""
+        """Mark ``members`` present; the comparisons this makes ready and not yet taken, in plan
+        order. Nothing is claimed: :meth:`take` the ones started, or :meth:`rest` returns them."""
         index = self._index
         for m in members:
             self._present |= 1 << m
@@ -66,14 +68,19 @@ class Readiness:
                 need = index.needs[c]
                 if not self._started >> c & 1 and self._present & need == need:
                     ready.add(c)
-        return self._take(sorted(ready))
+        return sorted(ready)
 
-    def rest(self) -> list[int]:
-        """Every comparison not started yet, in plan order (the group is complete)."""
-        return self._take([c for c in range(self._index.total) if not self._started >> c & 1])
-
-    def _take(self, comparisons: list[int]) -> list[int]:
+    def take(self, comparisons: Sequence[int]) -> None:
+        """Claim ``comparisons`` (from :meth:`arrive`) as started. Raises ValueError for one
+        already taken: a comparison is started once."""
         for c in comparisons:
+            if self._started >> c & 1:
+                raise ValueError(f"comparison {c} was already taken")
             self._started |= 1 << c
         self.unstarted -= len(comparisons)
-        return comparisons
+
+    def rest(self) -> list[int]:
+        """Take every comparison not started yet, in plan order (the group is complete)."""
+        rest = [c for c in range(self._index.total) if not self._started >> c & 1]
+        self.take(rest)
+        return rest

@@ -6,6 +6,10 @@ watermarks (groups with no active cohort) by ``updated_at``, both with lazy dele
 compaction. Pruning pops only
 what it drops, so a request pays O(log n) amortised however many records are retained.
 
+The registry's policy is here too: :meth:`Registry.admit` applies a request's watermark checks,
+the capacity limit and supersession (docs/architecture.md, "Keys, digests and replay"), before the
+engine gets or creates the request's cohort.
+
 Every method is synchronous: the engine calls them inside its registry critical section, and
 the state machine's callbacks call :meth:`Registry.cohort_state_changed` and
 :meth:`Registry.cohort_terminal`.
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 from typing import Final, final
 
 from genrm_trio.config import Settings
-from genrm_trio.domain.model import CohortView
+from genrm_trio.domain.model import CohortView, Rejection, RequestRejected
 from genrm_trio.domain.retention import Retention
 from genrm_trio.engine.cohort import Cohort
 from genrm_trio.engine.machine import ACTIVE_STATES
@@ -165,6 +169,68 @@ class Registry:
         self._terminal_heap.clear()
         self._watermark_heap.clear()
         self._terminal_count = 0
+
+    # --- policy: watermarks, capacity, supersession -------------------------------------------
+
+    def admit(
+        self, key: str, group_id: str | None, attempt: int, prompt_digest: str, now: float
+    ) -> bool:
+        """Admit a request for cohort ``key`` (docs/architecture.md, "Keys, digests and replay"):
+        prune; the watermark checks; the capacity check (``server.max_active_cohorts``, counting
+        the active cohorts this request supersedes as gone) for a key not held; then a new or
+        higher attempt sets the watermark and supersedes every active lower attempt of the group,
+        an equal one refreshes it.
+
+        Raises RequestRejected: conflict (inconsistent prompt, superseded attempt) or unavailable
+        (at capacity, ``retry_after_s`` 1). Returns whether the group's watermark advanced (the
+        caller commits it)."""
+        self.prune(now)
+        advances = False
+        if group_id is not None:
+            watermark = self.watermarks.get(group_id)
+            if watermark is not None and watermark.prompt_digest != prompt_digest:
+                raise RequestRejected(
+                    Rejection.CONFLICT,
+                    f"GenRM group {group_id!r} received inconsistent prompt or principle content",
+                )
+            if watermark is not None and attempt < watermark.latest_attempt:
+                raise RequestRejected(
+                    Rejection.CONFLICT,
+                    f"GenRM group {group_id!r} attempt {attempt} was superseded by attempt "
+                    f"{watermark.latest_attempt}",
+                )
+            advances = watermark is None or attempt > watermark.latest_attempt
+        if self.get(key) is None:
+            active = len(self.active)
+            if advances and group_id is not None:
+                active -= sum(1 for c in self.group_actives(group_id) if c.group_attempt < attempt)
+            if active >= self._settings.server.max_active_cohorts:
+                raise RequestRejected(
+                    Rejection.UNAVAILABLE,
+                    f"GenRM server is at capacity ({len(self.active)} active cohorts); retry later",
+                    retry_after_s=1.0,
+                )
+        if group_id is not None:
+            if advances:
+                self.set_watermark(group_id, attempt, prompt_digest, now)
+                self.supersede(group_id, attempt)
+            else:
+                self.touch_watermark(group_id, now)
+        return advances
+
+    def supersede(self, group_id: str, attempt: int) -> int:
+        """Fail every active cohort of ``group_id`` older than ``attempt`` (cohort kind,
+        "superseded": its waiters get the supersession 503, its comparisons hang up). Returns
+        how many it failed."""
+        superseded = 0
+        for old in self.group_actives(group_id):
+            if old.group_attempt < attempt and old.fail(
+                "cohort",
+                f"GenRM group {group_id!r} attempt {old.group_attempt} was superseded "
+                f"by attempt {attempt}",
+            ):
+                superseded += 1
+        return superseded
 
     # --- watermarks ---------------------------------------------------------------------------
 

@@ -307,7 +307,8 @@ _M = TypeVar("_M", bound=BaseModel)
 def validate(model: type[_M], value: JSONValue) -> _M:
     """`model.model_validate(value)`, or WireError with the 422 items of what is wrong."""
     try:
-        # model_validate without its Python wrapper (0.4 µs of the ~6 µs of a /verify body)
+        # model_validate without its Python wrapper, a measurable share of validating a /verify
+        # body (docs/benchmarks.md, "Small costs behind code choices")
         validated: _M = model.__pydantic_validator__.validate_python(value)
         return validated
     except ValidationError as exc:

@@ -44,11 +44,20 @@ class AttemptTicket:
     cancellation from outside (the group's deadline, a disconnect, a superseded group) is never
     reported: it is neither an answer nor a failure of the replica. So neither guesses."""
 
-    __slots__ = ("_on_deadline", "replica")
+    __slots__ = ("_on_deadline", "forgive", "previous", "replica", "server_error")
 
-    def __init__(self) -> None:
+    def __init__(self, previous: AttemptTicket | None = None) -> None:
         self.replica: str | None = None  # the fleet replica the attempt went to (its label)
         self._on_deadline: Callable[[JudgeAttemptError], None] | None = None
+        # The same comparison's previous attempt (the Comparator links them; one link only):
+        # a server error on two replicas in a row is the request's fault, not theirs.
+        self.previous = previous
+        if previous is not None:
+            previous.previous = None
+        self.server_error = False  # the fleet: this attempt ended in an HTTP 5xx
+        # The fleet: undo what that 5xx counted against its replica, should it prove the
+        # request's fault (None: nothing was counted)
+        self.forgive: Callable[[], None] | None = None
 
     def went_to(self, replica: str, on_deadline: Callable[[JudgeAttemptError], None]) -> None:
         """The fleet: the attempt is on `replica`; call `on_deadline` if its deadline ends it."""

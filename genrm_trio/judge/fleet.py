@@ -15,11 +15,17 @@ its own keep-alive pool). Every attempt goes to one replica:
   sets it after a failure there) goes to another one when any is available;
 - **ejection**: a replica whose last `judge.eject_after_failures` finished attempts all failed
   retryably (transport error, 408, 429, 5xx, its attempt deadline) is taken out for
-  `judge.eject_backoff_s`; then one trial attempt at a time may go to it: an answer brings it
-  back, a failure doubles the back-off (capped at `EJECT_BACKOFF_MAX_S`). While ejected it gets
-  no traffic, however few attempts it has in flight, so a replica that fails fast cannot attract
-  calls. When every replica is ejected, attempts still go out, to the least recently failed
-  replica, rather than failing untried;
+  `judge.eject_backoff_s`; then one trial attempt at a time may go to it (`due_a_trial`, the
+  one place that rule is written): a failed trial doubles the back-off (capped at
+  `EJECT_BACKOFF_MAX_S`). While ejected it gets no traffic, however few attempts it has in
+  flight, so a replica that fails fast cannot attract calls. When every replica is ejected,
+  attempts still go out, to the least recently failed replica, rather than failing untried;
+  those are no trials: a failure neither doubles nor extends a back-off. Any answer (a trial's
+  or not) brings a replica back at once;
+- **request faults**: an HTTP 5xx that the same comparison's previous attempt also got, from
+  another replica, is the request's fault (a prompt the judge cannot take), not the replicas':
+  it is not counted, and the previous one is taken back (with the ejection or failed trial it
+  caused). A 5xx followed by an answer elsewhere stays counted;
 - **stall detection** (`judge.replica_stall_s`, off by default): a replica that has had attempts
   in flight and finished none of them for that long, while another replica answered (a reply or
   an HTTP status, not a broken connection) in that time, is stalled: it is taken out as an
@@ -49,6 +55,7 @@ import trio
 
 from genrm_trio.config import ConfigError, Settings, endpoint_of
 from genrm_trio.judge.base import (
+    AttemptTicket,
     Judge,
     JudgeAttemptError,
     JudgeCall,
@@ -95,6 +102,7 @@ class _Replica:
         "quiet_since",
         "stalling",
         "stalls",
+        "streak",
         "url",
         "watch",
     )
@@ -108,6 +116,7 @@ class _Replica:
         self.calls = 0
         self.failures = 0
         self.consecutive = 0
+        self.streak = 0  # which run of consecutive failures `consecutive` counts
         self.ejected = False
         self.ejections = 0
         self.ejected_at = 0.0
@@ -134,6 +143,12 @@ def replica_labels(urls: Sequence[str]) -> list[str]:
         endpoint if endpoints.count(endpoint) == 1 else url
         for url, endpoint in zip(urls, endpoints, strict=True)
     ]
+
+
+def due_a_trial(replica: _Replica, now: float) -> bool:
+    """The trial rule, the one place it is written: an ejected replica whose back-off has run
+    out and that has no attempt in flight may take one trial attempt."""
+    return replica.ejected and now >= replica.eject_until and replica.in_flight == 0
 
 
 @final
@@ -203,8 +218,7 @@ class JudgeFleet:
                 continue
             held = replica.hold_until > now
             if replica.ejected:
-                # A back-off that ran out admits one trial attempt at a time.
-                if now >= replica.eject_until and replica.in_flight == 0:
+                if due_a_trial(replica, now):
                     key = (held, replica.label == avoid, 0)
                     if best is None or key < best_key:
                         best, best_key = replica, key
@@ -216,12 +230,16 @@ class JudgeFleet:
             key = (held, replica.label == avoid, replica.in_flight)
             if best is None or key < best_key:
                 best, best_key = replica, key
-        # Only when every replica is ejected does an attempt go to one still backing off.
-        chosen = best if best is not None or in_service else fallback
-        if chosen is None:
+        # Only when every replica is ejected does an attempt go to one still backing off; such
+        # an attempt is no trial: its failure neither doubles nor extends the back-off.
+        if best is not None:
+            chosen, trial = best, best.ejected
+        elif not in_service and fallback is not None:
+            chosen, trial = fallback, False
+        else:
             return None
         self._next = (chosen.index + 1) % count
-        return chosen, chosen.ejected
+        return chosen, trial
 
     async def _choose(self, avoid: str | None) -> tuple[_Replica, bool]:
         while True:
@@ -244,7 +262,7 @@ class JudgeFleet:
         for replica in self._replicas:
             if not replica.ejected:
                 serving += 1
-            elif now >= replica.eject_until and replica.in_flight == 0:
+            elif due_a_trial(replica, now):
                 trials += 1
         if not serving:
             return cap * len(self._replicas)
@@ -258,7 +276,7 @@ class JudgeFleet:
         holds = [
             replica.hold_until
             for replica in self._replicas
-            if not replica.ejected or (now >= replica.eject_until and replica.in_flight == 0)
+            if not replica.ejected or due_a_trial(replica, now)
         ]
         if not holds or min(holds) <= now:
             return None
@@ -293,7 +311,10 @@ class JudgeFleet:
             # that the replicas are serving, which a stall of another one needs).
             self._finished(replica, started, answered=not isinstance(error, JudgeTransportError))
             if error.retryable or error.retry_elsewhere:
-                self._failed(replica, trial, error)
+                if isinstance(error, JudgeHTTPError) and error.status >= 500:
+                    self._server_error(replica, trial, error, call.ticket)
+                else:
+                    self._failed(replica, trial, error)
                 if isinstance(error, JudgeHTTPError) and error.retry_after is not None:
                     replica.hold_until = trio.current_time() + error.retry_after
             else:  # it answered (a 4xx, a body that is not JSON): alive
@@ -400,25 +421,77 @@ class JudgeFleet:
         self._failed(replica, trial, error)
 
     def _answered(self, replica: _Replica, trial: bool) -> None:
+        """It answered: in service at once, whatever kind of attempt it answered."""
         replica.consecutive = 0
-        if replica.ejected and trial:
-            replica.ejected = False
-            log.warning(
-                "judge replica %s is back after %.1fs out (it answered a trial attempt)",
-                replica.label,
-                trio.current_time() - replica.ejected_at,
+        replica.streak += 1
+        if replica.ejected:
+            self._back(replica, "a trial attempt" if trial else "an attempt")
+
+    def _back(self, replica: _Replica, what: str) -> None:
+        replica.ejected = False
+        log.warning(
+            "judge replica %s is back after %.1fs out (it answered %s)",
+            replica.label,
+            trio.current_time() - replica.ejected_at,
+            what,
+        )
+
+    def _server_error(
+        self,
+        replica: _Replica,
+        trial: bool,
+        error: JudgeHTTPError,
+        ticket: AttemptTicket | None,
+    ) -> None:
+        """An HTTP 5xx. When the same comparison's previous attempt got one from another
+        replica, the request, not the replicas, is at fault (a prompt the model's template
+        rejects, a context the server cannot take): this one is not counted against the
+        replica, and the previous one is taken back. Otherwise it counts as any failure."""
+        previous = ticket.previous if ticket is not None else None
+        if ticket is None:
+            self._failed(replica, trial, error)
+            return
+        ticket.server_error = True
+        if previous is not None and previous.server_error and previous.replica != replica.label:
+            self._noted(replica, error)
+            if previous.forgive is not None:
+                previous.forgive()
+                previous.forgive = None
+            return
+        streak, ejections = replica.streak, replica.ejections
+        self._failed(replica, trial, error)
+        # What to undo: its count in this run of failures, and the ejection or the failed trial
+        # it caused (a 5xx is an answer: the replica is alive).
+        took_out = replica.ejected and (trial or replica.ejections != ejections)
+        ticket.forgive = partial(self._forgive, replica, streak, took_out, replica.ejections)
+
+    def _forgive(self, replica: _Replica, streak: int, took_out: bool, ejections: int) -> None:
+        """A 5xx counted against `replica` was the request's fault (`_server_error`)."""
+        if replica.streak != streak:
+            return  # it answered since: that run of failures is already forgotten
+        replica.consecutive = max(0, replica.consecutive - 1)
+        if took_out and replica.ejected and replica.ejections == ejections:
+            replica.backoff = self._backoff
+            self._back(
+                replica, "with a server error that the request caused on another replica too"
             )
+
+    def _noted(self, replica: _Replica, error: JudgeAttemptError) -> None:
+        """A retryable failure in its counters and last error, not counted for ejection."""
+        replica.failures += 1
+        replica.last_error = error.describe()[:200]
 
     def _failed(self, replica: _Replica, trial: bool, error: JudgeAttemptError) -> None:
         now = trio.current_time()
-        replica.failures += 1
+        self._noted(replica, error)
         replica.consecutive += 1
         replica.last_failure = now
-        replica.last_error = error.describe()[:200]
         if replica.ejected:
             if trial:  # the trial failed: stay out, twice as long
                 replica.backoff = min(max(EJECT_BACKOFF_MAX_S, self._backoff), replica.backoff * 2)
                 replica.eject_until = now + replica.backoff
+            # Any other attempt on an ejected replica (every replica was out) is no trial: it
+            # neither doubles nor extends the back-off.
             return
         if replica.consecutive >= self._threshold:
             self._eject(replica, now)
@@ -427,7 +500,7 @@ class JudgeFleet:
                 "a trial attempt in %gs; %d of %d replicas in service",
                 replica.label,
                 replica.consecutive,
-                one_line(replica.last_error, 200),
+                one_line(error.describe(), 200),
                 self._backoff,
                 sum(1 for r in self._replicas if not r.ejected),
                 len(self._replicas),

@@ -4,8 +4,8 @@ Why not hypercorn here: the simulated judge shares a core with the load generato
 benchmark, and hypercorn's per-request work (h11 events, a task and an idle timer per request,
 three socket writes per response) made it slow enough to spread a group's replies out, which a
 real judge (its own GPU box) does not do and which stretched the measured group latency
-(docs/benchmarks.md, "Since 8fe4f0a", has the figures). This server does only what the judge's
-clients need, at a fraction of that cost: keep-alive HTTP/1.1,
+(docs/benchmarks.md, "Our server vs the reference", session 2, has the figures). This server does
+only what the judge's clients need, at a fraction of that cost: keep-alive HTTP/1.1,
 `Content-Length` request bodies, one write per response, and `http.disconnect` when the client
 goes away while the app is still working (the judge's latency sleep watches for it).
 

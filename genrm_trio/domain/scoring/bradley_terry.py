@@ -21,8 +21,9 @@ The solver is Newton's method with a backtracking (Armijo) line search, each ste
   graphs such as a ring.
 - A group has N ≤ a few hundred vertices. The envelope of a circular graph is two entries a
   row plus one full row, so a step is O(N) there (a fixed-baseline star likewise); all_pairs is
-  dense, O(N³/3) a step; a whole fit at N = 16 takes 1–3 ms in pure Python. numpy is not a
-  runtime dependency of this service and nothing here needs it.
+  dense, O(N³/3) a step, so pure Python is fast enough at these sizes (docs/benchmarks.md,
+  "Small costs behind code choices"); numpy is not a runtime dependency of this service and
+  nothing here needs it.
 
 It stops when every component of the gradient ∇F is within 1e-9 of zero (the optimality
 condition; F being λ-strongly concave, θ is then within ‖∇F‖₂/λ of the maximiser), or when a
