@@ -14,22 +14,21 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from judges import compare, compare_input, gather, member
-from loading import load_script
-from scripted import Reply
-from test_attempts import (
+from comparator_rig import (
     CALL,
     EMPTY,
     MALFORMED,
     PAIR,
     RUBRIC,
     Rig,
-    Script,
     http,
     raw,
     reply,
     valid,
 )
+from judges import compare, compare_input, gather, member
+from loading import load_script
+from scripted import Reply, Script
 
 from genrm_trio.config import Settings
 from genrm_trio.domain.model import CompareFailed, Scored

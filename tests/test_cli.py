@@ -112,11 +112,10 @@ def test_judge_url_once_is_a_url_and_repeated_is_a_fleet() -> None:
     one = _serve_settings(build_parser().parse_args(argv))
     assert one.judge.base_url == "http://a:1/v1"
     assert one.judge.api == "chat_completions"
-    assert not one.judge.fleet
+    assert one.judge.base_urls == ("http://a:1/v1",)
     argv = ["serve", "--judge-url", "http://a:1/v1", "--judge-url", "http://b:2/v1", *api]
     two = _serve_settings(build_parser().parse_args(argv))
     assert two.judge.base_url == ["http://a:1/v1", "http://b:2/v1"]
-    assert two.judge.fleet
     assert two.judge.base_urls == ("http://a:1/v1", "http://b:2/v1")
 
 

@@ -11,12 +11,13 @@ import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from genrm_trio.config import (
     DEFAULT_PRINCIPLE,
@@ -114,6 +115,7 @@ def test_every_top_level_default() -> None:
         "max_terminal_cohorts": 4096,
         "comparison_mode": "rollout_cohort",
         "comparison_strategy": "circular",
+        "comparisons_per_rollout": 4,
         "num_judges_per_comparison": 1,
         "use_principle": False,
         "default_principle": DEFAULT_PRINCIPLE,
@@ -307,16 +309,34 @@ def test_port_range_accepted(port: int) -> None:
 
 # --- literals ------------------------------------------------------------------------------------
 
-LITERALS: dict[str, tuple[str, ...]] = {
-    "comparison_mode": ("rollout_cohort", "fixed_baseline"),
-    "comparison_strategy": ("all_pairs", "circular"),
-    "aggregator_method": ("simple_tiebreaker",),
-    "score_source": ("overall", "rubric_mean"),
-    "position_balance": ("none", "alternate"),
-    "evaluation_deadline_policy": ("fail_group", "mask_pending"),
-    "retry_backoff": ("constant", "exponential"),
-    "judge.api": ("chat_completions", "openai_responses", "genrm_model"),
-}
+
+def _literal_keys(model: type[BaseModel], prefix: str = "") -> dict[str, tuple[str, ...]]:
+    """Every key of `model` (nested sections as dotted names) whose type is a `Literal`, with its
+    values: derived from the settings, so a new choice or a new key is tested without an edit."""
+    found: dict[str, tuple[str, ...]] = {}
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        members = [a for a in get_args(annotation) if a is not type(None)]
+        if get_origin(annotation) in (Union, UnionType) and len(members) == 1:
+            annotation = members[0]  # an optional section: its keys still count
+        if get_origin(annotation) is Literal:
+            found[prefix + name] = get_args(annotation)
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            found |= _literal_keys(annotation, f"{prefix}{name}.")
+        else:
+            assert not any(get_origin(a) is Literal for a in members), f"{name}: optional literal"
+    return found
+
+
+LITERALS = _literal_keys(Settings)
+
+
+def test_the_literal_keys_are_found() -> None:
+    """The walk finds the keys the docs list as choices, those added since the list was written
+    by hand (`aggregator_method: bradley_terry`, `mask_policy`) included."""
+    assert {"comparison_strategy", "aggregator_method", "mask_policy", "judge.api"} <= set(LITERALS)
+    assert "bradley_terry" in LITERALS["aggregator_method"]
+    assert all(len(values) >= 2 for values in LITERALS.values()), LITERALS
 
 
 @pytest.mark.parametrize(

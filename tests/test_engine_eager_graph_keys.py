@@ -3,17 +3,15 @@
 from eager starts (issue #20): the masking and the fit read the comparisons in plan order, never
 in the order they finished.
 
-The scenarios, the scripted judge and the run are tests/test_engine_eager_properties.py's; only
-the settings gain the two keys (its `make_settings`, patched for the duration of one example).
+The scenarios, the scripted judge and the run are tests/eager_scenarios.py's, as for
+tests/test_engine_eager_properties.py; only the settings gain the two keys.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
-from unittest import mock
 
-import test_engine_eager_properties as eager_properties
+from eager_scenarios import run, scenarios
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -25,7 +23,7 @@ from genrm_trio.engine.evaluation import EAGER_RATE_KEY
 
 @hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    eager_properties.scenarios(),
+    scenarios(),
     st.sampled_from(["pair", "component"]),
     st.sampled_from(["simple_tiebreaker", "bradley_terry"]),
 )
@@ -33,10 +31,8 @@ def test_eager_starts_give_the_same_reply_under_component_masking_and_bradley_te
     scenario: dict[str, Any], mask_policy: str, method: str
 ) -> None:
     keys = {"mask_policy": mask_policy, "aggregator_method": method}
-    with_keys = functools.partial(eager_properties.make_settings, **keys)
-    with mock.patch.object(eager_properties, "make_settings", with_keys):
-        eager, eager_calls = eager_properties.run(scenario, True)
-        later, later_calls = eager_properties.run(scenario, False)
+    eager, eager_calls = run(scenario, True, **keys)
+    later, later_calls = run(scenario, False, **keys)
     assert sorted(eager) == sorted(later) == list(range(scenario["n"]))
     assert eager_calls == later_calls
     for index, reply in eager.items():

@@ -14,6 +14,7 @@ import pytest
 import trio
 import trio.testing
 from fake_engine import SCORED_RESULT, FakeEngine, Outcome
+from http_calls import call, member, post_group
 from quart import request
 from quart_trio import QuartTrio
 
@@ -70,25 +71,6 @@ def outcome(value: Outcome | BaseException) -> Callable[[VerifyInput], Awaitable
 
 def app_for(engine: FakeEngine, **server: Any) -> QuartTrio:
     return create_app(engine, settings(**server))
-
-
-async def call(
-    app: QuartTrio,
-    path: str,
-    *,
-    method: str = "POST",
-    body: Any = None,
-    raw: bytes | None = None,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, Any, dict[str, str]]:
-    client: Any = app.test_client()
-    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    response = await client.open(path, method=method, data=data, headers=headers)
-    payload = await response.get_data(as_text=False)
-    hdrs = {k.lower(): v for k, v in response.headers.items()}
-    if hdrs.get("content-type", "").startswith("application/json"):
-        return response.status_code, json.loads(payload), hdrs
-    return response.status_code, payload.decode(), hdrs
 
 
 # --- /verify ------------------------------------------------------------------------------------
@@ -428,6 +410,27 @@ async def test_close_session() -> None:
 async def test_reverify_mode() -> None:
     app = app_for(FakeEngine())
     assert (await call(app, "/reverify_mode", method="GET"))[:2] == (200, "unsupported")
+
+
+async def test_group_settings() -> None:
+    """What a client needs before it sends a group: its size and the server's two deadlines."""
+    config = Settings.model_validate(
+        {
+            "num_rollouts_per_prompt": 4,
+            "cohort_collection_timeout_s": 30.0,
+            "cohort_evaluation_timeout_s": 45.5,
+        }
+    )
+    app: Any = create_app(FakeEngine(), config)
+    for prefix in ("", "/ng-rollout/r-1"):
+        assert (await call(app, prefix + "/group_settings", method="GET"))[:2] == (
+            200,
+            {
+                "num_rollouts_per_prompt": 4,
+                "cohort_collection_timeout_s": 30.0,
+                "cohort_evaluation_timeout_s": 45.5,
+            },
+        )
 
 
 @pytest.mark.parametrize("path", ["/", "/health", "/healthz", "/readyz", "/livez"])
@@ -879,45 +882,6 @@ ROW_KEYS = {
     "_ng_group_attempt",
     "_ng_rollout_index",
 }
-
-
-def member(index: int, answer: str, *, group: str = "e2e", **extra: Any) -> dict[str, Any]:
-    return {
-        "responses_create_params": {
-            "input": [{"role": "user", "content": "Name a prime.", "type": "message"}],
-            "tools": [],
-            "tool_choice": "auto",
-            "parallel_tool_calls": True,
-        },
-        "response": {
-            "id": f"resp_{group}_{index}_{answer}",
-            "output": [
-                {
-                    "type": "message",
-                    "role": "assistant",
-                    "content": [{"type": "output_text", "text": answer}],
-                }
-            ],
-        },
-        "_ng_group_id": group,
-        "_ng_group_attempt": 0,
-        "_ng_rollout_index": index,
-        "_ng_task_index": 0,
-        **extra,
-    }
-
-
-async def post_group(app: QuartTrio, bodies: list[dict[str, Any]]) -> list[tuple[int, Any]]:
-    replies: list[tuple[int, Any]] = [(0, None)] * len(bodies)
-
-    async def one(i: int) -> None:
-        status, reply, _ = await call(app, f"/ng-rollout/r{i}/verify", body=bodies[i])
-        replies[i] = (status, reply)
-
-    async with trio.open_nursery() as nursery:
-        for i in range(len(bodies)):
-            nursery.start_soon(one, i)
-    return replies
 
 
 def e2e_settings() -> Settings:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from http_calls import call, member, post_group
 from scripted import BROKEN_WRITE, REFUSED, Answer, ByHost, Hangup, Reply, Reset, Script
-from test_http_app import call, member, post_group
 
 from genrm_trio.config import Settings, settings_from_mapping
 from genrm_trio.engine.engine import open_engine

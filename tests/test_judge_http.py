@@ -11,8 +11,7 @@ import shutil
 import socket
 import ssl
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from contextlib import asynccontextmanager
+from collections.abc import MutableMapping
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from pathlib import Path
@@ -22,10 +21,23 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from real_sockets import (
+    CALL,
+    HISTORY,
+    VERDICT_TEXT,
+    Script,
+    TinyServer,
+    real_judge,
+    responses_reply,
+    scripted_judge,
+    serve_tls,
+    settings,
+    tiny_server,
+)
 from scripted import REFUSED, Fixed, Reply
 from scripted import Script as Answers
 
-from genrm_trio.config import ConfigError, Settings, settings_from_mapping
+from genrm_trio.config import ConfigError, settings_from_mapping
 from genrm_trio.judge.apis import JUDGE_APIS, chat_params, interpret_chat, interpret_responses
 from genrm_trio.judge.base import (
     JudgeBadJSON,
@@ -41,31 +53,11 @@ from genrm_trio.judge.pool import CertificateError, KeepAlivePool
 from genrm_trio.testing.network import (
     MemoryNetwork,
     Request,
-    read_request,
     response_bytes,
     serve_asgi,
 )
 
-HISTORY = [{"role": "system", "content": "Be fair."}, {"role": "user", "content": "What is 2+2?"}]
-CALL = JudgeCall(HISTORY, "four", "4", None)
-VERDICT_TEXT = '{"score_1": 4, "score_2": 2, "ranking": 2}'
 TOKEN = "sk-test-secret-token-1234"
-
-
-def settings(**judge: Any) -> Settings:
-    data: dict[str, Any] = {"judge": {"base_url": "http://judge.test:8000/v1", **judge}}
-    return settings_from_mapping(data)
-
-
-def responses_reply(
-    text: str | None = VERDICT_TEXT, *, status: str | None = "completed", **extra: Any
-) -> dict[str, Any]:
-    reply: dict[str, Any] = {
-        "status": status,
-        "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}],
-    }
-    reply.update(extra)
-    return reply
 
 
 def chat_reply(
@@ -677,109 +669,6 @@ async def test_an_asgi_judge_over_the_in_memory_network() -> None:
 
 # --- the keep-alive pool over real sockets (real clock, numeric 127.0.0.1) -----------------
 
-Script = Callable[[int, bytes, trio.SocketStream], Awaitable[bool]]
-
-
-class TinyServer:
-    """A scripted HTTP/1.1 server on 127.0.0.1: `script(n, request, stream)` answers request n
-    (0-based, across connections) and returns whether to keep the connection open."""
-
-    def __init__(self, script: Script) -> None:
-        self.script = script
-        self.requests: list[bytes] = []
-        self.connections = 0
-        self.open = 0
-        self.got_request = trio.Event()
-        self._new_request = trio.Event()
-        self.all_closed = trio.Event()
-        self.port = 0
-
-    async def handle(self, stream: trio.SocketStream) -> None:
-        self.connections += 1
-        self.open += 1
-        self.all_closed = trio.Event()
-        buffer = b""
-        try:
-            while True:
-                got = await read_request(stream, buffer)
-                if got is None:
-                    return
-                request, buffer = got[0].raw, got[1]
-                n = len(self.requests)
-                self.requests.append(request)
-                self.got_request.set()
-                self._new_request.set()
-                self._new_request = trio.Event()
-                if not await self.script(n, request, stream):
-                    return
-        except trio.BrokenResourceError:
-            return
-        finally:
-            self.open -= 1
-            if self.open == 0:
-                self.all_closed.set()
-            await stream.aclose()
-
-    async def wait_requests(self, count: int) -> None:
-        while len(self.requests) < count:
-            await self._new_request.wait()
-
-    async def start(self, nursery: trio.Nursery) -> None:
-        listeners = await nursery.start(trio.serve_tcp, self.handle, 0)
-        self.port = listeners[0].socket.getsockname()[1]
-
-
-async def serve_tls(
-    stream: trio.SocketStream, context: ssl.SSLContext, reply: Callable[[bytes], bytes]
-) -> None:
-    """A keep-alive judge over TLS on one connection: each request answered 200 with
-    `reply(request)`, until the client closes."""
-    tls = trio.SSLStream(stream, context, server_side=True)
-    buffer = b""
-    try:
-        while True:
-            got = await read_request(tls, buffer)
-            if got is None:
-                return
-            request, buffer = got[0].raw, got[1]
-            await tls.send_all(response_bytes(200, reply(request)))
-    except trio.BrokenResourceError:
-        return
-    finally:
-        await trio.aclose_forcefully(tls)
-
-
-def real_judge(port: int, **judge: Any) -> HttpJudge:
-    return make_http_judge(settings(base_url=f"http://127.0.0.1:{port}/v1", **judge))
-
-
-@asynccontextmanager
-async def tiny_server(script: Script) -> AsyncIterator[TinyServer]:
-    """A started TinyServer, for tests that make their own client or judge: its nursery is
-    cancelled on the way out, even when the body fails, so no listener outlives the test."""
-    server = TinyServer(script)
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
-        try:
-            yield server
-        finally:
-            nursery.cancel_scope.cancel()
-
-
-@asynccontextmanager
-async def scripted_judge(
-    script: Script, **judge_settings: Any
-) -> AsyncIterator[tuple[TinyServer, HttpJudge]]:
-    """A real judge (`judge_settings` as in `real_judge`) over a started TinyServer. On the way
-    out, even when the body fails, the judge is closed and then the server stopped. aclose is
-    idempotent, so a test that checks what closing does (or bounds it) closes the judge itself."""
-    async with tiny_server(script) as server:
-        judge = real_judge(server.port, **judge_settings)
-        try:
-            yield server, judge
-        finally:
-            await judge.aclose()
-
 
 async def test_pool_reuses_one_connection_for_sequential_calls() -> None:
     body = json.dumps(responses_reply(usage={"input_tokens": 1, "output_tokens": 2})).encode()
@@ -1175,7 +1064,7 @@ def test_every_judge_api_value_has_one_object_and_one_simulated_side() -> None:
     from typing import get_args
 
     from genrm_trio.config import JudgeApiName, JudgeSettings
-    from genrm_trio.judge.apis import JUDGE_APIS, judge_api_type
+    from genrm_trio.judge.apis import JUDGE_APIS
     from genrm_trio.testing.asgi import SIM_APIS
 
     names = set(get_args(JudgeApiName))
@@ -1190,8 +1079,8 @@ def test_every_judge_api_value_has_one_object_and_one_simulated_side() -> None:
         }
     )
     assert set(get_args(JudgeSettings.model_fields["api"].annotation)) == names
+    assert len(set(JUDGE_APIS.values())) == len(names)  # one object per value, none shared
     for name in names:
-        assert JUDGE_APIS[name] is judge_api_type(name)
         assert JUDGE_APIS[name].name == name
     # the simulated judge serves each API at the path the client posts to
     paths = {"/v1" + JUDGE_APIS[name].path for name in names}
@@ -1215,18 +1104,17 @@ async def test_the_simulated_judge_answers_each_api_where_the_client_posts(
     assert app.sim.statistics().calls == 1
 
 
-def test_the_pool_defaults_are_the_settings_defaults() -> None:
-    import inspect
-
+def test_the_judge_pool_takes_its_keys_from_the_settings() -> None:
+    """`judge_pool`, the one builder of judge pools, passes the `judge.*` pool keys on (values
+    other than the pool's own defaults, so that a key dropped on the way shows)."""
     from genrm_trio.config import JudgeSettings
+    from genrm_trio.judge.pool import judge_pool
 
-    defaults = {
-        name: parameter.default
-        for name, parameter in inspect.signature(KeepAlivePool).parameters.items()
-    }
-    fields = JudgeSettings.model_fields
-    assert defaults["keepalive_expiry"] == fields["keepalive_expiry_s"].default == 4.0
-    assert defaults["max_response_bytes"] == fields["max_response_bytes"].default == 32 << 20
+    judge = JudgeSettings(keepalive_expiry_s=2.5, max_response_bytes=4096)
+    pool = judge_pool("http://127.0.0.1:9/v1", judge)
+    default = KeepAlivePool(httpx.URL("http://127.0.0.1:9/v1"))
+    assert (pool._keepalive_expiry, pool._max_body) == (2.5, 4096)
+    assert (default._keepalive_expiry, default._max_body) != (2.5, 4096)
 
 
 async def test_a_judge_key_reaches_the_probe_as_it_reaches_the_calls(

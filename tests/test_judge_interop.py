@@ -22,7 +22,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from test_judge_http import (
+from real_sockets import (
     CALL,
     real_judge,
     responses_reply,

@@ -19,6 +19,7 @@ from genrm_trio.engine import machine
 from genrm_trio.engine.engine import Engine
 from genrm_trio.judge import attempts
 from genrm_trio.judge.base import (
+    JudgeAttemptError,
     JudgeBadJSON,
     JudgeHTTPError,
     JudgeStalled,
@@ -141,6 +142,16 @@ def test_every_closed_label_value_is_exported_at_zero_from_the_start() -> None:
     assert exported[(f"{LATENCY}_bucket", (("le", "+Inf"),))] == 0
 
 
+def _subclasses(cls: type[BaseException]) -> set[type[BaseException]]:
+    """Every class of the package derived from `cls`, however deep (a test's own subclass is
+    not one of the package's kinds)."""
+    found: set[type[BaseException]] = set()
+    for sub in cls.__subclasses__():
+        if sub.__module__.startswith("genrm_trio."):
+            found |= {sub} | _subclasses(sub)
+    return found
+
+
 def test_the_label_values_are_the_engines_own() -> None:
     assert set(ACTIVE_STATE_LABELS) == set(machine.ACTIVE_STATES)
     state = typing.get_type_hints(TerminalRecord.state.fget)["return"]  # type: ignore[attr-defined]
@@ -152,6 +163,8 @@ def test_the_label_values_are_the_engines_own() -> None:
         JudgeTransportError("ConnectError", "refused"),
         JudgeStalled("judge replica a:8000 finished none of its calls in flight for 5s"),
     ]
+    # one example of every kind of failed attempt: a new kind fails here until it has one
+    assert {type(error) for error in errors} == _subclasses(JudgeAttemptError)
     outcomes = {status.value for status in ReplyStatus} | {attempts._outcome(e)[0] for e in errors}
     assert outcomes == set(JUDGE_OUTCOME_LABELS)
     # retried: the retryable ones, and in a fleet those retried on another replica (a timeout)

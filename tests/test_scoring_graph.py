@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from itertools import combinations
 from typing import get_args
 
@@ -38,7 +39,6 @@ from genrm_trio.domain.scoring import (
     plan_fixed_baseline,
     preference_cycle_rate,
 )
-from genrm_trio.domain.scoring import pairs as pairs_module
 
 
 def jc(
@@ -543,11 +543,16 @@ class TestVocabularies:
         assert set(AGGREGATORS) == set(get_args(AggregatorMethod))
 
     def test_pair_plans_check_against_the_settings_vocabularies(self) -> None:
-        assert frozenset(get_args(ComparisonStrategy)) == pairs_module._STRATEGIES
-        assert frozenset(get_args(PositionBalance)) == pairs_module._BALANCES
+        # a value outside the vocabulary is refused, and the error lists exactly the vocabulary
+        strategies = sorted(get_args(ComparisonStrategy))
+        with pytest.raises(ValueError, match=re.escape(f"Supported: {strategies}")):
+            plan_comparisons(3, "bogus", 1)  # type: ignore[arg-type]
+        balances = sorted(get_args(PositionBalance))
+        with pytest.raises(ValueError, match=re.escape(f"Supported: {balances}")):
+            plan_comparisons(3, "circular", 1, "bogus")  # type: ignore[arg-type]
         for strategy in get_args(ComparisonStrategy):
             for balance in get_args(PositionBalance):
-                assert plan_comparisons(3, strategy, 1, balance)
+                assert plan_comparisons(5, strategy, 1, balance)  # d = 4 fits N = 5
 
     def test_every_mask_policy_is_a_rule(self) -> None:
         plan = plan_comparisons(3, "circular", 1)

@@ -16,6 +16,7 @@ import trio
 import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
+from sim_bodies import chat_body, client, responses_body, responses_text
 
 from genrm_trio.judge.base import (
     JudgeAttemptError,
@@ -26,7 +27,6 @@ from genrm_trio.judge.base import (
     ReplyStatus,
 )
 from genrm_trio.testing import FaultRule, SimConfig, SimJudge, serve_sim_judge, sim_asgi_app
-from genrm_trio.testing.asgi import SimJudgeApp
 from genrm_trio.testing.faults import FAULT_KINDS
 from genrm_trio.testing.flags import parse_fault_rule, sim_config_from_args
 from genrm_trio.testing.verdicts import answer_quality, sim_verdict, sim_verdict_text
@@ -461,55 +461,6 @@ def test_cli_mapping() -> None:
 
 
 # --- over HTTP (ASGI, virtual time) -----------------------------------------------------------
-
-
-def client(app: SimJudgeApp, **kw: Any) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://sim.test/v1", **kw
-    )
-
-
-def responses_body(r1: str, r2: str, principle: str | None = None) -> dict[str, Any]:
-    metadata = {"response_1": r1, "response_2": r2}
-    if principle is not None:
-        metadata["principle"] = principle
-    return {
-        "model": "judge-x",
-        "max_output_tokens": 512,
-        "input": [
-            {"role": "system", "content": "Be fair.", "type": "message"},
-            {
-                "role": "user",
-                "content": [
-                    {"type": "input_text", "text": "What is "},
-                    {"type": "input_text", "text": "2+2?"},
-                ],
-                "type": "message",
-            },
-        ],
-        "metadata": metadata,
-    }
-
-
-def chat_body(r1: str, r2: str, principle: str | None = None) -> dict[str, Any]:
-    messages = [
-        {"role": "system", "content": "Be fair."},
-        {"role": "user", "content": "What is 2+2?"},
-    ]
-    if principle is not None:
-        messages.append({"role": "principle", "content": principle})
-    messages += [{"role": "response_1", "content": r1}, {"role": "response_2", "content": r2}]
-    return {"model": "judge-x", "max_tokens": 512, "messages": messages}
-
-
-def responses_text(body: dict[str, Any]) -> str:
-    return "".join(
-        part["text"]
-        for item in body["output"]
-        if item["type"] == "message"
-        for part in item["content"]
-        if part["type"] == "output_text"
-    )
 
 
 async def test_responses_api_over_asgi(autojump_clock: trio.testing.MockClock) -> None:

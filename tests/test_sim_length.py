@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from test_sim_judge import chat_body, client, responses_body, responses_text
+from sim_bodies import chat_body, client, responses_body, responses_text
 
 from genrm_trio.app.cli import main
 from genrm_trio.judge.base import JudgeCall, ReplyStatus
