@@ -370,10 +370,11 @@ async def test_disposition_logs(
         await verify(engine, member(0, group="lonely"))
     completed = [r for r in caplog.records if "disposition=completed" in r.getMessage()]
     failed = [r for r in caplog.records if "disposition=failed" in r.getMessage()]
-    key = f"group_id::{long_group}::group_attempt::0"[:160]
+    key = f"group_id::{long_group}::group_attempt::0"
+    shown = f"{key[:160]!r}… ({len(key)} characters)"  # a log line shows 160 (`shown_id`)
     assert [r.levelno for r in completed] == [logging.INFO]
     assert completed[0].getMessage() == (
-        f"GenRM cohort disposition=completed key={key!r} attempt=0 members=2"
+        f"GenRM cohort disposition=completed key={shown} attempt=0 members=2"
     )
     assert [r.levelno for r in failed] == [logging.WARNING]
     lonely = "group_id::lonely::group_attempt::0"
