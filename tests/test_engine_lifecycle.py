@@ -241,10 +241,11 @@ async def test_evaluation_failure_releases_every_waiter(
 async def test_input_failure_releases_every_waiter_without_judging(
     autojump_clock: MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(*args: object, **kwargs: object) -> list[object]:
+    def broken(*args: object, **kwargs: object) -> str:
         raise TypeError("cannot convert response")
 
-    monkeypatch.setattr(run_module, "plan_comparisons", broken)
+    # a step of every group's run (the plan itself is made once, when the engine opens)
+    monkeypatch.setattr(run_module, "judge_principle", broken)
     judge = ScriptedJudge()
     async with running(settings(), judge) as engine:
         replies = await gather(engine, [member(0), member(1)])
