@@ -192,8 +192,8 @@ MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
 
 @final
 class JudgeSettings(_Strict):
-    """How to reach the judge, and, with a list of base URLs, a fleet of replicas
-    (docs/configuration.md, "The judge", "A judge fleet")."""
+    """How to reach the judge: its base URL, or a list of them, the replicas of a fleet (one URL
+    is a fleet of one replica; docs/configuration.md, "The judge", "A judge fleet")."""
 
     base_url: str | list[str] | None = None
     api: JudgeApiName = "responses"
@@ -262,16 +262,12 @@ class JudgeSettings(_Strict):
         return tuple(self.base_url)
 
     @property
-    def fleet(self) -> bool:
-        """Whether `base_url` is a list (a fleet of replicas, even of one)."""
-        return isinstance(self.base_url, list)
-
-    @property
     def total_concurrency(self) -> int:
         """Judge calls in flight at once: `max_concurrency`, or the replicas' caps if lower (and
-        while replicas are ejected, only the caps of those in service: `JudgeFleet.capacity`)."""
+        while replicas are ejected, only the caps of those in service: `JudgeFleet.capacity`).
+        A single URL is a fleet of one replica."""
         cap = self.max_concurrency_per_replica
-        if cap is None or not self.fleet:
+        if cap is None or not self.base_urls:
             return self.max_concurrency
         return min(self.max_concurrency, cap * len(self.base_urls))
 

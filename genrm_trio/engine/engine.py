@@ -177,7 +177,8 @@ class Engine:
         return self._registry.views(trio.current_time())
 
     def judge_replicas(self) -> list[ReplicaStats]:
-        """Per-replica counters of a judge fleet (``GET /judge/replicas``); [] for one judge."""
+        """Per-replica counters of the judge (``GET /judge/replicas``): one per base URL, a single
+        URL being a fleet of one; [] for a judge that reports none (a simulated one)."""
         return [] if self._fleet is None else self._fleet.replica_stats()
 
     def statistics(self) -> EngineStatistics:

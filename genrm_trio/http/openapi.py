@@ -268,7 +268,7 @@ def openapi_document(*, title: str, version: str, auth: bool) -> dict[str, Any]:
             ref(GroupSettingsResponse),
         ),
         "/judge/replicas": get(
-            "Per-replica counters of a judge fleet ([] for one judge)",
+            "Per-replica counters of the judge: one row per base URL ([] for a simulated judge)",
             {"type": "array", "items": {"type": "object"}},
         ),
         "/metrics": {
