@@ -3,7 +3,9 @@ property tests (tests/test_engine_eager_properties.py, tests/test_engine_eager_g
 
 A scenario is a group (size, strategy, judge passes, position balance, fixed baseline, attempts,
 judge slots), an arrival order and times, and a verdict outcome per shown pair (a verdict, a
-judge failure, an unparsable reply) with a latency; `run` plays it with eager starts on or off.
+judge failure, an unparsable reply, or a first attempt answered 429 with or without a
+`Retry-After` that may or may not fit the group deadline, then a verdict) with a latency, so
+that the 429 comes at any point of collection; `run` plays it with eager starts on or off.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from judges import settings as make_settings
 from trio.testing import MockClock
 
 from genrm_trio.engine.engine import open_engine
+from genrm_trio.judge.base import JudgeHTTPError
 
 Outcome = tuple[str, float, tuple[float, float, float]]
 
@@ -34,7 +37,13 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
         st.sampled_from([1.0, 2.0, 3.5, 5.0, 6.0]),
     )
     outcome = st.tuples(
-        st.sampled_from(["verdict", "verdict", "verdict", "failure", "unparsable"]),
+        st.sampled_from(
+            # "429 s": Retry-After s (30 fits the 100 s group deadline, 500 does not)
+            [
+                *("verdict", "verdict", "verdict", "failure", "unparsable"),
+                *("429", "429 0.5", "429 30", "429 500"),
+            ]
+        ),
         st.sampled_from([0.0, 0.05, 0.3, 1.5]),
         verdict,
     )
@@ -56,8 +65,15 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
-def step_of(outcome: Outcome) -> Step:
+def step_of(outcome: Outcome, ordinal: int, retries: int) -> Step:
     kind, delay, (score_1, score_2, ranking) = outcome
+    if kind.startswith("429") and ordinal == 0 and retries:
+        # The first attempt at this shown pair only (a retry gets the verdict). Without retries
+        # it would fail whichever judge pass of the pair came first, which eager starts may
+        # order differently, so then the pair gets its verdict at once.
+        _, _, after = kind.partition(" ")
+        retry_after = float(after) if after else None
+        return Step(delay=delay, error=JudgeHTTPError(429, b"slow down", retry_after))
     if kind == "failure":
         return http_error(delay=delay)
     if kind == "unparsable":
@@ -72,7 +88,8 @@ def run(
     time with `eager_comparisons: eager` and the settings `keys` on top of the scenario's."""
     outcomes: dict[tuple[str, str], Outcome] = scenario["outcomes"]
     # the same outcome for every attempt at a shown pair: a judge cannot tell passes apart
-    judge = ScriptedJudge(script=lambda r1, r2, _n: step_of(outcomes[(r1, r2)]))
+    retries = scenario["retries"]
+    judge = ScriptedJudge(script=lambda r1, r2, n: step_of(outcomes[(r1, r2)], n, retries))
     config = make_settings(
         num_rollouts_per_prompt=scenario["n"],
         comparison_mode=scenario["mode"],

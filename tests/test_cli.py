@@ -99,11 +99,10 @@ def test_usage_errors_are_one_line_exit_2(
 def test_judge_url_once_is_a_url_and_repeated_is_a_fleet() -> None:
     one = _serve_settings(build_parser().parse_args(["serve", "--judge-url", "http://a:1/v1"]))
     assert one.judge.base_url == "http://a:1/v1"
-    assert not one.judge.fleet
+    assert one.judge.base_urls == ("http://a:1/v1",)
     argv = ["serve", "--judge-url", "http://a:1/v1", "--judge-url", "http://b:2/v1"]
     two = _serve_settings(build_parser().parse_args(argv))
     assert two.judge.base_url == ["http://a:1/v1", "http://b:2/v1"]
-    assert two.judge.fleet
     assert two.judge.base_urls == ("http://a:1/v1", "http://b:2/v1")
 
 

@@ -115,6 +115,7 @@ def test_every_top_level_default() -> None:
         "max_terminal_cohorts": 4096,
         "comparison_mode": "rollout_cohort",
         "comparison_strategy": "circular",
+        "comparisons_per_rollout": 4,
         "num_judges_per_comparison": 1,
         "use_principle": False,
         "default_principle": DEFAULT_PRINCIPLE,

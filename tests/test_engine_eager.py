@@ -34,6 +34,7 @@ from genrm_trio.domain.model import CompareResult, GroupFailed, Masked, Scored, 
 from genrm_trio.engine import machine
 from genrm_trio.engine.engine import Engine
 from genrm_trio.engine.evaluation import EAGER_RATE_KEY
+from genrm_trio.judge.base import JudgeHTTPError
 from genrm_trio.store.sqlite import INTERRUPTED_TEMPLATE
 
 LONG = {"cohort_collection_timeout_s": 30.0, "cohort_evaluation_timeout_s": 30.0}
@@ -426,6 +427,73 @@ async def test_mask_pending_at_the_deadline_after_completion(autojump_clock: Moc
         )
     assert isinstance(replies[2], Scored)
     assert at == {0: 2.0, 1: 2.0, 2: 2.0}
+
+
+@pytest.mark.parametrize("policy", ["mask_pending", "fail_group"])
+async def test_a_retry_after_taken_while_collecting_respects_the_deadline_set_later(
+    autojump_clock: MockClock, policy: str
+) -> None:
+    """The first call of pair (0, 1) gets 429 with `Retry-After: 30` while the group collects;
+    members 2 and 3 arrive 0.5 s later and set the 3 s group deadline. The 30 s no longer fits
+    before it, so, as without eager starts, it is not slept: the retry follows the plain retry
+    sleep, and every row is scored as with eager starts off."""
+    got: dict[bool, dict[int, Reply]] = {}
+    for on in (True, False):
+        judge = ScriptedJudge(
+            pairs={("a0", "a1"): [Step(error=JudgeHTTPError(429, b"slow down", 30.0)), Step()]},
+            latency=0.1,
+        )
+        config = settings(
+            num_rollouts_per_prompt=4,
+            cohort_collection_timeout_s=30.0,
+            cohort_evaluation_timeout_s=3.0,
+            judge_request_timeout_s=2.0,
+            genrm_parse_retries=3,
+            genrm_parse_retry_sleep_s=0.2,
+            evaluation_deadline_policy=policy,
+            eager_comparisons=on,
+        )
+        t0 = trio.current_time()
+        async with running(config, judge) as engine:
+            schedule = [(0.0, member(0)), (0.0, member(1)), (0.5, member(2)), (0.5, member(3))]
+            got[on], at = await arrive(engine, schedule)
+        first_pair = [c.started - t0 for c in judge.calls if c.shown == ("a0", "a1")]
+        if on:
+            # 429 at 0; its sleep, sized at 0 (no deadline yet) to 30 s, is sized again at 0.5
+            # against the deadline of 3.5: the 0.2 s retry sleep, already over
+            assert first_pair == pytest.approx([0.0, 0.5])
+            assert at == {i: pytest.approx(0.6) for i in range(4)}
+        else:
+            assert first_pair == pytest.approx([0.5, 0.7])  # 30 s does not fit: 0.2 s
+            assert at == {i: pytest.approx(0.7) for i in range(4)}
+        assert len(judge.calls) == 5
+        assert all(isinstance(r, Scored) for r in got[on].values())
+    assert {i: without_eager_rate(r) for i, r in got[True].items()} == got[False]
+
+
+async def test_a_retry_after_that_fits_the_deadline_set_later_is_kept(
+    autojump_clock: MockClock,
+) -> None:
+    from genrm_trio.judge.attempts import RETRY_AFTER_JITTER
+
+    judge = ScriptedJudge(
+        pairs={("a0", "a1"): [Step(error=JudgeHTTPError(429, b"slow down", 2.0)), Step()]},
+        latency=0.1,
+    )
+    config = eager(
+        num_rollouts_per_prompt=3,
+        cohort_evaluation_timeout_s=3.0,
+        genrm_parse_retries=3,
+        genrm_parse_retry_sleep_s=0.2,
+    )
+    t0 = trio.current_time()
+    async with running(config, judge) as engine:
+        schedule = [(0.0, member(0)), (0.0, member(1)), (0.5, member(2))]
+        replies, _ = await arrive(engine, schedule)
+    [retry] = [c.started - t0 for c in judge.calls if c.shown == ("a0", "a1")][1:]
+    # 2 s stretched by its jitter, from 0: it ends before the deadline (3.5) and is slept
+    assert 2.0 <= retry <= 2.0 * (1 + RETRY_AFTER_JITTER)
+    assert all(isinstance(r, Scored) for r in replies.values())
 
 
 # --- the critical-path judge queue ------------------------------------------------------------

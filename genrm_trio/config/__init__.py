@@ -6,6 +6,7 @@ contract."""
 from genrm_trio.config.mapping import settings_from_mapping
 from genrm_trio.config.settings import (
     DEFAULT_BRADLEY_TERRY_PRIOR,
+    DEFAULT_COMPARISONS_PER_ROLLOUT,
     DEFAULT_JUDGE_CREATE_PARAMS,
     DEFAULT_PRINCIPLE,
     EJECT_MAX_FAILURES,
@@ -37,6 +38,7 @@ from genrm_trio.config.sources import (
 
 __all__ = [
     "DEFAULT_BRADLEY_TERRY_PRIOR",
+    "DEFAULT_COMPARISONS_PER_ROLLOUT",
     "DEFAULT_JUDGE_CREATE_PARAMS",
     "DEFAULT_PRINCIPLE",
     "EJECT_MAX_FAILURES",

@@ -48,6 +48,7 @@ class RestoreReport:
     unchanged: int = 0
     watermarks_updated: int = 0
     conflicts: list[dict[str, str]] = field(default_factory=list)
+    superseded: int = 0  # active older attempts of the groups whose watermark was raised
 
 
 ECHO_KEYS: Final = frozenset(
@@ -393,5 +394,6 @@ def report_body(report: RestoreReport) -> dict[str, Any]:
         "added": report.added,
         "unchanged": report.unchanged,
         "watermarks_updated": report.watermarks_updated,
+        "superseded": report.superseded,
         "conflicts": [dict(conflict) for conflict in report.conflicts],
     }

@@ -25,7 +25,7 @@ from genrm_trio.domain.model import (
     Rejection,
     RequestRejected,
 )
-from genrm_trio.domain.scoring import PlannedComparison, plan_comparisons
+from genrm_trio.domain.scoring import PlannedComparison, fitting_degree, plan_comparisons
 from genrm_trio.domain.text import answer_text, judge_text, reasoning_text
 from genrm_trio.engine.evaluation import Evaluation, MemberText, compare_result, judge_principle
 from genrm_trio.engine.exceptions import sole_leaf
@@ -77,7 +77,11 @@ class Comparisons:
             return CompareResult([s.default_score] * n, None, None)
         texts = [MemberText(reasoning_text(r), answer_text(r)) for r in item.responses]
         plan = plan_comparisons(
-            n, s.comparison_strategy, s.num_judges_per_comparison, s.position_balance
+            n,
+            s.comparison_strategy,
+            s.num_judges_per_comparison,
+            s.position_balance,
+            fitting_degree(n, s.comparisons_per_rollout),  # a batch has any size
         )
         evaluation = Evaluation(
             plan,

@@ -177,7 +177,8 @@ class Engine:
         return self._registry.views(trio.current_time())
 
     def judge_replicas(self) -> list[ReplicaStats]:
-        """Per-replica counters of a judge fleet (``GET /judge/replicas``); [] for one judge."""
+        """Per-replica counters of the judge (``GET /judge/replicas``): one per base URL, a single
+        URL being a fleet of one; [] for a judge that reports none (a simulated one)."""
         return [] if self._fleet is None else self._fleet.replica_stats()
 
     def statistics(self) -> EngineStatistics:
@@ -497,7 +498,8 @@ class Engine:
         """Merge terminal records and watermarks (docs/durable-state.md, "Restore rules"): an
         absent key is added with a fresh retention clock (or one set back by ``age_s[key]``), an
         identical record is left alone, anything else is a conflict; a watermark is raised (its
-        clock set back by ``watermark_age_s[group_id]``) when the digests agree. Restored members
+        clock set back by ``watermark_age_s[group_id]``) when the digests agree, and supersedes
+        the group's active older attempts as a newer request would. Restored members
         replay without judging. Added records and raised watermarks are committed to the store in
         one transaction (``commit_many``) before any of them is applied; if that fails, nothing is
         applied."""
@@ -513,7 +515,7 @@ class Engine:
                     )
                 if bound.cancelled_caught:
                     raise CommitTimeout("the restore's commit", self._commit_timeout_s)
-            apply_restore(
+            superseded = apply_restore(
                 self._registry,
                 plan,
                 size=self.settings.num_rollouts_per_prompt,
@@ -521,7 +523,9 @@ class Engine:
                 age_s=age_s,
                 watermark_age_s=watermark_age_s,
             )
-        return RestoreReport(len(plan.adds), plan.unchanged, len(plan.raises), plan.conflicts)
+        return RestoreReport(
+            len(plan.adds), plan.unchanged, len(plan.raises), plan.conflicts, superseded
+        )
 
 
 @asynccontextmanager

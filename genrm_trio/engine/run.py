@@ -81,8 +81,23 @@ class GroupRunner:
         self.metrics = metrics
         self._comparator = comparator
         self._queue = queue
-        # the plan of every rollout-cohort group and its readiness index, shared (made once)
+        # the plan of every rollout-cohort group and its readiness index, shared: made here, so
+        # a `regular` graph's choice (up to ~0.7 s at N = 512, docs/benchmarks.md) is paid at the
+        # start and never on a group's path
         self._shared_plan: tuple[list[PlannedComparison], ReadinessIndex] | None = None
+        if settings.comparison_mode == "rollout_cohort" and settings.num_rollouts_per_prompt > 1:
+            self._shared_plan = self._plan(settings.num_rollouts_per_prompt)
+
+    def _plan(self, size: int) -> tuple[list[PlannedComparison], ReadinessIndex]:
+        s = self.settings
+        plan = plan_comparisons(
+            size,
+            s.comparison_strategy,
+            s.num_judges_per_comparison,
+            s.position_balance,
+            s.comparisons_per_rollout,
+        )
+        return plan, ReadinessIndex(plan, size)
 
     async def judge(self, cohort: Cohort) -> None:
         """One group from its first member to its scores (docs/architecture.md, "One group").
@@ -137,13 +152,7 @@ class GroupRunner:
             slots = cohort.size + 1  # the baseline is index N
         else:
             if self._shared_plan is None:
-                shared = plan_comparisons(
-                    cohort.size,
-                    s.comparison_strategy,
-                    s.num_judges_per_comparison,
-                    s.position_balance,
-                )
-                self._shared_plan = shared, ReadinessIndex(shared, cohort.size)
+                self._shared_plan = self._plan(cohort.size)
             plan, index = self._shared_plan
             slots = cohort.size
         evaluation = Evaluation(

@@ -212,13 +212,31 @@ class Comparator:
 
     # --- pacing ---------------------------------------------------------------------------
 
-    def _pause(self, retry: int, retry_after: float | None) -> float:
-        """Seconds to sleep before retry number `retry` (1 = the first retry; D13, D44)."""
+    async def _sleep(self, retry: int, retry_after: float | None, ticket: QueueTicket) -> None:
+        """The sleep before retry number `retry`, sized against the enclosing deadline, and
+        sized again when the group's deadline is set during it (its last member arrived while
+        an eager comparison slept): a sleep never outlives a deadline set while it runs, so
+        eager starts leave the rows as they would be without them (D48)."""
         if retry_after is not None and self._fleet is not None:
             # Held back is the replica that sent it: wait only when every replica is.
             retry_after = self._fleet.held_back_for()
+        start = trio.current_time()
+        wake = start + self._pause(retry, retry_after, trio.current_effective_deadline() - start)
+        group = ticket.group
+        if group.complete:
+            await trio.sleep_until(wake)
+            return
+        with trio.move_on_at(wake) as sleep:
+            await group.wait_complete()
+            deadline = trio.current_effective_deadline()
+            if wake >= deadline:  # chosen before this deadline existed, and does not fit it
+                sleep.deadline = start + self._pause(retry, retry_after, deadline - start)
+            await trio.sleep_forever()
+
+    def _pause(self, retry: int, retry_after: float | None, left: float) -> float:
+        """Seconds to sleep before retry number `retry` (1 = the first retry; D13, D44), with
+        `left` seconds to the enclosing deadline: a `Retry-After` is honoured only if it fits."""
         if retry_after is not None:
-            left = trio.current_effective_deadline() - trio.current_time()
             stretched = retry_after * (1.0 + self._rng.uniform(0.0, RETRY_AFTER_JITTER))
             if stretched < left:
                 return stretched
@@ -290,7 +308,7 @@ class Comparator:
 
         for n in range(1, total + 1):
             if n > 1:
-                await trio.sleep(self._pause(n - 1, retry_after))
+                await self._sleep(n - 1, retry_after, ticket)
             retry_after = None
             last_overall = None
             if raised is not None:

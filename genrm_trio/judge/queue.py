@@ -55,12 +55,13 @@ _COMPACT_SLACK: Final = 64
 class QueueGroup:
     """One `/verify` group (or `/compare` batch) in the queue: collecting, then complete."""
 
-    __slots__ = ("_queue", "complete_seq", "waiting")
+    __slots__ = ("_completed", "_queue", "complete_seq", "waiting")
 
     def __init__(self, queue: JudgeQueue, complete_seq: int | None) -> None:
         self._queue = queue
         self.complete_seq = complete_seq  # the order of completion; None while collecting
         self.waiting: set[_Waiter] = set()
+        self._completed: trio.Event | None = None  # made by the first `wait_complete`
 
     @property
     def complete(self) -> bool:
@@ -70,6 +71,18 @@ class QueueGroup:
         """The group's last member is in: promote its waiting attempts. Idempotent."""
         if self.complete_seq is None:
             self._queue._promote(self)
+            if self._completed is not None:
+                self._completed.set()
+
+    async def wait_complete(self) -> None:
+        """Return once the group is complete (at once if it is). The engine sets a group's
+        deadline in the step that marks it complete, so a waiter wakes under that deadline."""
+        if self.complete_seq is not None:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._completed is None:
+            self._completed = trio.Event()
+        await self._completed.wait()
 
 
 @final
