@@ -58,6 +58,7 @@ import yaml
 from genrm_trio.app import bench
 from genrm_trio.app.bench import procfs
 from genrm_trio.config import Settings
+from genrm_trio.domain.scoring import percentile
 from genrm_trio.testing import FaultRule, SimConfig, procs, serve_sim_judge
 from genrm_trio.testing.asgi import SimJudgeApp
 from genrm_trio.testing.procs import Proc
@@ -394,7 +395,7 @@ def _stats(values: Sequence[float]) -> dict[str, float | None]:
     return {
         "n": len(ms),
         "min_ms": round(ms[0], 2),
-        "p50_ms": round(ms[len(ms) // 2], 2),
+        "p50_ms": round(percentile(ms, 0.5), 2),
         "max_ms": round(ms[-1], 2),
     }
 
