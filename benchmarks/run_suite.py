@@ -58,6 +58,7 @@ import yaml
 from genrm_trio.app import bench
 from genrm_trio.app.bench import procfs
 from genrm_trio.config import Settings
+from genrm_trio.domain.scoring import percentile
 from genrm_trio.testing import FaultRule, SimConfig, procs, serve_sim_judge
 from genrm_trio.testing.asgi import SimJudgeApp
 from genrm_trio.testing.procs import Proc
@@ -132,6 +133,11 @@ def start_server(
     extra: Sequence[str] = (),
 ) -> Proc:
     config = {**SHIPPED, **(overrides or {})}
+    judge = dict(config.get("judge") or {})
+    # `--judge-url` needs judge.api: Gym's protocol under its earlier name, which older
+    # checkouts (SERVER_PYTHONPATH) read too; the simulated judge serves every judge API
+    judge.setdefault("api", "responses")
+    config["judge"] = judge
     path = log_dir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     args = ["serve", "--config", str(path), "--port", "0", "--judge-url", judge_url, *extra]
@@ -389,7 +395,7 @@ def _stats(values: Sequence[float]) -> dict[str, float | None]:
     return {
         "n": len(ms),
         "min_ms": round(ms[0], 2),
-        "p50_ms": round(ms[len(ms) // 2], 2),
+        "p50_ms": round(percentile(ms, 0.5), 2),
         "max_ms": round(ms[-1], 2),
     }
 

@@ -417,6 +417,8 @@ def run(opts: Options) -> dict[str, Any]:
                 "0",
                 "--judge-url",
                 judge.url + "/v1",
+                "--judge-api",
+                "genrm_model",
                 *(["--state", str(opts.workdir / "state.sqlite")] if opts.state else []),
             ],
             opts.workdir / "serve.err",

@@ -904,6 +904,8 @@ async def server_process(path: Path, judge_url: str, log: Path) -> AsyncIterator
         "0",
         "--judge-url",
         f"{judge_url}/v1",
+        "--judge-api",
+        "genrm_model",
         "--state",
         str(path),
     ]
