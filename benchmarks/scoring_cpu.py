@@ -3,11 +3,14 @@ Bradley–Terry fit, the preference-cycle share, and the whole of `score_cohort`
 aggregations' shared work, rows), at N ∈ {16, 64, 256, 512} for all_pairs and regular graphs.
 
 CPU time of the measuring thread (`time.thread_time`), the best of `--repeat` runs, so the load
-of the shared machine matters less than with a wall clock. Verdicts are deterministic
-(a seeded latent quality per member and a rounded noisy ranking per comparison), every
-comparison succeeds, one judge pass.
+of the shared machine matters less than with a wall clock. `--loop` adds what the event loop
+sees: the longest gap between the ticks of a task that sleeps 1 ms while `score_cohort` runs
+on the loop, and while it runs in a worker thread (`trio.to_thread.run_sync`, as the engine
+does for large groups). That one is wall-clock time on a shared machine: an upper bound, noisy.
+Verdicts are deterministic (a seeded latent quality per member and a rounded noisy ranking
+per comparison), every comparison succeeds, one judge pass.
 
-    python benchmarks/scoring_cpu.py [--sizes 16 64 256 512] [--degree 8] [--repeat 3]
+    python benchmarks/scoring_cpu.py [--sizes 16 64 256 512] [--degree 8] [--repeat 3] [--loop]
                                      [--out benchmarks/results/scoring-cpu.json]
 """
 
@@ -21,6 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import trio
 
 from genrm_trio import Settings
 from genrm_trio.domain.scoring import (
@@ -88,7 +93,32 @@ def best_cpu(work: Callable[[], object], repeat: int) -> float:
     return best
 
 
-def measure(n: int, strategy: str, degree: int, repeat: int) -> dict[str, Any]:
+async def _largest_gap(work: Callable[[], object], threaded: bool) -> float:
+    """The longest wall-clock gap between ticks of a 1 ms heartbeat while ``work`` runs."""
+    gaps: list[float] = []
+    done = trio.Event()
+
+    async def heartbeat() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await trio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(heartbeat)
+        await trio.sleep(0.01)
+        if threaded:
+            await trio.to_thread.run_sync(work)
+        else:
+            work()
+        await trio.sleep(0.01)
+        done.set()
+    return max(gaps)
+
+
+def measure(n: int, strategy: str, degree: int, repeat: int, loop: bool) -> dict[str, Any]:
     comparisons = judged(n, strategy, degree)
     pairs = pair_observations(comparisons)
     members = list(range(n))
@@ -103,7 +133,15 @@ def measure(n: int, strategy: str, degree: int, repeat: int) -> dict[str, Any]:
     ev = evaluation(n, strategy, degree, comparisons)
     texts = {i: MemberText("", f"a{i}") for i in range(n)}
     fit = fit_bradley_terry(n, pairs, 0.1)
+    gaps: dict[str, float] = {}
+    if loop:
+        for threaded in (False, True):
+            name = "loop_gap_threaded_s" if threaded else "loop_gap_inline_s"
+            gaps[name] = trio.run(
+                _largest_gap, lambda: score_cohort(settings, ev, n, texts), threaded
+            )
     return {
+        **gaps,
         "n": n,
         "strategy": strategy,
         "degree": degree if strategy == "regular" else None,
@@ -120,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256, 512])
     parser.add_argument("--degree", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--loop", action="store_true", help="also the event loop's largest gap")
     parser.add_argument("--out")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     rows = []
@@ -127,13 +166,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|")
     for n in args.sizes:
         for strategy in ("regular", "all_pairs"):
-            row = measure(n, strategy, args.degree, args.repeat)
+            row = measure(n, strategy, args.degree, args.repeat, args.loop)
             rows.append(row)
             graph = f"regular d={args.degree}" if strategy == "regular" else "all_pairs"
             print(
                 f"| {n} | {graph} | {row['comparisons']} | {row['newton_steps']} | "
                 f"{row['fit_cpu_s'] * 1e3:.1f} ms | {row['cycle_share_cpu_s'] * 1e3:.1f} ms | "
-                f"{row['score_cohort_cpu_s'] * 1e3:.1f} ms |",
+                f"{row['score_cohort_cpu_s'] * 1e3:.1f} ms |"
+                + (
+                    f" loop gap {row['loop_gap_inline_s'] * 1e3:.1f} ms on the loop, "
+                    f"{row['loop_gap_threaded_s'] * 1e3:.1f} ms threaded"
+                    if args.loop
+                    else ""
+                ),
                 flush=True,
             )
     if args.out:
