@@ -412,6 +412,27 @@ async def test_reverify_mode() -> None:
     assert (await call(app, "/reverify_mode", method="GET"))[:2] == (200, "unsupported")
 
 
+async def test_group_settings() -> None:
+    """What a client needs before it sends a group: its size and the server's two deadlines."""
+    config = Settings.model_validate(
+        {
+            "num_rollouts_per_prompt": 4,
+            "cohort_collection_timeout_s": 30.0,
+            "cohort_evaluation_timeout_s": 45.5,
+        }
+    )
+    app: Any = create_app(FakeEngine(), config)
+    for prefix in ("", "/ng-rollout/r-1"):
+        assert (await call(app, prefix + "/group_settings", method="GET"))[:2] == (
+            200,
+            {
+                "num_rollouts_per_prompt": 4,
+                "cohort_collection_timeout_s": 30.0,
+                "cohort_evaluation_timeout_s": 45.5,
+            },
+        )
+
+
 @pytest.mark.parametrize("path", ["/", "/health", "/healthz", "/readyz", "/livez"])
 async def test_health_routes(path: str) -> None:
     app = app_for(FakeEngine())

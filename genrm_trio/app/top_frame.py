@@ -368,7 +368,7 @@ def _summary(window: _Window) -> RenderableType:
 
 def _replicas(replicas: Sequence[Mapping[str, Any]]) -> RenderableType:
     if not replicas:
-        return Text("Judge: one URL (no fleet), so no per-replica figures", style="dim")
+        return Text("Judge: simulated (no base URL), so no per-replica figures", style="dim")
     table = Table(title="Judge replicas", expand=False)
     columns = ("replica", "health", "in flight", "calls", "failures", "stalls", "mean latency")
     for name in columns:  # the last error wraps first when the terminal is narrow

@@ -17,6 +17,7 @@ from typing import final
 import trio
 
 from genrm_trio.config import Settings
+from genrm_trio.domain.exceptions import sole_leaf
 from genrm_trio.domain.model import (
     SHUTTING_DOWN,
     CompareFailed,
@@ -34,7 +35,6 @@ from genrm_trio.engine.evaluation import (
     judge_principle,
     scored_off_loop,
 )
-from genrm_trio.engine.exceptions import sole_leaf
 from genrm_trio.engine.keys import RUBRIC_REQUIRED
 from genrm_trio.judge.attempts import Comparator
 from genrm_trio.judge.base import JudgeError
