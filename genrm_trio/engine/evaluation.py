@@ -40,6 +40,7 @@ __all__ = [
     "default_result",
     "judge_principle",
     "score_cohort",
+    "scored_off_loop",
 ]
 
 NON_FINITE_MESSAGE: Final = "GenRM returned non-finite cohort rewards"
@@ -49,6 +50,21 @@ _RATE_KEYS: Final = (
 )
 _DISAGREEMENT: Final = "genrm_position_disagreement_rate_per_group"
 EAGER_RATE_KEY: Final = "genrm_eager_comparison_rate_per_group"
+
+INLINE_MAX_COMPARISONS: Final = 240
+INLINE_MAX_VERTICES: Final = 33
+"""Groups within both bounds are scored on the event loop; larger ones in a worker thread
+(`scored_off_loop`)."""
+
+
+def scored_off_loop(vertices: int, comparisons: int) -> bool:
+    """Whether scoring a group of this size runs in a worker thread rather than on the event loop
+    (docs/architecture.md, "Scoring off the loop"). Within the bounds, scoring takes at most a few
+    milliseconds of CPU (16 rollouts all_pairs J = 2, 240 comparisons: ~4 ms; a fit over 33
+    vertices: ~3 ms; docs/benchmarks.md, "Scoring at scale"), less than handing it to a thread
+    and back costs in latency; beyond them it grows as N·d to N³ and would stall every other
+    request."""
+    return comparisons > INLINE_MAX_COMPARISONS or vertices > INLINE_MAX_VERTICES
 
 
 @final
