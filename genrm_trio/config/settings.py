@@ -178,9 +178,15 @@ def endpoint_of(url: str) -> str:
 EJECT_MAX_FAILURES = 3
 """The largest `judge.eject_after_failures` accepted."""
 
-JudgeApiName = Literal["responses", "chat_completions"]
+JudgeApiName = Literal["chat_completions", "openai_responses", "genrm_model"]
 """Every `judge.api` value: `judge.apis.JUDGE_APIS` has one object for each (mypy checks that
-`judge_api_type` covers them all, tests/test_judge_http.py that the table has no other)."""
+`judge_api_type` covers them all, tests/test_judge_http.py that the table has no other).
+`chat_completions` and `openai_responses` put the two answers in the model's prompt, for any
+OpenAI-compatible server; `genrm_model` is Gym's `genrm_model` protocol (the answers in
+`metadata`), right only behind Gym's `genrm_model` server."""
+
+JUDGE_API_ALIASES: Final[dict[str, JudgeApiName]] = {"responses": "genrm_model"}
+"""Earlier `judge.api` names, still accepted: `responses` was the name of Gym's protocol."""
 
 KEEPALIVE_EXPIRY_S: Final = 4.0
 """The default `judge.keepalive_expiry_s`: an idle judge connection is closed after this long,
@@ -196,7 +202,9 @@ class JudgeSettings(_Strict):
     is a fleet of one replica; docs/configuration.md, "The judge", "A judge fleet")."""
 
     base_url: str | list[str] | None = None
-    api: JudgeApiName = "responses"
+    # The reference's protocol. `serve --judge-url` without a file needs `--judge-api`, and the
+    # "judge does not read the answers" check catches this one pointed at a plain server.
+    api: JudgeApiName = "genrm_model"
     model: str | None = None
     api_key_env: str | None = None
     max_concurrency: int = Field(default=256, ge=1)
@@ -234,6 +242,11 @@ class JudgeSettings(_Strict):
                 raise ValueError(f"item {index}: {url} is listed twice")
             urls.append(url)
         return urls
+
+    @field_validator("api", mode="before")
+    @classmethod
+    def _api_alias(cls, value: object) -> object:
+        return JUDGE_API_ALIASES.get(value, value) if isinstance(value, str) else value
 
     @field_validator("eject_backoff_s", "keepalive_expiry_s")
     @classmethod

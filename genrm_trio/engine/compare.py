@@ -17,6 +17,7 @@ from typing import final
 import trio
 
 from genrm_trio.config import Settings
+from genrm_trio.domain.exceptions import sole_leaf
 from genrm_trio.domain.model import (
     SHUTTING_DOWN,
     CompareFailed,
@@ -28,7 +29,6 @@ from genrm_trio.domain.model import (
 from genrm_trio.domain.scoring import PlannedComparison, fitting_degree, plan_comparisons
 from genrm_trio.domain.text import answer_text, judge_text, reasoning_text
 from genrm_trio.engine.evaluation import Evaluation, MemberText, compare_result, judge_principle
-from genrm_trio.engine.exceptions import sole_leaf
 from genrm_trio.engine.keys import RUBRIC_REQUIRED
 from genrm_trio.judge.attempts import Comparator
 from genrm_trio.judge.base import JudgeError

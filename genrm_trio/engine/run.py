@@ -23,7 +23,7 @@ import trio
 
 from genrm_trio.config import Settings
 from genrm_trio.domain.scoring import PlannedComparison, plan_comparisons, plan_fixed_baseline
-from genrm_trio.domain.text import judge_text
+from genrm_trio.domain.text import judge_text, shown_id
 from genrm_trio.engine import machine
 from genrm_trio.engine.cohort import Cohort, Member
 from genrm_trio.engine.evaluation import (
@@ -122,8 +122,8 @@ class GroupRunner:
                     self.metrics.deadline_failures.labels("collection").inc()
                     cohort.fail(  # cancels the cohort's scope: every comparison started hangs up
                         "cohort",
-                        f"GenRM cohort {cohort.key!r} did not collect {cohort.size} unique rollout "
-                        f"indices within {s.cohort_collection_timeout_s}s",
+                        f"GenRM cohort {shown_id(cohort.key)} did not collect {cohort.size} unique "
+                        f"rollout indices within {s.cohort_collection_timeout_s}s",
                     )
                     return
                 if cohort.state != "judging":
@@ -276,7 +276,9 @@ class GroupRunner:
         if isinstance(outcome, AllMasked):
             cohort.fail("judge", outcome.message)
         elif not machine.publish(cohort, outcomes=outcome):
-            log.debug("Discarding late GenRM completion for key=%r", cohort.key[:KEY_LOG_LIMIT])
+            log.debug(
+                "Discarding late GenRM completion for key=%s", shown_id(cohort.key, KEY_LOG_LIMIT)
+            )
 
     async def _verify_comparison(
         self,
