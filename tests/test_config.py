@@ -154,7 +154,7 @@ def test_judge_defaults() -> None:
     assert judge == JudgeSettings()
     assert judge.model_dump() == {
         "base_url": None,
-        "api": "responses",
+        "api": "genrm_model",
         "model": None,
         "api_key_env": None,
         "max_concurrency": 256,
@@ -344,6 +344,11 @@ def test_the_literal_keys_are_found() -> None:
 )
 def test_literal_values_accepted(key: str, value: str) -> None:
     assert read(load(nested(key, value)), key) == value
+
+
+def test_judge_api_responses_is_the_earlier_name_of_genrm_model() -> None:
+    """Configs written before the rename keep Gym's protocol."""
+    assert load(nested("judge.api", "responses")).judge.api == "genrm_model"
 
 
 @pytest.mark.parametrize("key", list(LITERALS))
@@ -890,7 +895,7 @@ def test_overrides_win_over_the_mapping() -> None:
     assert s.host == "0.0.0.0"
     assert s.port == 0
     assert s.judge.base_url == "http://b:8000/v1"
-    assert s.judge.api == "responses"  # sibling keys of the file's judge block survive
+    assert s.judge.api == "genrm_model"  # sibling keys of the file's judge block survive
     assert s.state_path == "/tmp/s.db"
 
 

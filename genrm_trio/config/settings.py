@@ -178,9 +178,15 @@ def endpoint_of(url: str) -> str:
 EJECT_MAX_FAILURES = 3
 """The largest `judge.eject_after_failures` accepted."""
 
-JudgeApiName = Literal["responses", "chat_completions"]
+JudgeApiName = Literal["chat_completions", "openai_responses", "genrm_model"]
 """Every `judge.api` value: `judge.apis.JUDGE_APIS` has one object for each (mypy checks that
-`judge_api_type` covers them all, tests/test_judge_http.py that the table has no other)."""
+`judge_api_type` covers them all, tests/test_judge_http.py that the table has no other).
+`chat_completions` and `openai_responses` put the two answers in the model's prompt, for any
+OpenAI-compatible server; `genrm_model` is Gym's `genrm_model` protocol (the answers in
+`metadata`), right only behind Gym's `genrm_model` server."""
+
+JUDGE_API_ALIASES: Final[dict[str, JudgeApiName]] = {"responses": "genrm_model"}
+"""Earlier `judge.api` names, still accepted: `responses` was the name of Gym's protocol."""
 
 KEEPALIVE_EXPIRY_S: Final = 4.0
 """The default `judge.keepalive_expiry_s`: an idle judge connection is closed after this long,
@@ -192,11 +198,13 @@ MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
 
 @final
 class JudgeSettings(_Strict):
-    """How to reach the judge, and, with a list of base URLs, a fleet of replicas
-    (docs/configuration.md, "The judge", "A judge fleet")."""
+    """How to reach the judge: its base URL, or a list of them, the replicas of a fleet (one URL
+    is a fleet of one replica; docs/configuration.md, "The judge", "A judge fleet")."""
 
     base_url: str | list[str] | None = None
-    api: JudgeApiName = "responses"
+    # The reference's protocol. `serve --judge-url` without a file needs `--judge-api`, and the
+    # "judge does not read the answers" check catches this one pointed at a plain server.
+    api: JudgeApiName = "genrm_model"
     model: str | None = None
     api_key_env: str | None = None
     max_concurrency: int = Field(default=256, ge=1)
@@ -235,6 +243,11 @@ class JudgeSettings(_Strict):
             urls.append(url)
         return urls
 
+    @field_validator("api", mode="before")
+    @classmethod
+    def _api_alias(cls, value: object) -> object:
+        return JUDGE_API_ALIASES.get(value, value) if isinstance(value, str) else value
+
     @field_validator("eject_backoff_s", "keepalive_expiry_s")
     @classmethod
     def _positive_seconds(cls, value: float) -> float:
@@ -262,16 +275,12 @@ class JudgeSettings(_Strict):
         return tuple(self.base_url)
 
     @property
-    def fleet(self) -> bool:
-        """Whether `base_url` is a list (a fleet of replicas, even of one)."""
-        return isinstance(self.base_url, list)
-
-    @property
     def total_concurrency(self) -> int:
         """Judge calls in flight at once: `max_concurrency`, or the replicas' caps if lower (and
-        while replicas are ejected, only the caps of those in service: `JudgeFleet.capacity`)."""
+        while replicas are ejected, only the caps of those in service: `JudgeFleet.capacity`).
+        A single URL is a fleet of one replica."""
         cap = self.max_concurrency_per_replica
-        if cap is None or not self.fleet:
+        if cap is None or not self.base_urls:
             return self.max_concurrency
         return min(self.max_concurrency, cap * len(self.base_urls))
 

@@ -37,6 +37,7 @@ import trio
 
 from genrm_trio.config import Settings
 from genrm_trio.domain.checkpoint import RestoreReport, checkpoint, restore
+from genrm_trio.domain.exceptions import leaves
 from genrm_trio.domain.model import (
     SHUTTING_DOWN,
     CohortView,
@@ -50,11 +51,10 @@ from genrm_trio.domain.model import (
     VerifyInput,
 )
 from genrm_trio.domain.records import OpenRecord, TerminalRecord, WatermarkRecord
-from genrm_trio.domain.text import answer_text, reasoning_text, response_digest
+from genrm_trio.domain.text import answer_text, reasoning_text, response_digest, shown_id
 from genrm_trio.engine.cohort import Cohort, Member, Waiter
 from genrm_trio.engine.compare import Comparisons
 from genrm_trio.engine.evaluation import MemberText, default_result
-from genrm_trio.engine.exceptions import leaves
 from genrm_trio.engine.keys import RUBRIC_REQUIRED, CohortKey, cohort_key
 from genrm_trio.engine.registry import KEY_LOG_LIMIT, Registry
 from genrm_trio.engine.restore import apply_restore, plan_restore
@@ -177,7 +177,8 @@ class Engine:
         return self._registry.views(trio.current_time())
 
     def judge_replicas(self) -> list[ReplicaStats]:
-        """Per-replica counters of a judge fleet (``GET /judge/replicas``); [] for one judge."""
+        """Per-replica counters of the judge (``GET /judge/replicas``): one per base URL, a single
+        URL being a fleet of one; [] for a judge that reports none (a simulated one)."""
         return [] if self._fleet is None else self._fleet.replica_stats()
 
     def statistics(self) -> EngineStatistics:
@@ -306,7 +307,7 @@ class Engine:
                 cohort.fail(
                     "cohort",
                     f"GenRM durable store could not record cohort "
-                    f"{key[:KEY_LOG_LIMIT]!r}: {type(failure).__name__}: {failure}",
+                    f"{shown_id(key, KEY_LOG_LIMIT)}: {type(failure).__name__}: {failure}",
                 )
             opening.set()
         if failure is not None:
@@ -402,8 +403,8 @@ class Engine:
             errors = leaves(exc)  # every leaf of a (nested) group, each with its traceback
             for n, error in enumerate(errors, 1):
                 log.error(
-                    "GenRM cohort evaluation failed for key=%r%s",
-                    cohort.key[:KEY_LOG_LIMIT],
+                    "GenRM cohort evaluation failed for key=%s%s",
+                    shown_id(cohort.key, KEY_LOG_LIMIT),
                     f" ({n} of {len(errors)} errors)" if len(errors) > 1 else "",
                     exc_info=error,
                 )
@@ -432,13 +433,14 @@ class Engine:
                     await self._store.submit_terminal(record).wait()
                 except Exception:
                     log.exception(
-                        "GenRM durable store failed to commit key=%r", cohort.key[:KEY_LOG_LIMIT]
+                        "GenRM durable store failed to commit key=%s",
+                        shown_id(cohort.key, KEY_LOG_LIMIT),
                     )
                 except trio.Cancelled:  # shielded by the caller: only its deadline gets here
                     log.error(
-                        "GenRM durable store did not confirm the commit of key=%r within %ss "
+                        "GenRM durable store did not confirm the commit of key=%s within %ss "
                         "(state_commit_timeout_s); answering without it",
-                        cohort.key[:KEY_LOG_LIMIT],
+                        shown_id(cohort.key, KEY_LOG_LIMIT),
                         self._commit_timeout_s,
                     )
                     raise
