@@ -46,6 +46,7 @@ from genrm_trio.config import (
     Settings,
     load_settings,
 )
+from genrm_trio.domain.exceptions import describe, first_leaf
 
 COMMANDS: Final = (
     "serve, demo, sim-judge, bench, checkpoint, gym-root, grafana-dashboard, prometheus-rules, "
@@ -206,23 +207,17 @@ def run_service(load: Callable[[], Settings], *, sim: bool = False) -> int:
         code = 0  # a second Ctrl-C before the signal receiver was installed
     except* Exception as group:
         log.error("stopped by an unexpected error", exc_info=group)
-        say(f"error: {_describe(group)}")
+        say(f"error: {describe(group)}")  # every error, on one line
         code = 1
     return code
 
 
 def _first(group: BaseExceptionGroup[Any], kind: type[_E]) -> _E:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            return _first(exc, kind)
-        if isinstance(exc, kind):
-            return exc
-    raise AssertionError("empty exception group")
-
-
-def _describe(group: BaseExceptionGroup[Exception]) -> str:
-    exc = _first(group, Exception)
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    """The first ``kind`` leaf of a group ``except*`` matched on ``kind`` (so there is one)."""
+    leaf = first_leaf(group, kind)
+    if leaf is None:
+        raise AssertionError(f"no {kind.__name__} in {group!r}") from group
+    return leaf
 
 
 def _add_serve(sub: Any) -> None:

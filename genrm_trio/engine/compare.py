@@ -17,6 +17,7 @@ from typing import final
 import trio
 
 from genrm_trio.config import Settings
+from genrm_trio.domain.exceptions import sole_leaf
 from genrm_trio.domain.model import (
     SHUTTING_DOWN,
     CompareFailed,
@@ -27,8 +28,13 @@ from genrm_trio.domain.model import (
 )
 from genrm_trio.domain.scoring import PlannedComparison, fitting_degree, plan_comparisons
 from genrm_trio.domain.text import answer_text, judge_text, reasoning_text
-from genrm_trio.engine.evaluation import Evaluation, MemberText, compare_result, judge_principle
-from genrm_trio.engine.exceptions import sole_leaf
+from genrm_trio.engine.evaluation import (
+    Evaluation,
+    MemberText,
+    compare_result,
+    judge_principle,
+    scored_off_loop,
+)
 from genrm_trio.engine.keys import RUBRIC_REQUIRED
 from genrm_trio.judge.attempts import Comparator
 from genrm_trio.judge.base import JudgeError
@@ -51,6 +57,7 @@ class Comparisons:
         self._comparator = comparator
         self._closed = False
         self._compare_scopes: set[trio.CancelScope] = set()
+        self._scoring_thread = trio.CapacityLimiter(1)  # large batches are scored one at a time
 
     @property
     def in_flight(self) -> int:
@@ -126,7 +133,12 @@ class Comparisons:
             self.metrics.deadline_failures.labels("compare").inc()
             raise CompareFailed(f"GenRM compare deadline exceeded after {timeout}s")
         try:
-            result = compare_result(s, evaluation, texts)
+            if scored_off_loop(n, len(plan)):  # a large batch: a worker thread, one at a time
+                result = await trio.to_thread.run_sync(
+                    compare_result, s, evaluation, texts, limiter=self._scoring_thread
+                )
+            else:
+                result = compare_result(s, evaluation, texts)
         except ValueError as exc:  # non-finite rewards: a failure, as for /verify
             raise CompareFailed(str(exc)) from None
         if s.debug_logging:

@@ -37,6 +37,7 @@ import trio
 
 from genrm_trio.config import Settings
 from genrm_trio.domain.checkpoint import RestoreReport, checkpoint, restore
+from genrm_trio.domain.exceptions import leaves
 from genrm_trio.domain.model import (
     SHUTTING_DOWN,
     CohortView,
@@ -54,7 +55,6 @@ from genrm_trio.domain.text import answer_text, reasoning_text, response_digest,
 from genrm_trio.engine.cohort import Cohort, Member, Waiter
 from genrm_trio.engine.compare import Comparisons
 from genrm_trio.engine.evaluation import MemberText, default_result
-from genrm_trio.engine.exceptions import leaves
 from genrm_trio.engine.keys import RUBRIC_REQUIRED, CohortKey, cohort_key
 from genrm_trio.engine.registry import KEY_LOG_LIMIT, Registry
 from genrm_trio.engine.restore import apply_restore, plan_restore

@@ -32,6 +32,7 @@ from genrm_trio.engine.evaluation import (
     MemberText,
     judge_principle,
     score_cohort,
+    scored_off_loop,
 )
 from genrm_trio.engine.readiness import Readiness, ReadinessIndex
 from genrm_trio.engine.registry import KEY_LOG_LIMIT
@@ -81,6 +82,9 @@ class GroupRunner:
         self.metrics = metrics
         self._comparator = comparator
         self._queue = queue
+        # one scoring thread at a time; other large groups wait their turn here (a bounded queue:
+        # at most the active cohorts), each scored whole by `score_cohort` off the event loop
+        self._scoring_thread = trio.CapacityLimiter(1)
         # the plan of every rollout-cohort group and its readiness index, shared: made here, so
         # a `regular` graph's choice (up to ~0.7 s at N = 512, docs/benchmarks.md) is paid at the
         # start and never on a group's path
@@ -139,7 +143,9 @@ class GroupRunner:
                 for c in run.readiness.rest():
                     self._start(run, nursery, c)
         if run is not None and texts is not None and cohort.state == "judging":
-            self._conclude(cohort, run.evaluation, texts, deadline=group_deadline.cancelled_caught)
+            await self._conclude(
+                cohort, run.evaluation, texts, deadline=group_deadline.cancelled_caught
+            )
 
     def _new_run(self, cohort: Cohort) -> GroupRun:
         """The cohort's comparisons (known from its creation: size, strategy, key) and its place
@@ -245,7 +251,7 @@ class GroupRunner:
             self._verify_comparison, run.cohort, evaluation, c, planned, call, ticket
         )
 
-    def _conclude(
+    async def _conclude(
         self,
         cohort: Cohort,
         evaluation: Evaluation,
@@ -272,7 +278,16 @@ class GroupRunner:
                     f"the group deadline ({timeout}s) and was cancelled",
                     None,
                 )
-        outcome = score_cohort(s, evaluation, cohort.size, texts)
+        if scored_off_loop(len(evaluation.judge_texts), len(evaluation.plan)):
+            # every comparison has ended, so nothing else touches the evaluation meanwhile; a
+            # cancellation (supersession, shutdown) waits for the thread, then applies
+            outcome = await trio.to_thread.run_sync(
+                score_cohort, s, evaluation, cohort.size, texts, limiter=self._scoring_thread
+            )
+            if cohort.state != "judging":  # failed or superseded while it was being scored
+                return
+        else:
+            outcome = score_cohort(s, evaluation, cohort.size, texts)
         if isinstance(outcome, AllMasked):
             cohort.fail("judge", outcome.message)
         elif not machine.publish(cohort, outcomes=outcome):
