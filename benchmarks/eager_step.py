@@ -142,8 +142,8 @@ def settings_for(cell: Cell, mode: str) -> dict[str, Any]:
         "comparison_strategy": cell.strategy,
         "comparisons_per_rollout": cell.degree,
         "num_judges_per_comparison": 1,
-        "cohort_collection_timeout_s": 3600.0,
-        "cohort_evaluation_timeout_s": 3600.0,
+        "cohort_collection_timeout_s": 86400.0,  # no deadline: the step is measured whole
+        "cohort_evaluation_timeout_s": 86400.0,  # (all_pairs at K = 64 needs > 3600 s)
         "judge_request_timeout_s": 1800.0,
         "eager_comparisons": mode != "eager-off",
         "judge": {"max_concurrency": slots},
