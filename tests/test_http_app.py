@@ -18,7 +18,7 @@ from http_calls import call, member, post_group
 from quart import request
 from quart_trio import QuartTrio
 
-from genrm_trio.config import ConfigError, Settings
+from genrm_trio.config import ConfigError, Settings, settings_from_mapping
 from genrm_trio.domain.model import (
     CohortView,
     CompareFailed,
@@ -32,7 +32,7 @@ from genrm_trio.domain.model import (
     VerifyInput,
 )
 from genrm_trio.engine.engine import open_engine
-from genrm_trio.http.app import create_app
+from genrm_trio.http.app import create_app, replica_view
 from genrm_trio.http.asgi import PUBLIC_PATHS, current_rollout_id
 from genrm_trio.http.openapi import openapi_document
 from genrm_trio.judge.base import ReplicaStats
@@ -445,14 +445,14 @@ async def test_health_routes(path: str) -> None:
 
 async def test_metrics_route() -> None:
     engine = FakeEngine()
-    engine.metrics.masked_rollouts.inc(2)
+    engine.metrics.masked_rollouts.labels("alone").inc(2)
     status, text, headers = await call(app_for(engine), "/metrics", method="GET")
     assert status == 200
     assert headers["content-type"].startswith("text/plain")
     for name in (
         "genrm_trio_judge_calls_total",
         "genrm_trio_judge_attempt_seconds",
-        "genrm_trio_masked_rollouts_total 2.0",
+        'genrm_trio_masked_rollouts_total{cause="alone"} 2.0',
         "genrm_trio_active_cohorts",
         "genrm_trio_deadline_failures_total",
         "genrm_trio_judge_budget_escalations_total 0.0",
@@ -942,6 +942,67 @@ async def test_e2e_group_replay_conflict_and_compare() -> None:
             assert status == 200 and "genrm_trio_cohorts_terminal_total" in text
 
 
+async def test_every_key_of_a_verify_row_is_in_the_openapi_schema() -> None:
+    """The rows tie the schema: with every option that adds a key on (position balance,
+    Bradley–Terry with decided triangles, budget escalation, eager starts), a scored row's keys
+    are exactly `VerifyRow`'s properties, and a default row holds every required one. A new row
+    key missing from the schema fails here."""
+    schema = openapi_document(title="t", version="1", auth=False)["components"]["schemas"]
+    verify_row = schema["VerifyRow"]
+    properties, required = set(verify_row["properties"]), set(verify_row["required"])
+    everything = settings_from_mapping(
+        {
+            "num_rollouts_per_prompt": 4,
+            "comparison_strategy": "all_pairs",
+            "position_balance": "alternate",
+            "aggregator_method": "bradley_terry",
+            "judge": {"budget_escalation": {}},
+            "genrm_parse_retries": 0,
+            "cohort_collection_timeout_s": 60.0,
+        }
+    )
+    with trio.fail_after(20):
+        for config, group in ((everything, "every-option"), (e2e_settings(), "default")):
+            async with open_engine(config, SimJudge(SimConfig())) as engine:
+                app = create_app(engine, config)
+                bodies = [
+                    member(i, f"[quality={q}] answer {i}", group=group)
+                    for i, q in enumerate((5, 1, 3, 4))
+                ]
+                replies = await post_group(app, bodies)
+            for status, row in replies:
+                assert status == 200
+                assert required <= set(row) <= properties, set(row) ^ properties
+                if config is everything:
+                    assert set(row) == properties
+
+
+async def test_a_judge_replica_has_exactly_the_schemas_keys() -> None:
+    """`GET /judge/replicas` rows (`replica_view`) and the `JudgeReplica` schema agree."""
+    stats = ReplicaStats(
+        replica="r:1",
+        url="http://r:1/v1",
+        calls=1,
+        failures=0,
+        in_flight=0,
+        ejected=False,
+        ejections=0,
+        consecutive_failures=0,
+        stalls=0,
+        back_in_s=None,
+        latency_sum_s=0.0,
+        latency_count=0,
+        last_error=None,
+    )
+    doc = openapi_document(title="t", version="1", auth=False)
+    schema = doc["components"]["schemas"]["JudgeReplica"]
+    reply = doc["paths"]["/judge/replicas"]["get"]["responses"]["200"]["content"]
+    assert reply["application/json"]["schema"]["items"] == {
+        "$ref": "#/components/schemas/JudgeReplica"
+    }
+    assert set(replica_view(stats)) == set(schema["properties"]) == set(schema["required"])
+
+
 async def test_e2e_partial_masking_and_cohorts_view() -> None:
     judge = SimJudge(SimConfig(rules=[FaultRule("http_500", match="BAD")]))
     settings_ = e2e_settings()
@@ -975,6 +1036,52 @@ async def test_e2e_partial_masking_and_cohorts_view() -> None:
                 assert row["instance_config"] == {"mask_sample": True}
                 assert row["_ng_task_index"] == 0
     assert engine.active_cohorts() == []
+
+
+def masked_series(metrics_text: str) -> dict[str, float]:
+    """`genrm_trio_masked_rollouts_total` by its `cause` label, from a `/metrics` text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        sample.labels["cause"]: sample.value
+        for family in text_string_to_metric_families(metrics_text)
+        for sample in family.samples
+        if sample.name == "genrm_trio_masked_rollouts_total"
+    }
+
+
+async def test_masked_rollouts_total_equals_the_rows_answered_mask_sample() -> None:
+    """What an operator sees is what the trainer drops: after a group with one failed pair (its
+    two rollouts masked alone) and after a group whose every comparison failed (masked whole),
+    the series summed equal the rows answered with `mask_sample: true`, split by cause."""
+    judge = SimJudge(SimConfig(rules=[FaultRule("http_500", match="BAD", position="both")]))
+    settings_ = e2e_settings()  # 4 rollouts, circular pairs (0,1) (1,2) (2,3) (3,0)
+    groups = {
+        "one-pair": ["BAD 0", "answer 1", "answer 2", "BAD 3"],  # only (3, 0) fails
+        "whole": [f"BAD {i}" for i in range(4)],  # every comparison fails
+        "clean": [f"answer {i}" for i in range(4)],
+    }
+    expected = {
+        "one-pair": {"alone": 2.0, "whole_group": 0.0},
+        "whole": {"alone": 2.0, "whole_group": 4.0},
+        "clean": {"alone": 2.0, "whole_group": 4.0},
+    }
+    masked_rows = 0
+    with trio.fail_after(20):
+        async with open_engine(settings_, judge) as engine:
+            app = create_app(engine, settings_)
+            _, text, _ = await call(app, "/metrics", method="GET")
+            assert masked_series(text) == {"alone": 0.0, "whole_group": 0.0}
+            for group, answers in groups.items():
+                bodies = [member(i, answer, group=group) for i, answer in enumerate(answers)]
+                replies = await post_group(app, bodies)
+                assert [status for status, _ in replies] == [200] * 4
+                masked_rows += sum(1 for _, row in replies if row["mask_sample"] is True)
+                _, text, _ = await call(app, "/metrics", method="GET")
+                series = masked_series(text)
+                assert series == expected[group], group
+                assert sum(series.values()) == masked_rows, group
+    assert masked_rows == 6
 
 
 async def test_aggregate_task_index_of_any_json_type() -> None:

@@ -14,6 +14,7 @@ evaluation), and every series an alert rule reads exists.
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import time
 from functools import partial
@@ -177,5 +178,16 @@ def test_dashboard_and_rules_against_a_real_prometheus(tmp_path: Path, replicas:
                 assert (rule["health"], rule.get("lastError", "")) == ("ok", ""), name
             others = {name: rule["state"] for name, rule in rules.items() if name != MASKED_ALERT}
             assert set(others.values()) <= {"inactive", "pending"}, others
-            assert math.isfinite(float(rules[MASKED_ALERT]["alerts"][0]["value"]))
+            [alert] = rules[MASKED_ALERT]["alerts"]
+            assert math.isfinite(float(alert["value"]))
+            # its description gives the masked rows, total and split, from its own queries
+            split = re.search(
+                r"rows answered mask_sample: true: (\d+) \((\d+) masked alone, (\d+) with "
+                r"their whole group\)",
+                alert["annotations"]["description"],
+            )
+            assert split is not None, alert["annotations"]
+            total, alone, whole = (int(n) for n in split.groups())
+            # each an increase() over 10 minutes, extrapolated, rounded on its own
+            assert abs(total - (alone + whole)) <= 1 and alone > 0 and whole == 0, split.group(0)
         assert "level=error" not in prometheus.log(), prometheus.log()

@@ -10,7 +10,7 @@ failure (D30), and :func:`compare_result` into the `/compare` reply (docs/http-a
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, final
 
@@ -286,7 +286,9 @@ def score_cohort(
 ) -> dict[int, Scored | Masked] | AllMasked:
     """Mask members by `mask_policy` and score the rest from all their successful comparisons.
 
-    Raises ValueError when a reward is not finite (a cohort-kind failure, docs/scoring.md).
+    Raises ValueError when any float of a row is not finite (a cohort-kind failure,
+    docs/scoring.md): the reward, the overall score, an adjustment or a group metric, since a
+    reply holding one could not be JSON.
     """
     masking = mask_members(settings.mask_policy, size, evaluation.plan, evaluation.errors)
     if isinstance(masking, AllMasked):
@@ -302,11 +304,11 @@ def score_cohort(
         if overall == selected
         else _aggregate(settings, overall, population, member_texts, adjust=True)
     )
-    if not all(math.isfinite(agg.final[m]) for m in population):
-        raise ValueError(NON_FINITE_MESSAGE)
     valid = _rubric_valid(settings, evaluation, population, member_texts)
     metrics = _metrics(settings, evaluation, masked=len(masking.reasons), members=size)
     metrics.update(agg.method_metrics)
+    if not _finite(metrics.values()):  # shared by every row: checked once
+        raise ValueError(NON_FINITE_MESSAGE)
     outcomes: dict[int, Scored | Masked] = {}
     for m in range(size):
         reason = masking.reasons.get(m)
@@ -326,6 +328,8 @@ def score_cohort(
             "reward_overall_score": ovr.final[m],
             "reward_length_adjustment": agg.adjustments[m],
         }
+        if not _finite(result.values()):
+            raise ValueError(NON_FINITE_MESSAGE)
         result.update(metrics)
         outcomes[m] = Scored(result)
     return outcomes
@@ -362,12 +366,17 @@ def compare_result(
         group.pop(key, None)
     metrics.update(group)
     metrics.update(agg.method_metrics)
-    numbers = [*agg.final.values(), *metrics.values()]
-    if not all(math.isfinite(v) for v in numbers if type(v) is float):
+    if not (_finite(agg.final.values()) and _finite(metrics.values())):
         raise ValueError(NON_FINITE_MESSAGE)
     return CompareResult(
         rewards=[agg.final[m] for m in population], comparison_results=rows, metrics=metrics
     )
+
+
+def _finite(values: Iterable[JSONValue]) -> bool:
+    """Whether every float among ``values`` is finite: the one check of `/verify` rows and the
+    `/compare` reply (absurd unvalidated verdicts overflow the sums to inf or nan)."""
+    return all(math.isfinite(v) for v in values if type(v) is float)
 
 
 def judge_principle(settings: Settings, principle: str | None) -> str | None:

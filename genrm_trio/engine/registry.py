@@ -30,7 +30,7 @@ from genrm_trio.domain.retention import Retention
 from genrm_trio.domain.text import shown_id
 from genrm_trio.engine.cohort import Cohort
 from genrm_trio.engine.machine import ACTIVE_STATES
-from genrm_trio.metrics import Metrics
+from genrm_trio.metrics import MASKED_ALONE, MASKED_WHOLE_GROUP, Metrics
 
 __all__ = ["Registry", "RegistryStatistics", "Watermark"]
 
@@ -336,7 +336,7 @@ class Registry:
         if record.phase == "completed":
             masked = record.masked
             if masked:
-                self._metrics.masked_rollouts.inc(masked)
+                self._metrics.masked_rollouts.labels(MASKED_ALONE).inc(masked)
                 for member in record.members.values():
                     if member.masked_alone:
                         log.warning(
@@ -349,6 +349,8 @@ class Registry:
                 members,
             )
         else:
+            if record.failure_kind == "judge":  # every member answered a failsafe row
+                self._metrics.masked_rollouts.labels(MASKED_WHOLE_GROUP).inc(members)
             log.warning(
                 "GenRM cohort disposition=failed key=%s attempt=%s members=%s kind=%s reason=%r",
                 key,
