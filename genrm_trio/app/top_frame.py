@@ -312,13 +312,14 @@ def _pair(window: _Window, histogram: str) -> str:
     )
 
 
-def _summary(window: _Window) -> RenderableType:
+def _summary(window: _Window, *, down: bool) -> RenderableType:
     s = window.latest.series
-    span = (
-        f"last {window.span:.0f}s"
-        if window.baseline is not None
-        else "first look: latencies since the start"
-    )
+    if down:  # the figures of the last answer, which had no window of its own
+        span = "the last ones seen: latencies since its start, no rates"
+    elif window.baseline is not None:
+        span = f"last {window.span:.0f}s"
+    else:
+        span = "first look: latencies since the start; rates need a second sample"
     table = Table(title=f"Rates and latencies ({span})", show_header=False, box=None)
     for style in ("bold", "", "bold", ""):
         table.add_column(style=style, no_wrap=True)
@@ -478,7 +479,7 @@ def frame(view: View, *, cohort_rows: int = COHORT_ROWS) -> RenderableType:
         window = _Window(latest, view.baseline)
         parts += [
             Text(""),
-            _summary(window),
+            _summary(window, down=view.failure is not None),
             Text(""),
             _replicas(latest.replicas),
             Text(""),
