@@ -31,7 +31,7 @@ from genrm_trio.engine.evaluation import Evaluation, MemberText, compare_result,
 from genrm_trio.engine.exceptions import sole_leaf
 from genrm_trio.engine.keys import RUBRIC_REQUIRED
 from genrm_trio.judge.attempts import Comparator
-from genrm_trio.judge.base import JudgeError
+from genrm_trio.judge.base import JudgeError, unreachable_note
 from genrm_trio.judge.queue import QueueTicket
 from genrm_trio.metrics import Metrics
 
@@ -120,7 +120,8 @@ class Comparisons:
             if self._closed:
                 raise CompareFailed(SHUTTING_DOWN)
             self.metrics.deadline_failures.labels("compare").inc()
-            raise CompareFailed(f"GenRM compare deadline exceeded after {timeout}s")
+            why = unreachable_note(self._comparator.unreachable_for())
+            raise CompareFailed(f"GenRM compare deadline exceeded after {timeout}s{why}")
         try:
             result = compare_result(s, evaluation, texts)
         except ValueError as exc:  # non-finite rewards: a failure, as for /verify

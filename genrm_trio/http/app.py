@@ -80,6 +80,10 @@ class EngineLike(RecordsEngine, Protocol):
 
     def judge_replicas(self) -> list[ReplicaStats]: ...
 
+    def judge_unreachable(self) -> str | None:
+        """Why the judge cannot be reached now, or None (`/readyz`)."""
+        ...
+
 
 def _reply(status: int, payload: object, headers: Mapping[str, str] | None = None) -> Response:
     """A Quart reply with a JSON payload."""
@@ -232,8 +236,16 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
     async def health() -> Response:
         return Response(_OK, status=200, content_type=_JSON)
 
+    async def ready() -> Response:
+        # not ready while no judge replica can be reached: a load balancer may route around it
+        why = engine.judge_unreachable()
+        if why is None:
+            return Response(_OK, status=200, content_type=_JSON)
+        return _reply(503, {"status": "unavailable", "detail": why})
+
     for path in sorted(PUBLIC_PATHS):
-        app.add_url_rule(path, f"health{path}", health, methods=["GET"])
+        handler = ready if path == "/readyz" else health
+        app.add_url_rule(path, f"health{path}", handler, methods=["GET"])
 
     @app.get("/metrics")
     async def metrics() -> Response:
