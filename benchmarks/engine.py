@@ -42,6 +42,7 @@ import trio
 import trio.testing
 
 from genrm_trio import Scored, Settings, VerifyInput, open_engine
+from genrm_trio.app.bench import procfs
 from genrm_trio.judge.base import JudgeCall
 from genrm_trio.testing import SimConfig, SimJudge
 
@@ -176,13 +177,12 @@ async def judge_cpu_ms_per_group(groups: int, size: int, chars: int) -> float:
 
 
 def rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as file:
-            return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        import resource
+    rss = procfs.rss_mb(os.getpid())
+    if rss is not None:
+        return int(rss * 1024 * 1024)
+    import resource  # no /proc: the peak, the best there is
 
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 @dataclass(frozen=True, slots=True)

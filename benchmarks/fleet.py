@@ -38,6 +38,7 @@ from genrm_trio.judge.base import JudgeCall, JudgeError
 from genrm_trio.judge.client import make_http_judge
 from genrm_trio.judge.fleet import JudgeFleet
 from genrm_trio.metrics import Metrics
+from genrm_trio.testing.procs import terminate
 
 CALL = JudgeCall(
     history=[{"role": "user", "content": "What is 2 + 2? " * 20}],
@@ -162,9 +163,7 @@ def main() -> None:
             trio.run(partial(share, urls, args.in_flight, args.seconds, eject=eject))
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-            proc.wait(timeout=10)
+            terminate(proc, timeout=10)
 
 
 if __name__ == "__main__":

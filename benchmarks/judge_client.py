@@ -124,26 +124,18 @@ def start_server(latency: float, status: int = 200) -> tuple[subprocess.Popen[by
 
 
 def process_cpu(pid: int) -> float:
-    """CPU seconds (user + system) used so far by process `pid` (Linux /proc; 0.0 elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds (user + system) used so far by process `pid` (0.0 once it is gone)."""
+    from genrm_trio.app.bench import procfs  # here: the delay server imports nothing of ours
+
+    return procfs.cpu_s(pid) or 0.0
 
 
 def runqueue_wait() -> float:
-    """Seconds this process spent runnable but waiting for a CPU (Linux schedstat; else 0.0).
+    """Seconds this process spent runnable but waiting for a CPU. A high value means other
+    processes held the CPUs: a rate below ideal is then the machine's, not the client's."""
+    from genrm_trio.app.bench import procfs
 
-    A high value means other processes held the CPUs: a rate below ideal is then the machine's,
-    not the client's.
-    """
-    try:
-        with open("/proc/self/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return 0.0
+    return procfs.runqueue_wait_s(os.getpid())
 
 
 @dataclass
@@ -286,9 +278,10 @@ def main() -> None:
             url: str | list[str] = urls[0] if count == 1 else urls
             trio.run(bench, url, levels, args.latency, args.seconds, [p.pid for p in procs])
         finally:
+            from genrm_trio.testing.procs import terminate
+
             for proc in procs:
-                proc.terminate()
-                proc.wait(timeout=10)
+                terminate(proc, timeout=10)
 
 
 if __name__ == "__main__":

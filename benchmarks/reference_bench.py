@@ -7,13 +7,17 @@ Run from the repository root with the dev venv (the reference runs in /tmp/ref-v
     python benchmarks/reference_bench.py --mode verify -G 16 --latency-ms 200
     python benchmarks/reference_bench.py --mode verify -G 16 --fault-rate 0.01 --sticky-faults
 
-Per scenario it starts a fresh simulated judge (this venv, core 1) and a fresh reference server
+Per scenario it starts a fresh simulated judge (`taskset -c 1 genrm-trio sim-judge`, this venv)
+and a fresh reference server
 (`taskset -c 0 /tmp/ref-venv/bin/python benchmarks/reference/run_reference_server.py`), pins
 itself (the load generator) to core 1, records the server's idle RSS, runs a short pilot (which
 also warms the server up) to size the measured run to about `--target-s` seconds, runs
 `genrm_trio.app.bench.run_bench` with `server_pid`, and writes the BenchReport plus scenario
 metadata to benchmarks/results/reference-<scenario>.json. Every process it starts is stopped by PID.
-Only 127.0.0.1 is used.
+Only 127.0.0.1 is used. The processes, the /proc readers and the CPU accounting are the package's
+(`genrm_trio.testing.procs`, `genrm_trio.app.bench.procfs`), as in run_suite.py; only the
+reference server is started here, since it prints no `listening on` line: it is polled on
+`/health` instead.
 """
 
 from __future__ import annotations
@@ -36,11 +40,11 @@ import trio
 
 import genrm_trio.app.bench as bench
 from genrm_trio.app.bench import procfs
+from genrm_trio.testing import procs
 
 ROOT = Path(__file__).resolve().parent.parent
 REF_PYTHON = os.environ.get("REF_PYTHON", "/tmp/ref-venv/bin/python")
 LAUNCHER = ROOT / "benchmarks" / "reference" / "run_reference_server.py"
-SIM_JUDGE = ROOT / "benchmarks" / "reference" / "sim_judge.py"
 RESULTS = ROOT / "benchmarks" / "results"
 LOG_DIR = Path("/tmp/reference-bench-logs")
 SERVER_CPU = 0
@@ -114,52 +118,24 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], deadline_s: float = 60.0
     raise RuntimeError(f"{url} not up after {deadline_s} s")
 
 
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
 def wait_for_quiet(max_wait_s: float) -> float:
     """Wait until the rest of the box is quiet (other work shares this machine); returns the
     busy cores measured in the last window (reported with the result)."""
     return procfs.wait_for_quiet(max_wait_s, window_s=3.0)
 
 
-def _loadavg() -> float:
-    with open("/proc/loadavg") as f:
-        return float(f.read().split()[0])
-
-
 async def _measured_bench(
     cfg: bench.BenchConfig, limit_s: float, judge_pid: int
 ) -> tuple[bench.BenchReport | None, dict[str, Any]]:
-    """run_bench plus the CPU of the load generator, the judge and everything else on the box."""
-    load0, judge0, busy0 = time.process_time(), procfs.cpu_s(judge_pid), procfs.system_busy_s()
-    server0 = procfs.cpu_s(cfg.server_pid) if cfg.server_pid else None
-    loadavg0 = _loadavg()
+    """run_bench plus the CPU of the server, the load generator, the judge and everything else
+    on the box (`procfs.CpuMeter`, as run_suite.py measures ours)."""
+    assert cfg.server_pid is not None
+    loadavg = os.getloadavg()[0]
+    meter = procfs.CpuMeter(cfg.server_pid, judge_pid)
     report = await _bounded_bench(cfg, limit_s)
-    load1, judge1, busy1 = time.process_time(), procfs.cpu_s(judge_pid), procfs.system_busy_s()
-    server1 = procfs.cpu_s(cfg.server_pid) if cfg.server_pid else None
     if report is None or not report.groups:
         return report, {}
-    ours = (load1 - load0) + ((judge1 or 0) - (judge0 or 0)) + ((server1 or 0) - (server0 or 0))
-    per = 1000 / report.groups
-    return report, {
-        "load_cpu_ms_per_group": round((load1 - load0) * per, 2),
-        "judge_cpu_ms_per_group": round(((judge1 or 0) - (judge0 or 0)) * per, 2),
-        "load_core_utilisation": round(
-            ((load1 - load0) + (judge1 or 0) - (judge0 or 0)) / report.wall_s, 3
-        ),
-        # CPU burnt by processes that are not part of this benchmark (other work on the box)
-        "foreign_cpu_s": round(max(0.0, (busy1 - busy0) - ours), 2),
-        "loadavg_1m_before": loadavg0,
-    }
+    return report, {**meter.stop(report.groups), "loadavg_1m_before": loadavg}
 
 
 # --- one scenario --------------------------------------------------------------------------------
@@ -167,27 +143,30 @@ async def _measured_bench(
 
 def run_scenario(sc: Scenario, *, log_dir: Path, quiet_wait_s: float = 0.0) -> dict[str, Any]:
     busy_before = wait_for_quiet(quiet_wait_s) if quiet_wait_s > 0 else None
-    judge_port, server_port = _free_port(), _free_port()
+    server_port = _free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
-    judge_log = open(log_dir / f"{sc.name}.judge.log", "wb")  # noqa: SIM115 (closed in finally)
-    server_log = open(log_dir / f"{sc.name}.server.log", "wb")  # noqa: SIM115
-    judge = server = None
+    server_log = open(log_dir / f"{sc.name}.server.log", "wb")  # noqa: SIM115 (closed in finally)
+    judge: procs.Proc | None = None
+    server: subprocess.Popen[bytes] | None = None
     try:
-        judge_cmd = [
-            sys.executable,
-            str(SIM_JUDGE),
+        judge_args = [
+            "sim-judge",
             "--port",
-            str(judge_port),
+            "0",
             "--latency-ms",
             str(sc.latency_ms),
             "--fault-rate",
             str(sc.fault_rate),
             "--fault-kind",
             sc.fault_kind,
-            "--cpu",
-            str(LOAD_CPU),
-        ] + (["--sticky-faults"] if sc.sticky_faults else [])
-        judge = subprocess.Popen(judge_cmd, stdout=judge_log, stderr=subprocess.STDOUT, cwd=ROOT)
+            *(["--sticky-faults"] if sc.sticky_faults else []),
+        ]
+        judge = procs.start(
+            judge_args,
+            log_dir / f"{sc.name}.judge.log",
+            prefix=["taskset", "-c", str(LOAD_CPU)],
+            cwd=ROOT,
+        )
         server_cmd = [
             "taskset",
             "-c",
@@ -197,15 +176,14 @@ def run_scenario(sc: Scenario, *, log_dir: Path, quiet_wait_s: float = 0.0) -> d
             "--port",
             str(server_port),
             "--judge-url",
-            f"127.0.0.1:{judge_port}",
+            f"127.0.0.1:{judge.port}",
             "--num-rollouts",
             str(sc.rollouts),
             *sc.server_args,
         ]
         server = subprocess.Popen(server_cmd, stdout=server_log, stderr=subprocess.STDOUT, cwd=ROOT)
         url = f"http://127.0.0.1:{server_port}"
-        stats_url = f"http://127.0.0.1:{judge_port}/stats"
-        _wait_http(stats_url, judge)
+        stats_url = f"{judge.url}/stats"
         started = time.monotonic()
         _wait_http(url + "/health", server)
         startup_s = time.monotonic() - started
@@ -259,16 +237,18 @@ def run_scenario(sc: Scenario, *, log_dir: Path, quiet_wait_s: float = 0.0) -> d
             "cpu": cpu,
             "box_busy_cores_before": busy_before,
             # more than ~0.1 core of other work during the run makes throughput unreliable
-            "contaminated": bool(cpu) and cpu["foreign_cpu_s"] > 0.1 * report.wall_s,
+            "contaminated": bool(cpu) and bool(cpu["contaminated"]),
             "judge_stats": judge_stats,
             "pilot": json.loads(pilot.as_json()),
             "report": json.loads(report.as_json()),
         }
         return result
     finally:
-        _stop(server)
-        _stop(judge)
-        judge_log.close()
+        if server is not None:
+            procs.terminate(server, timeout=10)
+        if judge is not None:
+            judge.stop(timeout=10)
+            judge.close()
         server_log.close()
 
 
@@ -346,7 +326,8 @@ def run_drop_probe(wait_s: float, server_args: tuple[str, ...], mode: str) -> di
             "report": json.loads(report.as_json()),
         }
     finally:
-        _stop(server)
+        if server is not None:
+            procs.terminate(server, timeout=10)
         log.close()
 
 

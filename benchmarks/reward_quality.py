@@ -21,8 +21,13 @@ failures) in virtual time and asserts every outcome equals the direct path's, bi
 Grid: family × judge configuration (circular J = 1; circular J = 2 with position_balance
 alternate; all_pairs J = 1; all_pairs J = 1 alternate; all_pairs J = 2 alternate) × p ∈ {0, 5 %,
 15 %} × {simple_tiebreaker, bradley_terry} × {pair, component}; `--groups` groups per cell.
+`--frontier` runs τ against judge calls instead: every family on circular (J = 1, J = 2
+alternate), regular d ∈ {3, 4, 6, 8} and all_pairs (J = 1, J = 2 alternate) at N = 16, and on
+circular, regular d ∈ {4, 8, 16} and all_pairs at N = 64 (`--groups-64` groups), p ∈ {0, 5 %};
+benchmarks/plot_frontier.py draws its JSON.
 
     python benchmarks/reward_quality.py [--groups 2000] [--seed 0] [--check-engine 3]
+                                        [--frontier] [--groups-64 200]
                                         [--only-family comparative] [--only-graph circular-J1]
                                         [--prior 0.1]
                                         [--out benchmarks/results/reward-quality.json]
@@ -50,6 +55,7 @@ from genrm_trio.config import DEFAULT_BRADLEY_TERRY_PRIOR
 from genrm_trio.domain.scoring import (
     CYCLE_RATE,
     JudgedComparison,
+    PlannedComparison,
     aggregate,
     mask_members,
     plan_comparisons,
@@ -84,14 +90,46 @@ class Graph:
     strategy: str
     judges: int
     balance: str
+    degree: int = 4  # d of `regular` (comparisons_per_rollout)
+    size: int = SIZE
+
+    def plan(self) -> list[PlannedComparison]:
+        return plan_comparisons(self.size, self.strategy, self.judges, self.balance, self.degree)
 
 
 GRAPHS: Final = (
     Graph("circular-J1", "circular", 1, "none"),
     Graph("circular-J2-alternate", "circular", 2, "alternate"),
+    Graph("regular-d3", "regular", 1, "none", 3),
+    Graph("regular-d4", "regular", 1, "none", 4),
+    Graph("regular-d6", "regular", 1, "none", 6),
+    Graph("regular-d8", "regular", 1, "none", 8),
     Graph("all_pairs-J1", "all_pairs", 1, "none"),
     Graph("all_pairs-J1-alternate", "all_pairs", 1, "alternate"),
     Graph("all_pairs-J2-alternate", "all_pairs", 2, "alternate"),
+    Graph("N64-circular-J1", "circular", 1, "none", size=64),
+    Graph("N64-regular-d4", "regular", 1, "none", 4, 64),
+    Graph("N64-regular-d8", "regular", 1, "none", 8, 64),
+    Graph("N64-regular-d16", "regular", 1, "none", 16, 64),
+    Graph("N64-all_pairs-J1", "all_pairs", 1, "none", size=64),
+)
+# `--frontier`: τ against judge calls (docs/benchmarks.md, "The frontier"), every family
+FRONTIER: Final = (
+    "circular-J1",
+    "circular-J2-alternate",
+    "regular-d3",
+    "regular-d4",
+    "regular-d6",
+    "regular-d8",
+    "all_pairs-J1",
+    "all_pairs-J2-alternate",
+)
+FRONTIER_64: Final = (
+    "N64-circular-J1",
+    "N64-regular-d4",
+    "N64-regular-d8",
+    "N64-regular-d16",
+    "N64-all_pairs-J1",
 )
 
 FAMILIES: Final[dict[str, JudgmentModel]] = {
@@ -108,6 +146,14 @@ FAMILIES: Final[dict[str, JudgmentModel]] = {
     ),
 }
 FULL_GRID: Final = ("comparative", "pointwise")  # the other families run on the cheaper graphs
+DEFAULT_GRAPHS: Final = (  # the grid without --frontier or --only-graph
+    "circular-J1",
+    "circular-J2-alternate",
+    "all_pairs-J1",
+    "all_pairs-J1-alternate",
+    "all_pairs-J2-alternate",
+)
+FRONTIER_RATES: Final = (0.0, 0.05)
 EXTRA_GRAPHS: Final = ("circular-J1", "circular-J2-alternate", "all_pairs-J1")
 NO_ADJUSTMENTS: Final[dict[str, float]] = {
     "default_score": 3.0,
@@ -123,8 +169,9 @@ NO_ADJUSTMENTS: Final[dict[str, float]] = {
 def settings(graph: Graph, method: str, policy: str) -> Settings:
     return Settings.model_validate(
         {
-            "num_rollouts_per_prompt": SIZE,
+            "num_rollouts_per_prompt": graph.size,
             "comparison_strategy": graph.strategy,
+            "comparisons_per_rollout": graph.degree,
             "num_judges_per_comparison": graph.judges,
             "position_balance": graph.balance,
             "aggregator_method": method,
@@ -180,12 +227,12 @@ class Judged:
 
 def judge_group(model: JudgmentModel, graph: Graph, seed: int, group: int) -> Judged:
     """What the simulated judge in judgment mode answers for every call of one group."""
-    texts = [answer(group, i) for i in range(SIZE)]
+    texts = [answer(group, i) for i in range(graph.size)]
     quality = [latent_quality(seed, t) for t in texts]
     seen: dict[bytes, int] = {}
     verdicts: list[tuple[int, int, int]] = []
     draws: list[float] = []
-    for planned in plan_comparisons(SIZE, graph.strategy, graph.judges, graph.balance):
+    for planned in graph.plan():
         first, second = planned.shown
         key = call_key(JudgeCall(list(HISTORY), texts[first], texts[second], None))
         occurrence = seen.get(key, 0)
@@ -198,8 +245,10 @@ def judge_group(model: JudgmentModel, graph: Graph, seed: int, group: int) -> Ju
 
 
 def evaluation_of(graph: Graph, group: int, judged: Judged, rate: float) -> Evaluation:
-    plan = plan_comparisons(SIZE, graph.strategy, graph.judges, graph.balance)
-    evaluation = Evaluation(plan, [answer(group, i) for i in range(SIZE)], list(HISTORY), None)
+    plan = graph.plan()
+    evaluation = Evaluation(
+        plan, [answer(group, i) for i in range(graph.size)], list(HISTORY), None
+    )
     for c, (verdict, draw) in enumerate(zip(judged.verdicts, judged.draws, strict=True)):
         if draw < rate:
             evaluation.errors[c] = FAILURE
@@ -220,8 +269,8 @@ def outcomes_direct(
     config: Settings, graph: Graph, group: int, judged: Judged, rate: float
 ) -> dict[int, Scored | Masked] | AllMasked:
     """The engine's scoring of one group (`score_cohort`, rows included): the cross-check's."""
-    texts = {i: MemberText("", answer(group, i)) for i in range(SIZE)}
-    return score_cohort(config, evaluation_of(graph, group, judged, rate), SIZE, texts)
+    texts = {i: MemberText("", answer(group, i)) for i in range(graph.size)}
+    return score_cohort(config, evaluation_of(graph, group, judged, rate), graph.size, texts)
 
 
 @dataclass
@@ -238,7 +287,7 @@ def fast_scorings(
 ) -> dict[tuple[str, str], Scoring]:
     """Every (method, policy) of one group at failure rate ``rate`` (``prior``: λ of
     bradley_terry)."""
-    plan = plan_comparisons(SIZE, graph.strategy, graph.judges, graph.balance)
+    plan = graph.plan()
     errors: list[str | None] = []
     comparisons: list[JudgedComparison] = []
     for planned, verdict, draw in zip(plan, judged.verdicts, judged.draws, strict=True):
@@ -251,7 +300,7 @@ def fast_scorings(
         comparisons.append(JudgedComparison(planned.i, planned.j, planned.k, scores))
     out: dict[tuple[str, str], Scoring] = {}
     for policy in POLICIES:
-        masking = mask_members(policy, SIZE, plan, errors)
+        masking = mask_members(policy, graph.size, plan, errors)
         for method in METHODS:
             if rate == 0.0 and policy == "component":
                 out[(method, policy)] = out[(method, "pair")]  # nothing failed: the same group
@@ -281,6 +330,7 @@ class Cell:
     method: str
     policy: str
     calls_per_group: int
+    size: int
     groups: int = 0
     scored: int = 0
     taus: list[float] = field(default_factory=list)  # one per group with a defined τ
@@ -305,22 +355,23 @@ def run_cells(
     groups: int,
     seed: int,
     prior: float = DEFAULT_BRADLEY_TERRY_PRIOR,
+    rates: Sequence[float] = RATES,
 ) -> tuple[list[Cell], dict[tuple[float, str], list[float]]]:
     """Every cell of one family and graph; also the paired τ differences BT − ST per (p, policy)
     (per group, where both are defined)."""
     model = FAMILIES[family]
-    calls = len(plan_comparisons(SIZE, graph.strategy, graph.judges, graph.balance))
+    calls = len(graph.plan())
     cells = {
-        (rate, m, pol): Cell(family, graph.name, rate, m, pol, calls)
-        for rate in RATES
+        (rate, m, pol): Cell(family, graph.name, rate, m, pol, calls, graph.size)
+        for rate in rates
         for m in METHODS
         for pol in POLICIES
     }
-    diffs: dict[tuple[float, str], list[float]] = {(r, pol): [] for r in RATES for pol in POLICIES}
+    diffs: dict[tuple[float, str], list[float]] = {(r, pol): [] for r in rates for pol in POLICIES}
     for group in range(groups):
         judged = judge_group(model, graph, seed, group)
-        quality = [latent_quality(seed, answer(group, i)) for i in range(SIZE)]
-        for rate in RATES:
+        quality = [latent_quality(seed, answer(group, i)) for i in range(graph.size)]
+        for rate in rates:
             scorings = fast_scorings(graph, judged, rate, prior)
             for policy in POLICIES:
                 taus: dict[str, float | None] = {}
@@ -432,13 +483,13 @@ async def check_engine(
                     judge = FailingJudge(sim, seed, rate)
                     async with open_engine(config, judge) as engine:
                         for group in range(groups):
-                            replies: list[Any] = [None] * SIZE
+                            replies: list[Any] = [None] * graph.size
 
                             async def one(i: int, g: int = group, out: list[Any] = replies) -> None:
                                 out[i] = await engine.verify(verify_input(g, i, PROMPT))
 
                             async with trio.open_nursery() as nursery:
-                                for i in range(SIZE):
+                                for i in range(graph.size):
                                     nursery.start_soon(one, i)
                             judged = judge_group(model, graph, seed, group)
                             direct = outcomes_direct(config, graph, group, judged, rate)
@@ -449,7 +500,7 @@ async def check_engine(
                                     f"{graph.name} {method} {policy} group {group}"
                                 )
                             checked += 1
-                    calls = len(plan_comparisons(SIZE, graph.strategy, graph.judges, graph.balance))
+                    calls = len(graph.plan())
                     assert judge.calls == groups * calls, (judge.calls, groups, calls)
     return checked
 
@@ -467,11 +518,13 @@ def cell_record(cell: Cell) -> dict[str, Any]:
         "method": cell.method,
         "policy": cell.policy,
         "calls_per_group": cell.calls_per_group,
+        "size": cell.size,
+        "calls_per_rollout": cell.calls_per_group / cell.size,
         "groups": cell.groups,
         "groups_with_tau": len(cell.taus),
         "kendall_tau": tau,
         "kendall_tau_se": tau_se,
-        "share_scored": cell.scored / (cell.groups * SIZE) if cell.groups else math.nan,
+        "share_scored": cell.scored / (cell.groups * cell.size) if cell.groups else math.nan,
         "cycle_rate": cycles if cell.cycles else None,
     }
 
@@ -555,6 +608,55 @@ def _order_graph(key: tuple[str, float]) -> tuple[int, float]:
     return ([g.name for g in GRAPHS].index(key[0]), key[1])
 
 
+def frontier_table(records: Sequence[dict[str, Any]]) -> str:
+    """τ against judge calls: per family and graph, both methods at p = 0 (either policy: nothing
+    fails) and at p = 5 % under each policy, with the share scored at 5 %."""
+    lines = [
+        "| family | N | graph | calls / group | calls / rollout | τ ST | τ BT | "
+        "p 5 %: τ ST pair | τ BT pair | τ ST component | τ BT component | "
+        "scored pair | scored component |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    index = {(r["family"], r["graph"], r["p"], r["method"], r["policy"]): r for r in records}
+    for family, graph, _ in sorted(
+        {(r["family"], r["graph"], 0.0) for r in records if r["p"] == 0.0}, key=_order
+    ):
+        clean = [index[(family, graph, 0.0, m, "pair")] for m in METHODS]
+        failing = [index.get((family, graph, 0.05, m, pol)) for pol in POLICIES for m in METHODS]
+        cells = [_tau(c) for c in clean] + [_tau(c) if c else "—" for c in failing]
+        scored = [f"{c['share_scored']:.1%}" if c else "—" for c in (failing[0], failing[2])]
+        first = clean[0]
+        lines.append(
+            f"| {family} | {first['size']} | {graph} | {first['calls_per_group']} | "
+            f"{first['calls_per_rollout']:g} | " + " | ".join(cells + scored) + " |"
+        )
+    return "\n".join(lines)
+
+
+def frontier_checks(records: Sequence[dict[str, Any]]) -> list[str]:
+    """The regular-graph issue's targets on the comparative judge at p = 0."""
+    tau = {
+        (r["graph"], r["method"]): r["kendall_tau"]
+        for r in records
+        if r["family"] == "comparative" and r["p"] == 0.0 and r["policy"] == "pair"
+    }
+    out: list[str] = []
+    if ("regular-d8", "bradley_terry") in tau and ("all_pairs-J1", METHODS[0]) in tau:
+        bt8, ap = tau[("regular-d8", "bradley_terry")], tau[("all_pairs-J1", METHODS[0])]
+        out.append(
+            f"regular d=8 BT τ {bt8:.3f} vs all_pairs ST τ {ap:.3f}: {bt8 - ap:+.3f} "
+            f"(target >= -0.02: {'met' if bt8 - ap >= -0.02 else 'NOT met'})"
+        )
+    if ("regular-d4", METHODS[0]) in tau and ("circular-J2-alternate", METHODS[0]) in tau:
+        d4 = max(tau[("regular-d4", m)] for m in METHODS)
+        c2 = max(tau[("circular-J2-alternate", m)] for m in METHODS)
+        out.append(
+            f"regular d=4 best τ {d4:.3f} vs circular J=2 alternate best τ {c2:.3f}: "
+            f"{d4 - c2:+.3f} (target >= +0.03: {'met' if d4 - c2 >= 0.03 else 'NOT met'})"
+        )
+    return out
+
+
 def checks(records: Sequence[dict[str, Any]], diffs: dict[str, Any]) -> list[str]:
     """The issue's targets, each with what the model says (BT − ST as mean ± standard error of
     the paired per-group difference; "significant" means beyond two standard errors)."""
@@ -587,7 +689,7 @@ def checks(records: Sequence[dict[str, Any]], diffs: dict[str, Any]) -> list[str
                 f"{r['graph']} p=5% {r['policy']}: scores {r['share_scored']:.2%} of rollouts"
                 + (" (target >= 99%)" if r["policy"] == "component" else "")
             )
-    return out
+    return out + frontier_checks(records)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -601,6 +703,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=DEFAULT_BRADLEY_TERRY_PRIOR,
         help="bradley_terry_prior of the direct path (the engine check uses the default)",
     )
+    parser.add_argument(
+        "--frontier",
+        action="store_true",
+        help="every family on the frontier graphs at N = 16 and 64, p in {0, 5%%}",
+    )
+    parser.add_argument("--groups-64", type=int, default=200, help="groups of 64 (--frontier)")
     parser.add_argument("--only-family", action="append", choices=list(FAMILIES))
     parser.add_argument("--only-graph", action="append", choices=[g.name for g in GRAPHS])
     parser.add_argument("--out")
@@ -617,11 +725,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     diffs: dict[str, Any] = {}
     for family in args.only_family or list(FAMILIES):
         for graph in GRAPHS:
-            if args.only_graph and graph.name not in args.only_graph:
+            if args.only_graph:
+                if graph.name not in args.only_graph:
+                    continue
+            elif args.frontier:
+                if graph.name not in FRONTIER + FRONTIER_64:
+                    continue
+            elif graph.name not in DEFAULT_GRAPHS or (
+                family not in FULL_GRID and graph.name not in EXTRA_GRAPHS
+            ):
                 continue
-            if family not in FULL_GRID and graph.name not in EXTRA_GRAPHS:
-                continue
-            cells, paired = run_cells(family, graph, args.groups, args.seed, args.prior)
+            groups = args.groups_64 if args.frontier and graph.size == 64 else args.groups
+            rates = FRONTIER_RATES if args.frontier else RATES
+            cells, paired = run_cells(family, graph, groups, args.seed, args.prior, rates)
             records.extend(cell_record(c) for c in cells)
             for (rate, policy), values in paired.items():
                 mean, se = summarise(values)
@@ -636,6 +752,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(cycle_table(records))
     print()
+    if args.frontier:
+        print(frontier_table(records))
+        print()
     for line in checks(records, diffs):
         print(line)
     elapsed = time.monotonic() - started
@@ -648,6 +767,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ["python", "benchmarks/reward_quality.py", *(argv or sys.argv[1:])]
             ),
             "groups": args.groups,
+            "groups_64": args.groups_64 if args.frontier else None,
             "seed": args.seed,
             "bradley_terry_prior": args.prior,
             "engine_groups_checked": checked,

@@ -58,6 +58,7 @@ import yaml
 from genrm_trio.app import bench
 from genrm_trio.app.bench import procfs
 from genrm_trio.config import Settings
+from genrm_trio.domain.scoring import percentile
 from genrm_trio.testing import FaultRule, SimConfig, procs, serve_sim_judge
 from genrm_trio.testing.asgi import SimJudgeApp
 from genrm_trio.testing.procs import Proc
@@ -97,7 +98,6 @@ def _cli_module(source: Path) -> str:
 
 
 SERVER_PYTHONPATH: str | None = None  # --server-src: serve another checkout (before/after runs)
-LEAN_SERVER = False  # --lean-server: the experiment of benchmarks/lean_serve.py (h1, not hypercorn)
 
 
 def start(
@@ -133,19 +133,24 @@ def start_server(
     extra: Sequence[str] = (),
 ) -> Proc:
     config = {**SHIPPED, **(overrides or {})}
+    judge = dict(config.get("judge") or {})
+    # `--judge-url` needs judge.api: Gym's protocol under its earlier name, which older
+    # checkouts (SERVER_PYTHONPATH) read too; the simulated judge serves every judge API
+    judge.setdefault("api", "responses")
+    config["judge"] = judge
     path = log_dir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     args = ["serve", "--config", str(path), "--port", "0", "--judge-url", judge_url, *extra]
-    lean = [sys.executable, str(ROOT / "benchmarks" / "lean_serve.py")] if LEAN_SERVER else None
-    if lean is None and SERVER_PYTHONPATH is not None:
+    program = None
+    if SERVER_PYTHONPATH is not None:
         # -P: not the working directory (this checkout) first on sys.path, but PYTHONPATH's
-        lean = [sys.executable, "-P", "-m", _cli_module(Path(SERVER_PYTHONPATH))]
+        program = [sys.executable, "-P", "-m", _cli_module(Path(SERVER_PYTHONPATH))]
     return start(
         args,
         log_dir / f"{name}.server.log",
         cpu=SERVER_CPU,
         pythonpath=SERVER_PYTHONPATH,
-        program=lean,
+        program=program,
     )
 
 
@@ -160,35 +165,6 @@ def _reference_running() -> bool:
 def wait_for_quiet(max_wait_s: float) -> float:
     """Wait until other work on the box is quiet and the reference harness is not measuring."""
     return procfs.wait_for_quiet(max_wait_s, window_s=2.0, also_busy=_reference_running)
-
-
-class CpuMeter:
-    """CPU of the server, the judge, this process and everything else over one interval."""
-
-    def __init__(self, server_pid: int, judge_pid: int | None) -> None:
-        self._server, self._judge = server_pid, judge_pid
-        self._t0 = self._read()
-
-    def _read(self) -> tuple[float, float, float, float, float]:
-        server = procfs.cpu_s(self._server) or 0.0
-        judge = (procfs.cpu_s(self._judge) or 0.0) if self._judge else 0.0
-        return time.monotonic(), server, judge, time.process_time(), procfs.system_busy_s()
-
-    def stop(self, groups: int) -> dict[str, Any]:
-        t1 = self._read()
-        wall, server, judge, load, busy = (b - a for a, b in zip(self._t0, t1, strict=True))
-        foreign = max(0.0, busy - server - judge - load)
-        per = 1000 / groups if groups else 0.0
-        return {
-            "foreign_cores": round(foreign / wall, 3) if wall else 0.0,
-            "server_cpu_ms_per_group": round(server * per, 2),
-            "judge_cpu_ms_per_group": round(judge * per, 2),
-            "load_cpu_ms_per_group": round(load * per, 2),
-            "server_core_utilisation": round(server / wall, 3) if wall else None,
-            "load_core_utilisation": round((judge + load) / wall, 3) if wall else None,
-            "foreign_cpu_s": round(foreign, 2),
-            "contaminated": foreign > 0.1 * wall,
-        }
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -219,7 +195,6 @@ def _setup() -> dict[str, Any]:
         "versions": _versions(),
         "commit": _git_head(),
         "server_src": SERVER_PYTHONPATH,
-        "lean_server_experiment": LEAN_SERVER,
         "config": "shipped genrm_compare.yaml values (N=16, circular, 1 judge, A=4, sleep 0.2 s)",
     }
 
@@ -320,7 +295,7 @@ def run_load(
         # work on the box only ever makes a run slower), and a clean run ends the series.
         runs: list[tuple[bench.BenchReport | None, dict[str, Any]]] = []
         for _ in range(max(1, repeats)):
-            meter = CpuMeter(server.pid, judge.pid)
+            meter = procfs.CpuMeter(server.pid, judge.pid)
             measured = trio.run(_bounded, cfg(groups), HARD_LIMIT_S)
             runs.append((measured, meter.stop(measured.groups if measured else 0)))
             if measured is None or runs[-1][1]["foreign_cores"] < CLEAN_CORES:
@@ -332,11 +307,7 @@ def run_load(
         time.sleep(1.0)
         return {
             "label": f"ours-{sc.name}",
-            "server": (
-                "genrm-trio serve on h1 (benchmarks/lean_serve.py experiment)"
-                if LEAN_SERVER
-                else "genrm-trio serve (hypercorn trio worker, 1 process)"
-            ),
+            "server": "genrm-trio serve (hypercorn trio worker, 1 process)",
             "scenario": dataclasses.asdict(sc),
             "setup": _setup(),
             "server_rss_fresh_mb": rss_fresh,
@@ -424,7 +395,7 @@ def _stats(values: Sequence[float]) -> dict[str, float | None]:
     return {
         "n": len(ms),
         "min_ms": round(ms[0], 2),
-        "p50_ms": round(ms[len(ms) // 2], 2),
+        "p50_ms": round(percentile(ms, 0.5), 2),
         "max_ms": round(ms[-1], 2),
     }
 
@@ -758,13 +729,8 @@ def main(argv: list[str] | None = None) -> int:
         help="one more config key for every server (VALUE read as YAML), e.g. "
         "eager_comparisons=false",
     )
-    parser.add_argument(
-        "--lean-server",
-        action="store_true",
-        help="experiment: serve the app on h1 instead of hypercorn (benchmarks/lean_serve.py)",
-    )
     args = parser.parse_args(argv)
-    global SERVER_PYTHONPATH, LEAN_SERVER
+    global SERVER_PYTHONPATH
     for item in args.server_set:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -772,7 +738,6 @@ def main(argv: list[str] | None = None) -> int:
         SHIPPED[key] = yaml.safe_load(value)
     if args.server_src is not None:
         SERVER_PYTHONPATH = str(args.server_src.resolve())
-    LEAN_SERVER = args.lean_server
 
     if len(os.sched_getaffinity(0)) >= 2:
         os.sched_setaffinity(0, {LOAD_CPU})

@@ -23,7 +23,6 @@ import argparse
 import json
 import math
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -37,14 +36,16 @@ import trio
 import yaml
 
 from genrm_trio.app.bench import answer_text, procfs, verify_body
+from genrm_trio.app.top_frame import Series, parse_metrics
+from genrm_trio.domain.scoring import percentile
 from genrm_trio.testing import procs
 from genrm_trio.testing.procs import Proc
 
 PROMPT = "Explain why the sum of two even numbers is even."
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
 
 
-# --- processes and sampling: genrm_trio.testing.procs, genrm_trio.app.bench.procfs ----------------
+# --- processes and sampling: genrm_trio.testing.procs, genrm_trio.app.bench.procfs, and
+# --- the metrics parser of `genrm-trio top` ------------------------------------------------------
 
 
 def _start(args: Sequence[str], log: Path, timeout: float = 60.0) -> Proc:
@@ -54,17 +55,10 @@ def _start(args: Sequence[str], log: Path, timeout: float = 60.0) -> Proc:
         raise SystemExit(f"{args[0]} did not start: {exc}; see {log}") from None
 
 
-def _metrics(text: str) -> dict[str, float]:
-    samples: dict[str, float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match is not None:
-            samples[match.group(1) + (match.group(2) or "")] = float(match.group(3))
-    return samples
-
-
-def _sum(samples: dict[str, float], prefix: str) -> float:
-    return sum(v for k, v in samples.items() if k.startswith(prefix))
+def _gauge(series: Series, name: str) -> float:
+    """A gauge's value, nan when the server does not export it (a sample to show, not hide)."""
+    value = series.total(name)
+    return math.nan if value is None else value
 
 
 @dataclass
@@ -176,7 +170,7 @@ async def _drive(opts: Options, base: str, judge: str, pid: int) -> tuple[Tally,
 
         async def sample() -> None:
             cohorts = (await http.get(f"{base}/cohorts")).json()
-            m = _metrics((await http.get(f"{base}/metrics")).text)
+            m = parse_metrics((await http.get(f"{base}/metrics")).text)
             sim = (await http.get(f"{judge}/stats")).json()
             rss = procfs.rss_mb(pid)
             samples.append(
@@ -187,9 +181,9 @@ async def _drive(opts: Options, base: str, judge: str, pid: int) -> tuple[Tally,
                     threads=procfs.status_field(pid, "Threads"),
                     cpu_s=procfs.cpu_s(pid),
                     active_cohorts=len(cohorts),
-                    judge_inflight=m.get("genrm_trio_judge_inflight", math.nan),
-                    judge_queued=m.get("genrm_trio_judge_queued", math.nan),
-                    judge_calls=_sum(m, "genrm_trio_judge_calls_total"),
+                    judge_inflight=_gauge(m, "genrm_trio_judge_inflight"),
+                    judge_queued=_gauge(m, "genrm_trio_judge_queued"),
+                    judge_calls=m.value("genrm_trio_judge_calls_total"),
                     sim_in_flight=int(sim["in_flight"]),
                     groups_done=tally.groups,
                 )
@@ -286,8 +280,7 @@ def _slope_per_min(points: Sequence[tuple[float, float]]) -> float:
 
 
 def _pct(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else math.nan
+    return percentile(values, q) if values else math.nan
 
 
 def summarise(
@@ -424,6 +417,8 @@ def run(opts: Options) -> dict[str, Any]:
                 "0",
                 "--judge-url",
                 judge.url + "/v1",
+                "--judge-api",
+                "genrm_model",
                 *(["--state", str(opts.workdir / "state.sqlite")] if opts.state else []),
             ],
             opts.workdir / "serve.err",

@@ -36,7 +36,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -46,24 +46,15 @@ import httpx
 import trio
 import yaml
 
-from genrm_trio.app.bench import answer_text, verify_body
+from genrm_trio.app.bench import answer_text, procfs, verify_body
 from genrm_trio.domain.scoring import percentile
 from genrm_trio.judge.pool import KeepAlivePool
-from genrm_trio.testing.procs import Proc, command, start
+from genrm_trio.testing.procs import Proc, command, start, terminate
 
 LOOPBACK = "127.0.0.1"
 
 
-def _cpu_ns(pid: int) -> int:
-    """Nanoseconds of CPU the process has run (all threads), from /proc/PID/schedstat."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with suppress(OSError):
-            total += int((task / "schedstat").read_text().split()[0])
-    return total
-
-
-# --- processes ----------------------------------------------------------------------------------
+# --- processes: genrm_trio.testing.procs; CPU: genrm_trio.app.bench.procfs ---------------------
 
 
 def _spawn(argv: Sequence[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
@@ -73,27 +64,15 @@ def _spawn(argv: Sequence[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
     )
 
 
-def _stop(popen: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL after 10 s: a process started here, stopped by its PID."""
-    if popen.poll() is None:
-        popen.send_signal(signal.SIGTERM)
-    try:
-        popen.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        popen.kill()
-        popen.wait(timeout=10)
-
-
 @contextmanager
 def cpu_load(count: int, log: IO[bytes]) -> Iterator[None]:
     """`count` busy-looping processes beside the trial (stopped by PID afterwards)."""
-    procs = [_spawn([sys.executable, "-c", "while True: pass"], log) for _ in range(count)]
+    loops = [_spawn([sys.executable, "-c", "while True: pass"], log) for _ in range(count)]
     try:
         yield
     finally:
-        for popen in procs:
-            popen.kill()
-            popen.wait(timeout=10)
+        for popen in loops:
+            terminate(popen, timeout=10)
 
 
 # --- one trial ----------------------------------------------------------------------------------
@@ -182,7 +161,7 @@ async def _trial(args: argparse.Namespace, judge_port: int, config: Path, logs: 
             in_flight = await _judge_in_flight(client, judge_port)
             pidfd = os.pidfd_open(pid)
             try:
-                cpu_before = _cpu_ns(pid)
+                cpu_before = procfs.task_cpu_ns(pid)
                 signalled = time.perf_counter()
                 os.kill(pid, signal.SIGINT)
                 with trio.fail_after(args.exit_timeout_s):
@@ -212,7 +191,7 @@ async def _trial(args: argparse.Namespace, judge_port: int, config: Path, logs: 
         )
     finally:
         if spy is not None:
-            _stop(spy)
+            terminate(spy, timeout=10)
         server.stop(timeout=10)
         server.close()
 

@@ -2,9 +2,9 @@
 
 The names are those of docs/http-api.md, "GET /metrics", and all start with `genrm_trio_`, besides
 the standard `process_*` series of the process (CPU, memory, open files, start time). The label
-values of the cohort, deadline, judge-outcome and retry-cause series are closed sets, exported at
-0 from the start, so that a query dividing or adding them (the dashboard's, the alert rules') has
-a series before the first event of each kind.
+values of the cohort, deadline, judge-outcome, retry-cause and masked-cause series are closed
+sets, exported at 0 from the start, so that a query dividing or adding them (the dashboard's, the
+alert rules') has a series before the first event of each kind.
 """
 
 from __future__ import annotations
@@ -47,6 +47,12 @@ JUDGE_OUTCOME_LABELS: Final = (
 RETRY_CAUSE_LABELS: Final = ("transport", "http", "timeout", "stall", "unusable", "parse", "budget")
 """The `cause` label of `genrm_trio_judge_retries_total` (bad JSON is never retried; a timeout
 only on another replica of a fleet, a stall only in a fleet)."""
+MASKED_ALONE: Final = "alone"
+MASKED_WHOLE_GROUP: Final = "whole_group"
+MASKED_CAUSE_LABELS: Final = (MASKED_ALONE, MASKED_WHOLE_GROUP)
+"""The `cause` label of `genrm_trio_masked_rollouts_total`: a rollout masked alone (its failed
+comparisons; the rest of its group scored), or one of a group whose every rollout was masked (a
+judge-kind group failure). Summed, the rows answered with `mask_sample: true`."""
 QUEUE_PRIORITY_LABELS: Final = ("complete", "collecting")
 """The `priority` label of `genrm_trio_judge_queue_wait_seconds`: `judge.queue.Priority`."""
 
@@ -247,7 +253,12 @@ class Metrics:
             registry=r,
         )
         self.masked_rollouts = Counter(
-            "genrm_trio_masked_rollouts", "Rollouts masked alone after a judge failure", registry=r
+            "genrm_trio_masked_rollouts",
+            "Rollouts answered with mask_sample: true, by cause (alone: masked after its failed "
+            "comparisons, the rest of its group scored; whole_group: in a group whose every "
+            "rollout was masked)",
+            ["cause"],
+            registry=r,
         )
         self.failed_comparisons = Counter(
             "genrm_trio_failed_comparisons", "Comparisons that ended in a judge error", registry=r
@@ -271,6 +282,8 @@ class Metrics:
             self.judge_retries.labels(cause)
         for priority in QUEUE_PRIORITY_LABELS:
             self.judge_queue_wait_seconds.labels(priority)
+        for cause in MASKED_CAUSE_LABELS:
+            self.masked_rollouts.labels(cause)
         # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ... (Linux)
         ProcessCollector(registry=r)
         self._replicas = _ReplicaCollector()

@@ -56,6 +56,8 @@ def start_server(
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
     judge = ["--judge-url", judge_url] if judge_url is not None else ["--judge", "sim"]
+    if judge_url is not None and "api" not in (config.get("judge") or {}):
+        judge += ["--judge-api", "genrm_model"]  # the simulated judge serves every API
     args = ["serve", "--config", str(path), "--port", "0", *judge, *extra]
     return start(args, directory / f"{name}.err", env=env, timeout=timeout)
 

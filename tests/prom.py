@@ -126,6 +126,14 @@ class Prometheus:
         return reply.json()["data"]
 
 
+_METRIC = re.compile(r"\b((?:genrm_trio_|process_)[a-zA-Z0-9_:]*|up)\b")
+
+
+def metric_names(expr: str) -> set[str]:
+    """The series names a PromQL expression reads."""
+    return set(_METRIC.findall(expr))
+
+
 def finite_values(result: list[Any]) -> list[float]:
     return [v for v in (float(item["value"][1]) for item in result) if math.isfinite(v)]
 

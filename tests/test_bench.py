@@ -279,3 +279,46 @@ def test_the_proc_reader_reads_this_process() -> None:
     gone = max(procfs.pids()) + 100_000
     assert (procfs.stat(gone), procfs.cpu_s(gone), procfs.rss_mb(gone)) == (None, None, None)
     assert (procfs.cpu_ticks(gone), procfs.open_fds(gone), procfs.cmdline(gone)) == (0, None, None)
+    assert procfs.task_cpu_ns(gone) == 0
+
+
+def test_the_proc_reader_counts_cpu_in_nanoseconds_and_splits_an_interval() -> None:
+    """`task_cpu_ns` (every thread's schedstat) grows with this process's CPU as `cpu_s` does,
+    and `CpuMeter` books it to the side it was spent on (here: the "server" is this process)."""
+    import time
+
+    from genrm_trio.app.bench import procfs
+
+    pid = os.getpid()
+    before_ns, before_cpu = procfs.task_cpu_ns(pid), time.process_time()
+    meter = procfs.CpuMeter(pid, None)
+    while time.process_time() - before_cpu < 0.05:
+        pass  # 50 ms of this process's CPU
+    spent = meter.stop(groups=10)
+    assert procfs.task_cpu_ns(pid) - before_ns >= 40_000_000
+    # the same 50 ms, seen as the server's and as the load generator's: 10 groups, >= 4 ms each
+    assert spent["server_cpu_ms_per_group"] >= 4.0  # type: ignore[operator]
+    assert spent["load_cpu_ms_per_group"] >= 4.0  # type: ignore[operator]
+    assert spent["judge_cpu_ms_per_group"] == 0.0
+
+
+def test_terminate_stops_a_process_and_kills_one_that_ignores_sigterm() -> None:
+    """`genrm_trio.testing.procs.terminate`, the one stop of every process a test or benchmark
+    starts: SIGTERM, then SIGKILL once `timeout` has passed."""
+    import signal
+    import subprocess
+    import sys
+
+    from genrm_trio.testing.procs import terminate
+
+    program = "import signal, sys, time\n{}\nprint('ready', flush=True)\ntime.sleep(60)"
+    codes = []
+    for setup in ("", "signal.signal(signal.SIGTERM, signal.SIG_IGN)"):
+        popen = subprocess.Popen(
+            [sys.executable, "-c", program.format(setup)], stdout=subprocess.PIPE
+        )
+        assert popen.stdout is not None
+        with popen.stdout:
+            assert popen.stdout.readline() == b"ready\n"  # its handler is in place
+            codes.append(terminate(popen, timeout=0.5))
+    assert codes == [-signal.SIGTERM, -signal.SIGKILL]

@@ -101,6 +101,7 @@ async def test_export_restore_round_trips_and_replays(autojump_clock: MockClock)
             "added": 6,
             "unchanged": 0,
             "watermarks_updated": 3,
+            "superseded": 0,
             "conflicts": [],
         }
         assert encode_json(checkpoint(engine)) == encode_json(exported)
@@ -126,6 +127,7 @@ async def test_export_restore_round_trips_and_replays(autojump_clock: MockClock)
             "added": 0,
             "unchanged": 6,
             "watermarks_updated": 0,
+            "superseded": 0,
             "conflicts": [],
         }
 
@@ -186,6 +188,7 @@ async def test_a_lower_watermark_is_not_a_conflict(autojump_clock: MockClock) ->
             "added": 0,
             "unchanged": 0,
             "watermarks_updated": 0,
+            "superseded": 0,
             "conflicts": [],
         }
         assert engine.watermark_records() == [mark]

@@ -83,6 +83,16 @@ def _row(rollout: int, group_id: str, answer: str) -> dict[str, Any]:
             ["serve", "--judge-url", "ftp://x/v1"],
             "genrm-trio: config error: <flags>: judge.base_url:",
         ),
+        (
+            ["serve", "--judge-url", "http://127.0.0.1:8000/v1"],
+            "genrm-trio: config error: <flags>: --judge-api: --judge-url needs --judge-api (or "
+            "judge.api in the config file): chat_completions or openai_responses for vLLM or any "
+            "OpenAI-compatible server, genrm_model behind Gym's genrm_model server",
+        ),
+        (
+            ["serve", "--judge-url", "http://127.0.0.1:8000/v1", "--judge-api", "vllm"],
+            "genrm-trio: config error: <flags>: --judge-api: invalid choice",
+        ),
         (["serve", "--bogus"], "genrm-trio: config error: <flags>: arguments: unrecognized"),
         (["sim-judge", "--fault", "meteor"], "genrm-trio: config error: <flags>: --fault: unknown"),
     ],
@@ -97,14 +107,24 @@ def test_usage_errors_are_one_line_exit_2(
 
 
 def test_judge_url_once_is_a_url_and_repeated_is_a_fleet() -> None:
-    one = _serve_settings(build_parser().parse_args(["serve", "--judge-url", "http://a:1/v1"]))
+    api = ["--judge-api", "chat_completions"]
+    argv = ["serve", "--judge-url", "http://a:1/v1", *api]
+    one = _serve_settings(build_parser().parse_args(argv))
     assert one.judge.base_url == "http://a:1/v1"
-    assert not one.judge.fleet
-    argv = ["serve", "--judge-url", "http://a:1/v1", "--judge-url", "http://b:2/v1"]
+    assert one.judge.api == "chat_completions"
+    assert one.judge.base_urls == ("http://a:1/v1",)
+    argv = ["serve", "--judge-url", "http://a:1/v1", "--judge-url", "http://b:2/v1", *api]
     two = _serve_settings(build_parser().parse_args(argv))
     assert two.judge.base_url == ["http://a:1/v1", "http://b:2/v1"]
-    assert two.judge.fleet
     assert two.judge.base_urls == ("http://a:1/v1", "http://b:2/v1")
+
+
+def test_judge_url_takes_the_api_of_the_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("judge:\n  api: openai_responses\n")
+    argv = ["serve", "--config", str(config), "--judge-url", "http://a:1/v1"]
+    settings = _serve_settings(build_parser().parse_args(argv))
+    assert (settings.judge.base_url, settings.judge.api) == ("http://a:1/v1", "openai_responses")
 
 
 def test_no_command_is_a_usage_error_with_the_usage_line(

@@ -115,6 +115,7 @@ def test_every_top_level_default() -> None:
         "max_terminal_cohorts": 4096,
         "comparison_mode": "rollout_cohort",
         "comparison_strategy": "circular",
+        "comparisons_per_rollout": 4,
         "num_judges_per_comparison": 1,
         "use_principle": False,
         "default_principle": DEFAULT_PRINCIPLE,
@@ -153,7 +154,7 @@ def test_judge_defaults() -> None:
     assert judge == JudgeSettings()
     assert judge.model_dump() == {
         "base_url": None,
-        "api": "responses",
+        "api": "genrm_model",
         "model": None,
         "api_key_env": None,
         "max_concurrency": 256,
@@ -344,6 +345,11 @@ def test_the_literal_keys_are_found() -> None:
 )
 def test_literal_values_accepted(key: str, value: str) -> None:
     assert read(load(nested(key, value)), key) == value
+
+
+def test_judge_api_responses_is_the_earlier_name_of_genrm_model() -> None:
+    """Configs written before the rename keep Gym's protocol."""
+    assert load(nested("judge.api", "responses")).judge.api == "genrm_model"
 
 
 @pytest.mark.parametrize("key", list(LITERALS))
@@ -890,7 +896,7 @@ def test_overrides_win_over_the_mapping() -> None:
     assert s.host == "0.0.0.0"
     assert s.port == 0
     assert s.judge.base_url == "http://b:8000/v1"
-    assert s.judge.api == "responses"  # sibling keys of the file's judge block survive
+    assert s.judge.api == "genrm_model"  # sibling keys of the file's judge block survive
     assert s.state_path == "/tmp/s.db"
 
 

@@ -154,6 +154,7 @@ def test_startup_warning_texts_are_documented() -> None:
         "--host",
         "--port",
         "--judge-url",
+        "--judge-api",
         "--judge sim",
         "--state",
         "--num-rollouts-per-prompt",

@@ -31,6 +31,7 @@ from trio.testing import MockClock
 from genrm_trio.app.compose import durable_engine
 from genrm_trio.config import Settings
 from genrm_trio.domain.model import CompareResult, GroupFailed, Masked, Scored, VerifyInput
+from genrm_trio.domain.text import shown_id
 from genrm_trio.engine import machine
 from genrm_trio.engine.engine import Engine
 from genrm_trio.engine.evaluation import EAGER_RATE_KEY
@@ -614,7 +615,7 @@ async def test_a_restart_judges_a_collecting_groups_comparisons_again(tmp_path: 
     assert got == {i: GroupFailed("cohort", "GenRM server is shutting down") for i in (0, 1)}
     second = ScriptedJudge()
     interrupted = GroupFailed(
-        "cohort", INTERRUPTED_TEMPLATE.format(key="group_id::g::group_attempt::0")
+        "cohort", INTERRUPTED_TEMPLATE.format(key=shown_id("group_id::g::group_attempt::0"))
     )
     with trio.fail_after(20):
         async with durable_engine(config, second) as engine:

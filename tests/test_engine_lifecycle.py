@@ -241,10 +241,11 @@ async def test_evaluation_failure_releases_every_waiter(
 async def test_input_failure_releases_every_waiter_without_judging(
     autojump_clock: MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(*args: object, **kwargs: object) -> list[object]:
+    def broken(*args: object, **kwargs: object) -> str:
         raise TypeError("cannot convert response")
 
-    monkeypatch.setattr(run_module, "plan_comparisons", broken)
+    # a step of every group's run (the plan itself is made once, when the engine opens)
+    monkeypatch.setattr(run_module, "judge_principle", broken)
     judge = ScriptedJudge()
     async with running(settings(), judge) as engine:
         replies = await gather(engine, [member(0), member(1)])
@@ -370,10 +371,11 @@ async def test_disposition_logs(
         await verify(engine, member(0, group="lonely"))
     completed = [r for r in caplog.records if "disposition=completed" in r.getMessage()]
     failed = [r for r in caplog.records if "disposition=failed" in r.getMessage()]
-    key = f"group_id::{long_group}::group_attempt::0"[:160]
+    key = f"group_id::{long_group}::group_attempt::0"
+    shown = f"{key[:160]!r}… ({len(key)} characters)"  # a log line shows 160 (`shown_id`)
     assert [r.levelno for r in completed] == [logging.INFO]
     assert completed[0].getMessage() == (
-        f"GenRM cohort disposition=completed key={key!r} attempt=0 members=2"
+        f"GenRM cohort disposition=completed key={shown} attempt=0 members=2"
     )
     assert [r.levelno for r in failed] == [logging.WARNING]
     lonely = "group_id::lonely::group_attempt::0"

@@ -167,7 +167,10 @@ async def test_7_every_comparison_fails_the_group(
     async with running(settings(num_rollouts_per_prompt=4), judge) as engine:
         replies = await gather(engine, [member(i) for i in range(4)])
         assert engine.statistics().cohorts_by_state == {"failed": 1}
-        assert engine.metrics.masked_rollouts._value.get() == 0
+        masked_by = engine.metrics.masked_rollouts.labels
+        # every rollout answered a failsafe row: counted, as masked with its whole group
+        assert masked_by("alone")._value.get() == 0
+        assert masked_by("whole_group")._value.get() == 4
         assert engine.metrics.failed_comparisons._value.get() == 4
     message = (
         "GenRM masked every rollout of the group after judge failures (4 of 4 comparisons "
@@ -527,7 +530,8 @@ async def test_engine_metrics_count_masking(autojump_clock: MockClock) -> None:
     async with open_engine(settings(num_rollouts_per_prompt=4), judge) as engine:
         await gather(engine, [member(i) for i in range(4)])
         text = engine.metrics.render().decode()
-    assert "genrm_trio_masked_rollouts_total 2.0" in text
+    assert 'genrm_trio_masked_rollouts_total{cause="alone"} 2.0' in text
+    assert 'genrm_trio_masked_rollouts_total{cause="whole_group"} 0.0' in text
     assert "genrm_trio_failed_comparisons_total 1.0" in text
     assert 'genrm_trio_cohorts_terminal_total{state="partially_masked"} 1.0' in text
     assert 'genrm_trio_active_cohorts{state="judging"} 0.0' in text

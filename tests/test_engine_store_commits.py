@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from judges import ScriptedJudge, gather, member, running, settings, verify
+from judges import ScriptedJudge, gather, hang, member, running, settings, verify
 from trio.testing import MockClock
 
 from genrm_trio.domain.model import GroupFailed, Rejection, RequestRejected, Scored
@@ -371,3 +371,74 @@ async def test_a_failed_restore_commit_applies_nothing(autojump_clock: MockClock
             )
         stats = engine.statistics()
         assert (stats.cohorts, stats.watermarks) == (0, 0)
+
+
+# --- restore: a raised watermark supersedes the group's active older attempt ---------------------
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["memory", "store"])
+async def test_a_restore_that_raises_a_watermark_supersedes_the_active_older_attempt(
+    autojump_clock: MockClock, durable: bool
+) -> None:
+    """Attempt 0 of group g collects (two of three members in, their eager comparison at the
+    judge) when a checkpoint holding attempt 1 is restored: attempt 0 fails as superseded at
+    once, as a request for attempt 1 would fail it. With the store each commit (the request's
+    watermark and open, the restore's one transaction, the terminal record) takes 0.25 s."""
+    store = FifoStore(delay=0.25) if durable else None
+    judge = ScriptedJudge(pairs={("a0", "a1"): hang()})
+    config = settings(
+        num_rollouts_per_prompt=3,
+        cohort_collection_timeout_s=1800.0,
+        judge_request_timeout_s=600.0,
+    )
+    commit = 0.25 if durable else 0.0
+    t0 = trio.current_time()
+    replies: dict[int, object] = {}
+    at: dict[int, float] = {}
+    async with running(config, judge, store=store) as engine:
+        async with trio.open_nursery() as nursery:
+
+            async def send(index: int) -> None:
+                replies[index] = await verify(engine, member(index))
+                at[index] = trio.current_time() - t0
+
+            for index in (0, 1):
+                nursery.start_soon(send, index)
+            await trio.sleep(1.0)
+            [call] = judge.calls
+            assert (call.shown, call.started - t0) == (("a0", "a1"), commit)
+            [mark] = engine.watermark_records()
+            newer = TerminalRecord(
+                key="group_id::g::group_attempt::1",
+                group_id="g",
+                group_attempt=1,
+                legacy=False,
+                prompt_digest=mark.prompt_digest,
+                phase="completed",
+                members={i: MemberRecord(f"r{i}", result={"reward": 1.0}) for i in range(3)},
+            )
+            report = await engine.restore_records(
+                [newer], [WatermarkRecord("g", 1, mark.prompt_digest)]
+            )
+            assert trio.current_time() - t0 == 1.0 + commit
+            assert (report.added, report.watermarks_updated, report.superseded) == (1, 1, 1)
+            assert report.conflicts == []
+        superseded = "GenRM group 'g' attempt 0 was superseded by attempt 1"
+        assert replies == {
+            0: GroupFailed("cohort", superseded),
+            1: GroupFailed("cohort", superseded),
+        }
+        # the waiters: at once (after the terminal record's commit), not at the collection deadline
+        assert at == {0: 1.0 + 2 * commit, 1: 1.0 + 2 * commit}
+        assert call.cancelled and call.cancelled_at is not None
+        assert call.cancelled_at - t0 == 1.0 + commit  # the eager call hung up with the restore
+        late = await verify(engine, member(2))
+        assert isinstance(late, RequestRejected) and late.reason is Rejection.CONFLICT
+        assert late.detail == superseded
+        assert engine.statistics().active_cohorts == 0
+        assert len(judge.calls) == 1
+        if store is not None:
+            assert store.kinds() == ["watermark", "open", "many", "terminal"]
+            assert store.applied[-1][1].failure == superseded
+        again = await engine.restore_records([newer], [WatermarkRecord("g", 1, mark.prompt_digest)])
+        assert (again.unchanged, again.watermarks_updated, again.superseded) == (1, 0, 0)

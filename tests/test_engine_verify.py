@@ -19,6 +19,7 @@ from judges import (
 from trio.testing import MockClock
 
 from genrm_trio.domain.model import GroupFailed, Masked, Rejection, RequestRejected, Scored
+from genrm_trio.domain.text import shown_id
 from genrm_trio.engine import engine as engine_module
 
 
@@ -637,3 +638,58 @@ async def test_empty_answer_is_shown_as_none(autojump_clock: MockClock) -> None:
         replies = await gather(engine, [member(0, answer="  "), member(1)])
     assert sorted(c.shown for c in judge.calls) == [("None", "a1"), ("a1", "None")]
     assert isinstance(replies[0], Scored) and replies[0].result["answer_text"] == "  "
+
+
+# --- a client's long group id in the texts ------------------------------------------------------
+
+
+async def test_a_long_group_id_is_cut_in_every_detail_and_stored_failure(
+    autojump_clock: MockClock,
+) -> None:
+    """A 10,000-character group id shows its first 1,000 characters (`shown_id`) in the 409 and
+    503 details and in the stored failure, which so stay within failure_reason's 2,000."""
+    group = "g" * 10_000
+    key = f"group_id::{group}::group_attempt::1"
+    config = settings(num_rollouts_per_prompt=2, cohort_collection_timeout_s=5.0)
+    async with running(config, ScriptedJudge()) as engine:
+        replies: dict[str, object] = {}
+
+        async def send(name: str, item: object) -> None:
+            replies[name] = await verify(engine, item)  # type: ignore[arg-type]
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, "first", member(0, group=group, attempt=1))
+            await trio.sleep(1.0)
+            stale = await verify(engine, member(0, group=group, attempt=0))
+            other_prompt = await verify(engine, member(0, group=group, attempt=1, prompt="Bye"))
+            other_answer = await verify(engine, member(0, group=group, attempt=1, answer="b0"))
+            nursery.start_soon(send, "newer", member(0, group=group, attempt=2))
+        late = await verify(engine, member(1, group=group, attempt=2))
+    shown, shown_key = shown_id(group), shown_id(key)
+    shown_newer = shown_id(f"group_id::{group}::group_attempt::2")
+    assert shown == repr("g" * 1000) + "… (10000 characters)"
+    rejected(
+        stale, Rejection.CONFLICT, f"GenRM group {shown} attempt 0 was superseded by attempt 1"
+    )
+    rejected(
+        other_prompt,
+        Rejection.CONFLICT,
+        f"GenRM group {shown} received inconsistent prompt or principle content",
+    )
+    rejected(
+        other_answer,
+        Rejection.CONFLICT,
+        f"GenRM cohort {shown_key} already has a different response for rollout_index=0",
+    )
+    assert replies["first"] == GroupFailed(
+        "cohort", f"GenRM group {shown} attempt 1 was superseded by attempt 2"
+    )
+    collection = GroupFailed(
+        "cohort",
+        f"GenRM cohort {shown_newer} did not collect 2 unique rollout indices within 5.0s",
+    )
+    assert replies["newer"] == collection
+    assert late == collection  # the stored failure, replayed
+    texts = [stale.detail, other_prompt.detail, other_answer.detail]  # type: ignore[union-attr]
+    texts += [replies["first"].message, collection.message]  # type: ignore[union-attr]
+    assert all(len(text) < 2000 for text in texts)

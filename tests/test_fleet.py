@@ -32,7 +32,6 @@ from genrm_trio.judge.base import (
     JudgeTransportError,
     ReplyStatus,
 )
-from genrm_trio.judge.client import HttpJudge
 from genrm_trio.judge.fleet import JudgeFleet, make_judge
 
 CALL = JudgeCall([{"role": "user", "content": "q"}], "a1", "a2", None)
@@ -460,9 +459,14 @@ async def test_an_attempt_cancelled_from_outside_is_not_a_failure(
 # --- configuration ------------------------------------------------------------------------------
 
 
-def test_make_judge_single_url_is_an_http_judge_and_a_list_a_fleet() -> None:
-    one = make_judge(settings_from_mapping({"judge": {"base_url": "http://h:1/v1"}}))
-    assert isinstance(one, HttpJudge)
+def test_make_judge_builds_a_fleet_for_one_url_as_for_a_list() -> None:
+    for base_url in ("http://h:1/v1", ["http://h:1/v1"]):
+        one = make_judge(settings_from_mapping({"judge": {"base_url": base_url}}))
+        assert isinstance(one, JudgeFleet)
+        assert one.replicas == ["h:1"]
+        assert one.endpoint == "h:1"  # the judge error names it as one judge's would
+        assert one.path == "/v1/responses"
+        assert [replica.url for replica in one._replicas] == ["http://h:1/v1"]
     many = make_judge(
         settings_from_mapping({"judge": {"base_url": ["http://h:1/v1", "http://h:2/v1/"]}})
     )
@@ -503,7 +507,10 @@ def test_total_concurrency_is_capped_by_the_replica_caps() -> None:
     assert total(base_url=urls, max_concurrency=256) == 256
     assert total(base_url=urls, max_concurrency=256, max_concurrency_per_replica=50) == 150
     assert total(base_url=urls, max_concurrency=100, max_concurrency_per_replica=50) == 100
-    assert total(base_url="http://h:1/v1", max_concurrency_per_replica=5) == 256
+    # one URL is a fleet of one replica: its cap is the total
+    assert total(base_url="http://h:1/v1", max_concurrency_per_replica=5) == 5
+    assert total(base_url=["http://h:1/v1"], max_concurrency_per_replica=5) == 5
+    assert total(max_concurrency_per_replica=5) == 256  # no URL: a simulated judge
 
 
 # --- three replicas through the engine ----------------------------------------------------------
@@ -746,6 +753,68 @@ async def test_with_one_replica_a_timeout_is_not_retried_and_names_it(
         "TimeoutError: judge attempt exceeded 10.0s"
     )
     assert judge.replica_stats()[0].failures == 1
+
+
+async def _comparisons_against(
+    judge: Any, replica: Replica, config: Settings, origin: float
+) -> list[tuple[float, str, str]]:
+    """Five comparisons, one a second, against `judge` (whose only replica is `replica`), as
+    the Comparator runs them with a seeded jitter; the replica heals before the fourth. Each
+    comparison's (end time, outcome, judge error) and the replica's attempts, in order, their
+    times since `origin`."""
+    import random
+
+    from genrm_trio.judge.attempts import Comparator
+    from genrm_trio.judge.base import JudgeError
+    from genrm_trio.metrics import Metrics
+
+    comparator = Comparator(judge, config, Metrics(), rng=random.Random(7))
+    results: list[tuple[float, str, str]] = []
+    for n in range(5):
+        await trio.sleep_until(origin + 100.0 * n)
+        if n == 3:
+            replica.mode = "ok"
+            replica.latency = 1.0
+        try:
+            await comparator.compare(CALL, pair=(0, 1), judge_pass=0)
+        except JudgeError as error:
+            results.append((trio.current_time(), f"failed after {error.attempts}", error.message))
+        else:
+            results.append((trio.current_time(), "scored", ""))
+    results.extend((start, outcome, "attempt") for start, outcome in replica.log)
+    return [(round(t - origin, 9), outcome, text) for t, outcome, text in results]
+
+
+@pytest.mark.parametrize(
+    ("mode", "latency"),
+    [("ok", 1.0), ("http500", 1.0), ("http429", 1.0), ("dead", 1.0), ("ok", math.inf)],
+)
+async def test_a_fleet_of_one_runs_comparisons_exactly_as_its_one_judge_would(
+    mode: str, latency: float, autojump_clock: trio.testing.MockClock
+) -> None:
+    """One URL is a fleet of one replica (`make_judge`): through the Comparator it makes the
+    same attempts at the same times, with the same errors, as the bare judge: a timeout is not
+    retried (D14), a Retry-After is waited out (D13), and the only replica ejected (after 3
+    failures, out for 5 s) still gets every attempt, so none fails untried."""
+    config = Settings.model_validate(
+        {
+            "judge_request_timeout_s": 10.0,
+            "genrm_parse_retries": 3,
+            "genrm_parse_retry_sleep_s": 0.1,
+            "judge": {"base_url": "http://a:8000/v1", "eject_backoff_s": 5.0},
+        }
+    )
+    bare = Replica("a", latency=latency, mode=mode, retry_after=2.0)
+    expected = await _comparisons_against(bare, bare, config, 0.0)
+    alone = Replica("a", latency=latency, mode=mode, retry_after=2.0)
+    judge = fleet(alone, eject_after_failures=3, eject_backoff_s=5.0)
+    assert await _comparisons_against(judge, alone, config, 1000.0) == expected
+    (stats,) = judge.replica_stats()
+    hung = 3 if latency == math.inf else 0  # unlogged, told to the fleet by their deadline
+    assert stats.calls == len(alone.log) + hung
+    assert stats.failures == sum(1 for _, outcome in alone.log if outcome != "ok") + hung
+    # ejected by its failures, back at its first answer once healed
+    assert (stats.ejections > 0, stats.ejected) == (mode != "ok" or latency == math.inf, False)
 
 
 async def test_a_timed_out_comparison_names_the_replica_of_its_last_attempt(

@@ -194,7 +194,7 @@ def test_host_port_and_block_keys_come_from_the_launched_instance() -> None:
 def test_judge_is_the_model_server_that_genrm_model_server_names() -> None:
     settings = settings_from_gym_env(env_for(gym_config(BLOCK, model_port=18_001)))
     assert settings.judge.base_url == "http://127.0.0.1:18001/v1"
-    assert settings.judge.api == "responses"
+    assert settings.judge.api == "genrm_model"
     assert settings.judge.probe is False  # Gym model servers have no /v1/models
 
 

@@ -412,6 +412,27 @@ async def test_reverify_mode() -> None:
     assert (await call(app, "/reverify_mode", method="GET"))[:2] == (200, "unsupported")
 
 
+async def test_group_settings() -> None:
+    """What a client needs before it sends a group: its size and the server's two deadlines."""
+    config = Settings.model_validate(
+        {
+            "num_rollouts_per_prompt": 4,
+            "cohort_collection_timeout_s": 30.0,
+            "cohort_evaluation_timeout_s": 45.5,
+        }
+    )
+    app: Any = create_app(FakeEngine(), config)
+    for prefix in ("", "/ng-rollout/r-1"):
+        assert (await call(app, prefix + "/group_settings", method="GET"))[:2] == (
+            200,
+            {
+                "num_rollouts_per_prompt": 4,
+                "cohort_collection_timeout_s": 30.0,
+                "cohort_evaluation_timeout_s": 45.5,
+            },
+        )
+
+
 @pytest.mark.parametrize("path", ["/", "/health", "/healthz", "/readyz", "/livez"])
 async def test_health_routes(path: str) -> None:
     app = app_for(FakeEngine())
@@ -424,14 +445,14 @@ async def test_health_routes(path: str) -> None:
 
 async def test_metrics_route() -> None:
     engine = FakeEngine()
-    engine.metrics.masked_rollouts.inc(2)
+    engine.metrics.masked_rollouts.labels("alone").inc(2)
     status, text, headers = await call(app_for(engine), "/metrics", method="GET")
     assert status == 200
     assert headers["content-type"].startswith("text/plain")
     for name in (
         "genrm_trio_judge_calls_total",
         "genrm_trio_judge_attempt_seconds",
-        "genrm_trio_masked_rollouts_total 2.0",
+        'genrm_trio_masked_rollouts_total{cause="alone"} 2.0',
         "genrm_trio_active_cohorts",
         "genrm_trio_deadline_failures_total",
         "genrm_trio_judge_budget_escalations_total 0.0",
@@ -954,6 +975,52 @@ async def test_e2e_partial_masking_and_cohorts_view() -> None:
                 assert row["instance_config"] == {"mask_sample": True}
                 assert row["_ng_task_index"] == 0
     assert engine.active_cohorts() == []
+
+
+def masked_series(metrics_text: str) -> dict[str, float]:
+    """`genrm_trio_masked_rollouts_total` by its `cause` label, from a `/metrics` text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        sample.labels["cause"]: sample.value
+        for family in text_string_to_metric_families(metrics_text)
+        for sample in family.samples
+        if sample.name == "genrm_trio_masked_rollouts_total"
+    }
+
+
+async def test_masked_rollouts_total_equals_the_rows_answered_mask_sample() -> None:
+    """What an operator sees is what the trainer drops: after a group with one failed pair (its
+    two rollouts masked alone) and after a group whose every comparison failed (masked whole),
+    the series summed equal the rows answered with `mask_sample: true`, split by cause."""
+    judge = SimJudge(SimConfig(rules=[FaultRule("http_500", match="BAD", position="both")]))
+    settings_ = e2e_settings()  # 4 rollouts, circular pairs (0,1) (1,2) (2,3) (3,0)
+    groups = {
+        "one-pair": ["BAD 0", "answer 1", "answer 2", "BAD 3"],  # only (3, 0) fails
+        "whole": [f"BAD {i}" for i in range(4)],  # every comparison fails
+        "clean": [f"answer {i}" for i in range(4)],
+    }
+    expected = {
+        "one-pair": {"alone": 2.0, "whole_group": 0.0},
+        "whole": {"alone": 2.0, "whole_group": 4.0},
+        "clean": {"alone": 2.0, "whole_group": 4.0},
+    }
+    masked_rows = 0
+    with trio.fail_after(20):
+        async with open_engine(settings_, judge) as engine:
+            app = create_app(engine, settings_)
+            _, text, _ = await call(app, "/metrics", method="GET")
+            assert masked_series(text) == {"alone": 0.0, "whole_group": 0.0}
+            for group, answers in groups.items():
+                bodies = [member(i, answer, group=group) for i, answer in enumerate(answers)]
+                replies = await post_group(app, bodies)
+                assert [status for status, _ in replies] == [200] * 4
+                masked_rows += sum(1 for _, row in replies if row["mask_sample"] is True)
+                _, text, _ = await call(app, "/metrics", method="GET")
+                series = masked_series(text)
+                assert series == expected[group], group
+                assert sum(series.values()) == masked_rows, group
+    assert masked_rows == 6
 
 
 async def test_aggregate_task_index_of_any_json_type() -> None:

@@ -120,7 +120,7 @@ async def test_export_then_restore_replays_identical_rows(autojump_clock: MockCl
         status, reply = await call(app, "/checkpoint", data=exported)
         assert (status, reply) == (
             200,
-            {"added": 3, "unchanged": 0, "watermarks_updated": 2, "conflicts": []},
+            {"added": 3, "unchanged": 0, "watermarks_updated": 2, "superseded": 0, "conflicts": []},
         )
         assert await group(app) == first  # every row, byte for byte after decoding
         regenerated = await call(app, "/verify", data=body(0, answer="regenerated"))
@@ -138,7 +138,13 @@ async def test_export_then_restore_replays_identical_rows(autojump_clock: MockCl
         again = await call(app, "/checkpoint", method="GET")
         assert again == (200, exported)
         status, reply = await call(app, "/checkpoint", data=exported)
-        assert reply == {"added": 0, "unchanged": 3, "watermarks_updated": 0, "conflicts": []}
+        assert reply == {
+            "added": 0,
+            "unchanged": 3,
+            "watermarks_updated": 0,
+            "superseded": 0,
+            "conflicts": [],
+        }
     assert fresh.calls == []
 
 
@@ -158,6 +164,7 @@ async def test_conflicts_are_reported_not_applied(autojump_clock: MockClock) -> 
                 "added": 0,
                 "unchanged": 0,
                 "watermarks_updated": 0,
+                "superseded": 0,
                 "conflicts": [
                     {"key": "group_id::g::group_attempt::0", "reason": "different record"},
                     {"group_id": "g", "reason": "different prompt digest"},
@@ -307,6 +314,7 @@ async def test_cli_export_and_restore(tmp_path: Path, capsys: pytest.CaptureFixt
                 "added": 1,
                 "unchanged": 0,
                 "watermarks_updated": 1,
+                "superseded": 0,
                 "conflicts": [],
             }
             assert await trio.to_thread.run_sync(_verify_group, url) == client

@@ -256,6 +256,7 @@ async def test_chat_body_appends_principle_and_answers_after_history() -> None:
         "model": "m",
         "reasoning_effort": "low",
         "n": 1,
+        "stream": False,
         "messages": [
             {"role": "system", "content": "You are a judge."},
             {"role": "system", "content": "Be fair."},
@@ -1087,7 +1088,16 @@ def test_every_judge_api_value_has_one_object_and_one_simulated_side() -> None:
     from genrm_trio.testing.asgi import SIM_APIS
 
     names = set(get_args(JudgeApiName))
-    assert names == set(JUDGE_APIS) == set(SIM_APIS) == {"responses", "chat_completions"}
+    assert (
+        names
+        == set(JUDGE_APIS)
+        == set(SIM_APIS)
+        == {
+            "genrm_model",
+            "openai_responses",
+            "chat_completions",
+        }
+    )
     assert set(get_args(JudgeSettings.model_fields["api"].annotation)) == names
     assert len(set(JUDGE_APIS.values())) == len(names)  # one object per value, none shared
     for name in names:

@@ -51,7 +51,10 @@ async def test_every_replica_killed_and_restarted_masks_nothing(
                 "genrm_parse_retries": 3,
                 "genrm_parse_retry_sleep_s": 0.05,
                 "judge": {
-                    "base_url": [f"{judge.url}/v1" for judge in judges],
+                    # one URL is a fleet of one replica
+                    "base_url": [f"{judge.url}/v1" for judge in judges]
+                    if replicas > 1
+                    else f"{judges[0].url}/v1",
                     "outage_probe_s": 0.5,  # scaled down with the outage
                     "probe": False,
                 },
@@ -100,8 +103,12 @@ async def test_every_replica_killed_and_restarted_masks_nothing(
                         nursery.start_soon(group, g)
                         await trio.sleep(EVERY_S)
                 gone = judge.unreachable_seconds()
-                masked = engine.metrics.registry.get_sample_value(
-                    "genrm_trio_masked_rollouts_total"
+                masked = sum(
+                    engine.metrics.registry.get_sample_value(
+                        "genrm_trio_masked_rollouts_total", {"cause": cause}
+                    )
+                    or 0.0
+                    for cause in ("alone", "whole_group")
                 )
         finally:
             await judge.aclose()

@@ -31,6 +31,7 @@ from genrm_trio.metrics import (
     ACTIVE_STATE_LABELS,
     DEADLINE_LABELS,
     JUDGE_OUTCOME_LABELS,
+    MASKED_CAUSE_LABELS,
     RETRY_CAUSE_LABELS,
     TERMINAL_STATE_LABELS,
     Metrics,
@@ -91,7 +92,8 @@ async def test_a_partially_masked_group_counts_its_latency_and_its_rollouts(
         assert value(engine, f"{LATENCY}_sum") == 0.5
         assert value(engine, f"{ROLLOUTS}", state="partially_masked") == 4
         assert value(engine, f"{ROLLOUTS}", state="scored") == 0
-        assert value(engine, "genrm_trio_masked_rollouts_total") == 2
+        assert value(engine, "genrm_trio_masked_rollouts_total", cause="alone") == 2
+        assert value(engine, "genrm_trio_masked_rollouts_total", cause="whole_group") == 0
 
 
 async def test_a_failed_group_counts_its_present_rollouts_and_no_latency(
@@ -138,6 +140,8 @@ def test_every_closed_label_value_is_exported_at_zero_from_the_start() -> None:
         assert exported[("genrm_trio_judge_calls_total", (("outcome", outcome),))] == 0
     for cause in RETRY_CAUSE_LABELS:
         assert exported[("genrm_trio_judge_retries_total", (("cause", cause),))] == 0
+    for cause in MASKED_CAUSE_LABELS:
+        assert exported[("genrm_trio_masked_rollouts_total", (("cause", cause),))] == 0
     assert exported[(f"{LATENCY}_count", ())] == 0
     assert exported[(f"{LATENCY}_bucket", (("le", "+Inf"),))] == 0
 

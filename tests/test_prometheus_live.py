@@ -1,18 +1,20 @@
 """The dashboard and alert rules against a real Prometheus (docs/operations.md, "Watching it").
 
-Prometheus (Debian's package; `.ci/run` installs it) scrapes a real `genrm-trio serve` over two
-simulated judge replicas every second, with the scrape config and rule file the commands print
-and the server's bearer token from a file. A clean phase of load, then a phase where one member
-of every group fails its comparisons; then every panel query and every variable of the
-dashboard must return a finite value (the queue wait a line per priority class, the replica
-stalls a 0 per replica: none stalled), and every alert expression is evaluated: none true after
-the clean phase, the masked-rollout alert true after the failure phase (and pending in
-Prometheus's own rule evaluation).
+Prometheus (Debian's package; `.ci/run` installs it) scrapes a real `genrm-trio serve` every
+second, over two simulated judge replicas and over one (a single `--judge-url`: a fleet of one),
+with the scrape config and rule file the commands print and the server's bearer token from a
+file. A clean phase of load, then a phase where one member of every group fails its
+comparisons; then every panel query and every variable of the dashboard must return a finite
+value (the queue wait a line per priority class, the replica stalls a 0 per replica: none
+stalled), and every alert expression is evaluated: none true after the clean phase, the
+masked-rollout alert true after the failure phase (and pending in Prometheus's own rule
+evaluation), and every series an alert rule reads exists.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import time
 from functools import partial
@@ -29,6 +31,7 @@ from prom import (
     binary,
     dashboard,
     finite_values,
+    metric_names,
     panel_targets,
     running_prometheus,
     substitute,
@@ -96,9 +99,10 @@ def variable_values(
     return chosen
 
 
-def test_dashboard_and_rules_against_a_real_prometheus(tmp_path: Path) -> None:
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_dashboard_and_rules_against_a_real_prometheus(tmp_path: Path, replicas: int) -> None:
     binary("prometheus")
-    with watched_server(tmp_path) as watched:
+    with watched_server(tmp_path, replicas=replicas) as watched:
         key_file = tmp_path / "scrape.token"
         key_file.write_text(watched.token + "\n")
         rules_file = tmp_path / RULES_FILE
@@ -133,9 +137,12 @@ def test_dashboard_and_rules_against_a_real_prometheus(tmp_path: Path) -> None:
             failed_end = scraped_after(prometheus, http, time.time())
             assert clean_groups >= 3 and failing_groups >= 3, (clean_groups, failing_groups)
 
-            # every alert is quiet after a healthy run, each expression evaluates
+            # every alert is quiet after a healthy run, each expression evaluates, and every
+            # series it reads is there (an alert on a series never exported would never fire)
             for rule in alert_rules():
                 assert prometheus.query(http, rule["expr"], clean_end) == [], rule["alert"]
+                for name in metric_names(rule["expr"]):
+                    assert prometheus.query(http, name, failed_end), (rule["alert"], name)
             [masked] = [rule for rule in alert_rules() if rule["alert"] == MASKED_ALERT]
             # quiet for the right reason: the fraction is there, and 0
             fraction = masked["expr"].rpartition(">")[0]
@@ -171,5 +178,16 @@ def test_dashboard_and_rules_against_a_real_prometheus(tmp_path: Path) -> None:
                 assert (rule["health"], rule.get("lastError", "")) == ("ok", ""), name
             others = {name: rule["state"] for name, rule in rules.items() if name != MASKED_ALERT}
             assert set(others.values()) <= {"inactive", "pending"}, others
-            assert math.isfinite(float(rules[MASKED_ALERT]["alerts"][0]["value"]))
+            [alert] = rules[MASKED_ALERT]["alerts"]
+            assert math.isfinite(float(alert["value"]))
+            # its description gives the masked rows, total and split, from its own queries
+            split = re.search(
+                r"rows answered mask_sample: true: (\d+) \((\d+) masked alone, (\d+) with "
+                r"their whole group\)",
+                alert["annotations"]["description"],
+            )
+            assert split is not None, alert["annotations"]
+            total, alone, whole = (int(n) for n in split.groups())
+            # each an increase() over 10 minutes, extrapolated, rounded on its own
+            assert abs(total - (alone + whole)) <= 1 and alone > 0 and whole == 0, split.group(0)
         assert "level=error" not in prometheus.log(), prometheus.log()

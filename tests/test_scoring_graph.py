@@ -552,7 +552,7 @@ class TestVocabularies:
             plan_comparisons(3, "circular", 1, "bogus")  # type: ignore[arg-type]
         for strategy in get_args(ComparisonStrategy):
             for balance in get_args(PositionBalance):
-                assert plan_comparisons(3, strategy, 1, balance)
+                assert plan_comparisons(5, strategy, 1, balance)  # d = 4 fits N = 5
 
     def test_every_mask_policy_is_a_rule(self) -> None:
         plan = plan_comparisons(3, "circular", 1)

@@ -483,7 +483,7 @@ async def test_responses_api_over_asgi(autojump_clock: trio.testing.MockClock) -
     assert body["usage"]["output_tokens"] == len(sim_verdict_text("four", "4")) // 4
     [seen] = app.sim.calls
     assert (seen.api, seen.response_1, seen.response_2, seen.principle) == (
-        "responses",
+        "genrm_model",
         "four",
         "4",
         "Be right.",
@@ -729,7 +729,7 @@ async def test_serve_sim_judge_on_a_real_socket(caplog: pytest.LogCaptureFixture
     assert responses_text(responses.json()) == sim_verdict_text("four", "4")
     assert chat.status_code == 200
     assert chat.json()["choices"][0]["message"]["content"] == sim_verdict_text("four", "4")
-    assert [c.api for c in app.sim.calls] == ["responses", "chat_completions", "responses"]
+    assert [c.api for c in app.sim.calls] == ["genrm_model", "chat_completions", "genrm_model"]
     # the drop is intended: nothing is logged as an error
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 

@@ -36,6 +36,7 @@ from genrm_trio.app.compose import durable_engine, restore_from_store
 from genrm_trio.config import Settings
 from genrm_trio.domain.model import GroupFailed, Masked, Rejection, RequestRejected, Scored
 from genrm_trio.domain.records import MemberRecord, OpenRecord, TerminalRecord, WatermarkRecord
+from genrm_trio.domain.text import shown_id
 from genrm_trio.engine.engine import Engine, open_engine
 from genrm_trio.store.protocol import QueuedCohortStore
 from genrm_trio.store.schema import SCHEMA_VERSION
@@ -223,7 +224,7 @@ async def test_groups_active_at_the_stop_are_fenced_and_recover(tmp_path: Path) 
     async with durable(config, second) as engine:
         for group in ("c", "j"):
             interrupted = GroupFailed(
-                "cohort", INTERRUPTED_TEMPLATE.format(key=explicit_key(group))
+                "cohort", INTERRUPTED_TEMPLATE.format(key=shown_id(explicit_key(group)))
             )
             for i in range(2):
                 assert await verify(engine, member(i, group=group, answer=f"x{i}")) == interrupted
@@ -236,13 +237,31 @@ async def test_groups_active_at_the_stop_are_fenced_and_recover(tmp_path: Path) 
     assert second.calls and all("judging" not in c.call.response_1 for c in second.calls)
 
 
+async def test_the_fence_of_a_long_group_id_shows_it_cut(tmp_path: Path) -> None:
+    """The stored interrupted failure shows a 10,000-character group id as `shown_id` does."""
+    config = state(tmp_path)
+    group = "g" * 10_000
+    async with durable(config, ScriptedJudge()) as engine, trio.open_nursery() as nursery:
+        nursery.start_soon(verify, engine, member(0, group=group))
+        await until(lambda: bool(engine.active_cohorts()))
+        await engine.aclose()
+    async with durable(config, ScriptedJudge()) as engine:
+        reply = await verify(engine, member(1, group=group))
+    message = INTERRUPTED_TEMPLATE.format(key=shown_id(explicit_key(group)))
+    assert reply == GroupFailed("cohort", message)
+    assert repr("group_id::" + "g" * 990) + "… (10028 characters)" in message
+    assert len(message) < 2000
+
+
 async def test_a_second_restart_keeps_the_fence(tmp_path: Path) -> None:
     config = state(tmp_path)
     async with durable(config, ScriptedJudge()) as engine, trio.open_nursery() as nursery:
         nursery.start_soon(verify, engine, member(0))
         await until(lambda: bool(engine.active_cohorts()))
         await engine.aclose()
-    interrupted = GroupFailed("cohort", INTERRUPTED_TEMPLATE.format(key=explicit_key("g")))
+    interrupted = GroupFailed(
+        "cohort", INTERRUPTED_TEMPLATE.format(key=shown_id(explicit_key("g")))
+    )
     for _ in range(2):
         async with durable(config, ScriptedJudge()) as engine:
             assert await verify(engine, member(1)) == interrupted
@@ -313,6 +332,11 @@ async def test_legacy_records_follow_the_registry(tmp_path: Path) -> None:
         )
         assert again == masked[:2]  # masked slots: the recorded failure, regenerated or not
         assert await verify(engine, member(3, group=None, task_index=2)) == masked[3]
+        # a scored slot (D33): its reward if identical, 409 if different
+        assert isinstance(masked[3], Scored)
+        refused = await verify(engine, member(3, group=None, task_index=2, answer="new3"))
+        assert isinstance(refused, RequestRejected) and refused.reason is Rejection.CONFLICT
+        assert "already has a different response for rollout_index=3" in refused.detail
     assert judge.calls == []
 
 
@@ -450,7 +474,7 @@ async def test_load_applies_the_startup_rules_in_one_persisted_pass(tmp_path: Pa
             legacy=False,
             prompt_digest=DIGEST,
             phase="failed",
-            failure=INTERRUPTED_TEMPLATE.format(key=explicit_open.key),
+            failure=INTERRUPTED_TEMPLATE.format(key=shown_id(explicit_open.key)),
             failure_kind="cohort",
         )
         assert list(loaded.records) == [record(explicit_key("kept")), fence]
@@ -880,6 +904,8 @@ async def server_process(path: Path, judge_url: str, log: Path) -> AsyncIterator
         "0",
         "--judge-url",
         f"{judge_url}/v1",
+        "--judge-api",
+        "genrm_model",
         "--state",
         str(path),
     ]

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from genrm_trio.domain.text import (
     ALLOWED_ROLES,
+    ID_SHOWN_LIMIT,
     HistoryError,
     answer_text,
     digest_text,
@@ -21,6 +22,7 @@ from genrm_trio.domain.text import (
     prompt_digest,
     reasoning_text,
     response_digest,
+    shown_id,
 )
 
 
@@ -391,3 +393,18 @@ def test_digests_never_raise_on_json_data(value: object, principle: str | None) 
         int(digest, 16)
     if isinstance(principle, str):
         assert len(digest_text(principle)) == 64
+
+
+def test_an_id_is_shown_quoted_and_a_long_one_cut() -> None:
+    assert shown_id("g") == "'g'" == repr("g")
+    assert shown_id("x" * ID_SHOWN_LIMIT) == repr("x" * ID_SHOWN_LIMIT)  # at the limit: whole
+    long = "x" * 10_000
+    assert shown_id(long) == repr("x" * ID_SHOWN_LIMIT) + "… (10000 characters)"
+    assert shown_id(long, 160) == repr("x" * 160) + "… (10000 characters)"
+
+
+def test_escapes_count_toward_the_limit() -> None:
+    """A short id whose quoted form is long (control characters, lone surrogates) is cut too."""
+    assert shown_id("\x01" * 5, 10) == "'\\x01\\x01\\x'… (5 characters)"
+    shown = shown_id("\udc00" * 5000)
+    assert len(shown) == ID_SHOWN_LIMIT + 2 + len("… (5000 characters)")

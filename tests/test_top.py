@@ -71,9 +71,10 @@ genrm_trio_cohorts_terminal_total{{state="partially_masked"}} 0
 genrm_trio_cohorts_terminal_total{{state="failed"}} {failed}
 # TYPE genrm_trio_cohort_rollouts_total counter
 genrm_trio_cohort_rollouts_total{{state="scored"}} {rollouts}
-genrm_trio_cohort_rollouts_total{{state="failed"}} 0
+genrm_trio_cohort_rollouts_total{{state="failed"}} {failed_rollouts}
 # TYPE genrm_trio_masked_rollouts_total counter
-genrm_trio_masked_rollouts_total {masked}
+genrm_trio_masked_rollouts_total{{cause="alone"}} {masked}
+genrm_trio_masked_rollouts_total{{cause="whole_group"}} {masked_whole}
 # TYPE genrm_trio_judge_attempt_seconds histogram
 genrm_trio_judge_attempt_seconds_bucket{{le="0.1"}} {fast}
 genrm_trio_judge_attempt_seconds_bucket{{le="1.0"}} {all}
@@ -94,7 +95,8 @@ process_start_time_seconds {start}
 
 
 def snapshot(at: float, *, start: float = 1000.0, **values: float) -> Snapshot:
-    numbers = {"scored": 0, "failed": 0, "rollouts": 0, "masked": 0, "fast": 0, "all": 0}
+    numbers = {"scored": 0, "failed": 0, "rollouts": 0, "masked": 0, "masked_whole": 0}
+    numbers |= {"failed_rollouts": 0, "fast": 0, "all": 0}
     numbers |= {"reward_fast": 0, "eager": 0}
     numbers.update(values)
     series = parse_metrics(EXPOSITION.format(start=start, **numbers))
@@ -112,7 +114,7 @@ def test_rates_and_quantiles_are_over_the_window() -> None:
     shown = text(watcher.update(later, 1e6 + 5))
     assert "Rates and latencies (last 5s)" in shown
     assert "groups scored     2.00/s" in shown  # 10 groups in 5 s
-    assert "masked rollouts   0.80/s" in shown
+    assert "masked rollouts   0.80/s (0.80/s alone, 0.00/s in whole groups)" in shown
     assert "without a reward  10.0%" in shown  # 4 of 40 rollouts
     # the 10 attempts of the window were all slow (0.1..1 s): p50 at 0.55 s, not the 0.05 s
     # the 100 fast ones before the window would give
@@ -120,6 +122,19 @@ def test_rates_and_quantiles_are_over_the_window() -> None:
     # the 10 groups of the window: 5 within 50 ms of their last member, 5 within 50..250 ms
     assert "reward p50 / p95  50 ms / 230 ms" in shown
     assert "eager comparisons   3.00/s" in shown  # 15 started early in 5 s
+
+
+def test_masked_rollouts_are_every_masked_row_split_by_cause() -> None:
+    """In 5 s: 4 rollouts masked alone, a group of 4 masked whole (a judge-kind failure) and a
+    group of 4 failed otherwise (503s). Masked: 8, the rows the trainer drops; without a reward:
+    12 of the 48 rollouts, each failed group's rollouts counted once."""
+    watcher = Watcher("http://x")
+    watcher.update(snapshot(0.0, rollouts=40), 1e6)
+    later = snapshot(5.0, rollouts=80, masked=4, masked_whole=4, failed_rollouts=8)
+    shown = text(watcher.update(later, 1e6 + 5))
+    assert "masked rollouts   1.60/s (0.80/s alone, 0.80/s in whole groups)" in shown
+    assert "without a reward  25.0%" in shown
+    assert "since the start: 8 masked rollouts (4 alone, 4 in whole groups)," in shown
 
 
 def test_a_restart_starts_the_rates_afresh() -> None:

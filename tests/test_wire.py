@@ -841,6 +841,7 @@ def test_openapi_document(auth: bool) -> None:
         "/reverify_mode",
         "/cohorts",
         "/judge/replicas",
+        "/group_settings",
         "/metrics",
         "/openapi.json",
         "/checkpoint",

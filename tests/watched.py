@@ -1,7 +1,8 @@
-"""A server to watch: two simulated judge replicas and `genrm-trio serve` over them as a fleet,
-with a server API key, all real processes on 127.0.0.1 (the dashboard, alert-rule and `top`
-tests). Answers carrying FAIL make the judges answer empty replies: those comparisons fail
-after their attempts and mask their rollouts, without ejecting a replica.
+"""A server to watch: simulated judge replicas (two by default, or one: a single `--judge-url`,
+a fleet of one) and `genrm-trio serve` over them, with a server API key, all real processes on
+127.0.0.1 (the dashboard, alert-rule and `top` tests). Answers carrying FAIL make the judges
+answer empty replies: those comparisons fail after their attempts and mask their rollouts,
+without ejecting a replica.
 """
 
 from __future__ import annotations
@@ -63,13 +64,17 @@ def server_config(**overrides: Any) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def watched_server(
-    directory: Path, *judge_flags: str, port: int | None = None, **overrides: Any
+    directory: Path,
+    *judge_flags: str,
+    port: int | None = None,
+    replicas: int = 2,
+    **overrides: Any,
 ) -> Iterator[Watched]:
     token = f"watch-{secrets.token_hex(12)}"
     env = {KEY_ENV: token}
     judges: list[Proc] = []
     try:
-        for i in range(2):
+        for i in range(replicas):
             judges.append(
                 start_judge(
                     directory,
@@ -83,7 +88,7 @@ def watched_server(
                     name=f"judge{i}",
                 )
             )
-        extra = ["--judge-url", f"{judges[1].url}/v1"]
+        extra = [flag for judge in judges[1:] for flag in ("--judge-url", f"{judge.url}/v1")]
         if port is not None:
             extra += ["--port", str(port)]
         server = start_server(

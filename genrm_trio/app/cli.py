@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Final, NoReturn, TypeVar, final
+from typing import Any, Final, NoReturn, TypeVar, final, get_args
 
 import trio
 
@@ -39,7 +39,14 @@ from genrm_trio.app.arguments import (
 from genrm_trio.app.checkpoint_cli import add_checkpoint_arguments
 from genrm_trio.app.logs import configure_logging
 from genrm_trio.app.watch import add_watch_commands
-from genrm_trio.config import ConfigError, Settings, load_settings
+from genrm_trio.config import (
+    JUDGE_API_ALIASES,
+    ConfigError,
+    JudgeApiName,
+    Settings,
+    load_settings,
+)
+from genrm_trio.domain.exceptions import describe, first_leaf
 
 COMMANDS: Final = (
     "serve, demo, sim-judge, bench, checkpoint, gym-root, grafana-dashboard, prometheus-rules, "
@@ -116,6 +123,8 @@ def _serve_settings(args: argparse.Namespace) -> Settings:
     if args.judge_url is not None:  # once: a URL as before; repeated: the replicas of a fleet
         urls: list[str] = args.judge_url
         overrides["judge.base_url"] = urls[0] if len(urls) == 1 else urls
+    if args.judge_api is not None:
+        overrides["judge.api"] = args.judge_api
     if args.state is not None:
         overrides["state_path"] = args.state
     if args.num_rollouts_per_prompt is not None:
@@ -136,6 +145,16 @@ def _serve_settings(args: argparse.Namespace) -> Settings:
             "judge.base_url",
             f"serve needs a judge: {unresolved}give --judge-url URL, set judge.base_url in the "
             "config file, or use --judge sim for simulated rewards",
+        )
+    if args.judge_url is not None and "api" not in settings.judge.model_fields_set:
+        # No default is right for every server: Gym's protocol sent to a plain server judges
+        # answers the model never sees (docs/configuration.md, "Which judge.api").
+        raise ConfigError(
+            FLAGS_FILE,
+            "--judge-api",
+            "--judge-url needs --judge-api (or judge.api in the config file): chat_completions "
+            "or openai_responses for vLLM or any OpenAI-compatible server, genrm_model behind "
+            "Gym's genrm_model server",
         )
     if settings.state_path is not None:
         parent = Path(settings.state_path).expanduser().absolute().parent
@@ -188,23 +207,17 @@ def run_service(load: Callable[[], Settings], *, sim: bool = False) -> int:
         code = 0  # a second Ctrl-C before the signal receiver was installed
     except* Exception as group:
         log.error("stopped by an unexpected error", exc_info=group)
-        say(f"error: {_describe(group)}")
+        say(f"error: {describe(group)}")  # every error, on one line
         code = 1
     return code
 
 
 def _first(group: BaseExceptionGroup[Any], kind: type[_E]) -> _E:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            return _first(exc, kind)
-        if isinstance(exc, kind):
-            return exc
-    raise AssertionError("empty exception group")
-
-
-def _describe(group: BaseExceptionGroup[Exception]) -> str:
-    exc = _first(group, Exception)
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    """The first ``kind`` leaf of a group ``except*`` matched on ``kind`` (so there is one)."""
+    leaf = first_leaf(group, kind)
+    if leaf is None:
+        raise AssertionError(f"no {kind.__name__} in {group!r}") from group
+    return leaf
 
 
 def _add_serve(sub: Any) -> None:
@@ -236,6 +249,13 @@ def _add_serve(sub: Any) -> None:
         "--judge",
         choices=["sim"],
         help="'sim': the in-process simulated judge (rewards are simulated)",
+    )
+    parser.add_argument(
+        "--judge-api",
+        choices=[*get_args(JudgeApiName), *JUDGE_API_ALIASES],
+        help="how to ask the judge (judge.api): chat_completions or openai_responses for vLLM "
+        "or any OpenAI-compatible server, genrm_model behind Gym's genrm_model server; "
+        "required with --judge-url unless the config file sets judge.api",
     )
     parser.add_argument(
         "--state", metavar="PATH", help="SQLite state file (created if absent; its dir must exist)"
@@ -335,10 +355,10 @@ def _add_sim_judge(sub: Any) -> None:
     parser = sub.add_parser(
         "sim-judge",
         formatter_class=_DefaultsFormatter,
-        help="serve the simulated GenRM judge (both judge APIs under /v1)",
+        help="serve the simulated GenRM judge (every judge API under /v1)",
         description=(
             "Serve the simulated judge: deterministic verdicts, latency and scripted faults. "
-            "Point serve at it with --judge-url http://HOST:PORT/v1."
+            "Point serve at it with --judge-url http://HOST:PORT/v1 --judge-api API (any)."
         ),
     )
     parser.add_argument("--host", default="127.0.0.1", help="numeric bind address")

@@ -30,6 +30,7 @@ from rich.table import Table
 from genrm_trio.app.bench.payloads import policy_response
 from genrm_trio.app.serve import bind_socket, serve_app
 from genrm_trio.config import Settings, settings_from_mapping
+from genrm_trio.domain.exceptions import describe
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.http.app import create_app
 from genrm_trio.testing import FaultRule, SimConfig, SimJudge
@@ -387,10 +388,8 @@ def run_demo(*, verbose: bool = False, console: Console | None = None) -> int:
             console=console,
         ) as progress:
             outcome = trio.run(partial(run_demo_groups, progress=progress))
-    except Exception as exc:  # the demo's own failure report, not a traceback
-        while isinstance(exc, ExceptionGroup) and exc.exceptions:
-            exc = exc.exceptions[0]
-        console.print(f"[bold red]demo FAILED[/bold red]: {escape(f'{type(exc).__name__}: {exc}')}")
+    except Exception as exc:  # the demo's own failure report, not a traceback: every error
+        console.print(f"[bold red]demo FAILED[/bold red]: {escape(describe(exc))}")
         return 1
     finally:
         logger.removeHandler(collect)

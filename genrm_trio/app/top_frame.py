@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, final
 
@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from genrm_trio.judge.base import JudgeStalled
+from genrm_trio.metrics import MASKED_ALONE
 
 __all__ = [
     "RATE_WINDOW_S",
@@ -242,6 +243,16 @@ def _count(value: float) -> str:
     return f"{value:.0f}"
 
 
+def _masked(
+    total: float | None, alone: float | None, shown: Callable[[float], str], what: str = ""
+) -> str:
+    """Masked rollouts (every row answered `mask_sample: true`) and their split by cause."""
+    if total is None or alone is None:
+        return "—"
+    head = f"{shown(total)} {what}" if what else shown(total)
+    return f"{head} ({shown(alone)} alone, {shown(total - alone)} in whole groups)"
+
+
 @final
 class _Window:
     """Rates and quantiles between the baseline and the latest snapshot."""
@@ -318,15 +329,16 @@ def _summary(window: _Window) -> RenderableType:
     rollouts = window.delta(_ROLLOUTS)
     lost = None
     if rollouts:
-        masked = window.delta(_MASKED) or 0.0
-        lost = (masked + (window.delta(_ROLLOUTS, state="failed") or 0.0)) / rollouts
+        # a failed group's rollouts count once: masked with it or answered 503
+        alone = window.delta(_MASKED, cause=MASKED_ALONE) or 0.0
+        lost = (alone + (window.delta(_ROLLOUTS, state="failed") or 0.0)) / rollouts
     active = s.by("genrm_trio_active_cohorts", "state")
     cpu = window.rate("process_cpu_seconds_total")
     memory = s.total("process_resident_memory_bytes")
     table.add_row("groups scored", _rate(scored), "groups failed", _rate(failed))
     table.add_row(
         "masked rollouts",
-        _rate(window.rate(_MASKED)),
+        _masked(window.rate(_MASKED), window.rate(_MASKED, cause=MASKED_ALONE), _rate),
         "failed comparisons",
         _rate(window.rate(_FAILED_COMPARISONS)),
     )
@@ -361,14 +373,17 @@ def _summary(window: _Window) -> RenderableType:
     )
     deadlines = s.by("genrm_trio_deadline_failures_total", "deadline")
     since = Text("since the start: ", style="dim")
-    since.append(f"{_count(s.value(_MASKED))} masked rollouts, deadline failures ")
+    masked = _masked(
+        s.value(_MASKED), s.value(_MASKED, cause=MASKED_ALONE), _count, "masked rollouts"
+    )
+    since.append(f"{masked}, deadline failures ")
     since.append(", ".join(f"{name} {_count(n)}" for name, n in sorted(deadlines.items())) or "0")
     return Group(table, since)
 
 
 def _replicas(replicas: Sequence[Mapping[str, Any]]) -> RenderableType:
     if not replicas:
-        return Text("Judge: one URL (no fleet), so no per-replica figures", style="dim")
+        return Text("Judge: simulated (no base URL), so no per-replica figures", style="dim")
     table = Table(title="Judge replicas", expand=False)
     columns = ("replica", "health", "in flight", "calls", "failures", "stalls", "mean latency")
     for name in columns:  # the last error wraps first when the terminal is narrow

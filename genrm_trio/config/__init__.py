@@ -6,10 +6,12 @@ contract."""
 from genrm_trio.config.mapping import settings_from_mapping
 from genrm_trio.config.settings import (
     DEFAULT_BRADLEY_TERRY_PRIOR,
+    DEFAULT_COMPARISONS_PER_ROLLOUT,
     DEFAULT_JUDGE_CREATE_PARAMS,
     DEFAULT_PRINCIPLE,
     EJECT_MAX_FAILURES,
     IGNORED_GYM_KEYS,
+    JUDGE_API_ALIASES,
     KEEPALIVE_EXPIRY_S,
     MAX_RESPONSE_BYTES,
     ONE_WORKER_MESSAGE,
@@ -37,11 +39,13 @@ from genrm_trio.config.sources import (
 
 __all__ = [
     "DEFAULT_BRADLEY_TERRY_PRIOR",
+    "DEFAULT_COMPARISONS_PER_ROLLOUT",
     "DEFAULT_JUDGE_CREATE_PARAMS",
     "DEFAULT_PRINCIPLE",
     "EJECT_MAX_FAILURES",
     "GYM_BLOCK_NAMES",
     "IGNORED_GYM_KEYS",
+    "JUDGE_API_ALIASES",
     "KEEPALIVE_EXPIRY_S",
     "MAX_RESPONSE_BYTES",
     "ONE_WORKER_MESSAGE",

@@ -70,13 +70,16 @@ IGNORED_GYM_KEYS = frozenset(
 # The vocabularies of the scoring keys, one source each: the settings fields below use them, and
 # genrm_trio.domain.scoring reads them (pair plans check their strategy and balance against these;
 # tests/test_scoring_graph.py checks the aggregation table against `AggregatorMethod`).
-ComparisonStrategy = Literal["all_pairs", "circular"]
+ComparisonStrategy = Literal["all_pairs", "circular", "regular"]
 PositionBalance = Literal["none", "alternate"]
 AggregatorMethod = Literal["simple_tiebreaker", "bradley_terry"]
 MaskPolicy = Literal["pair", "component"]
 
 DEFAULT_BRADLEY_TERRY_PRIOR = 0.1
 """λ of `bradley_terry_prior` (docs/scoring.md, "Bradley–Terry")."""
+
+DEFAULT_COMPARISONS_PER_ROLLOUT = 4
+"""d of `comparison_strategy: regular` (docs/scoring.md, "The regular graph")."""
 
 ONE_WORKER_MESSAGE = (
     "GenRM cohort verification requires one HTTP worker because group state is process-local"
@@ -175,9 +178,15 @@ def endpoint_of(url: str) -> str:
 EJECT_MAX_FAILURES = 3
 """The largest `judge.eject_after_failures` accepted."""
 
-JudgeApiName = Literal["responses", "chat_completions"]
+JudgeApiName = Literal["chat_completions", "openai_responses", "genrm_model"]
 """Every `judge.api` value: `judge.apis.JUDGE_APIS` has one object for each (mypy checks that
-`judge_api_type` covers them all, tests/test_judge_http.py that the table has no other)."""
+`judge_api_type` covers them all, tests/test_judge_http.py that the table has no other).
+`chat_completions` and `openai_responses` put the two answers in the model's prompt, for any
+OpenAI-compatible server; `genrm_model` is Gym's `genrm_model` protocol (the answers in
+`metadata`), right only behind Gym's `genrm_model` server."""
+
+JUDGE_API_ALIASES: Final[dict[str, JudgeApiName]] = {"responses": "genrm_model"}
+"""Earlier `judge.api` names, still accepted: `responses` was the name of Gym's protocol."""
 
 KEEPALIVE_EXPIRY_S: Final = 4.0
 """The default `judge.keepalive_expiry_s`: an idle judge connection is closed after this long,
@@ -189,11 +198,13 @@ MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
 
 @final
 class JudgeSettings(_Strict):
-    """How to reach the judge, and, with a list of base URLs, a fleet of replicas
-    (docs/configuration.md, "The judge", "A judge fleet")."""
+    """How to reach the judge: its base URL, or a list of them, the replicas of a fleet (one URL
+    is a fleet of one replica; docs/configuration.md, "The judge", "A judge fleet")."""
 
     base_url: str | list[str] | None = None
-    api: JudgeApiName = "responses"
+    # The reference's protocol. `serve --judge-url` without a file needs `--judge-api`, and the
+    # "judge does not read the answers" check catches this one pointed at a plain server.
+    api: JudgeApiName = "genrm_model"
     model: str | None = None
     api_key_env: str | None = None
     max_concurrency: int = Field(default=256, ge=1)
@@ -234,6 +245,11 @@ class JudgeSettings(_Strict):
             urls.append(url)
         return urls
 
+    @field_validator("api", mode="before")
+    @classmethod
+    def _api_alias(cls, value: object) -> object:
+        return JUDGE_API_ALIASES.get(value, value) if isinstance(value, str) else value
+
     @field_validator("eject_backoff_s", "keepalive_expiry_s", "outage_probe_s")
     @classmethod
     def _positive_seconds(cls, value: float) -> float:
@@ -261,16 +277,12 @@ class JudgeSettings(_Strict):
         return tuple(self.base_url)
 
     @property
-    def fleet(self) -> bool:
-        """Whether `base_url` is a list (a fleet of replicas, even of one)."""
-        return isinstance(self.base_url, list)
-
-    @property
     def total_concurrency(self) -> int:
         """Judge calls in flight at once: `max_concurrency`, or the replicas' caps if lower (and
-        while replicas are ejected, only the caps of those in service: `JudgeFleet.capacity`)."""
+        while replicas are ejected, only the caps of those in service: `JudgeFleet.capacity`).
+        A single URL is a fleet of one replica."""
         cap = self.max_concurrency_per_replica
-        if cap is None or not self.fleet:
+        if cap is None or not self.base_urls:
             return self.max_concurrency
         return min(self.max_concurrency, cap * len(self.base_urls))
 
@@ -322,6 +334,7 @@ class Settings(_Strict):
     max_terminal_cohorts: int = Field(default=4096, ge=1)
     comparison_mode: Literal["rollout_cohort", "fixed_baseline"] = "rollout_cohort"
     comparison_strategy: ComparisonStrategy = "circular"
+    comparisons_per_rollout: int = DEFAULT_COMPARISONS_PER_ROLLOUT  # `_regular_degree` checks it
     num_judges_per_comparison: int = Field(default=1, ge=1)
     use_principle: bool = False
     default_principle: str = DEFAULT_PRINCIPLE
@@ -429,6 +442,34 @@ class Settings(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _regular_degree(self) -> Settings:
+        """`regular` needs a connected simple d-regular graph on N members (docs/configuration.md,
+        "Pairs"); N = 1 compares nothing, so nothing is checked there."""
+        if self.comparison_strategy != "regular":
+            return self
+        d, n = self.comparisons_per_rollout, self.num_rollouts_per_prompt
+        key = "comparisons_per_rollout"
+        if self.comparison_mode == "fixed_baseline":
+            raise KeyedError(
+                "comparison_strategy",
+                "comparison_strategy: regular compares members with each other; "
+                "comparison_mode: fixed_baseline compares each with the baseline (use circular)",
+            )
+        if n > 1 and not 2 <= d <= n - 1:
+            raise KeyedError(
+                key,
+                f"comparisons_per_rollout: {d} with num_rollouts_per_prompt: {n}: "
+                f"comparison_strategy: regular needs 2 <= d <= N - 1 = {n - 1}",
+            )
+        if n > 1 and n * d % 2:
+            raise KeyedError(
+                key,
+                f"comparisons_per_rollout: {d} with num_rollouts_per_prompt: {n}: "
+                "comparison_strategy: regular needs N·d even (an odd d needs an even N)",
+            )
+        return self
+
+    @model_validator(mode="after")
     def _escalation_budget(self) -> Settings:
         escalation = self.judge.budget_escalation
         if escalation is None:
@@ -478,8 +519,8 @@ class Settings(_Strict):
         return params
 
     def startup_warnings(self) -> list[str]:
-        """The start-up warning lines: N = 1 (D50), D12 and D37 (docs/configuration.md,
-        "Start-up warnings")."""
+        """The start-up warning lines: N = 1 (D50), D12, an unused `comparisons_per_rollout` and
+        D37 (docs/configuration.md, "Start-up warnings")."""
         lines: list[str] = []
         if not self.cohorting:
             # Gym's default too, and silent there: a server started without the trainer's group
@@ -499,6 +540,16 @@ class Settings(_Strict):
                 f"judge_request_timeout_s ({self.judge_request_timeout_s}s) >= "
                 f"cohort_evaluation_timeout_s ({self.cohort_evaluation_timeout_s}s): a hung judge "
                 "call fails the whole group instead of masking one comparison"
+            )
+        if (
+            "comparisons_per_rollout" in self.model_fields_set
+            and self.comparison_strategy != "regular"
+        ):
+            # a warning, not an error: switching the strategy by one override keeps working
+            lines.append(
+                f"comparisons_per_rollout ({self.comparisons_per_rollout}) is ignored under "
+                f"comparison_strategy: {self.comparison_strategy} (circular: 2 a pass, "
+                "all_pairs: N - 1, fixed_baseline: 1); it sets d of comparison_strategy: regular"
             )
         lines.append(
             "masked rows carry a placeholder reward 0.0; the trainer must exclude them "

@@ -124,7 +124,7 @@ def judge_from_gym(data: Mapping[str, Any], block: Mapping[str, Any]) -> dict[st
     if not host or not isinstance(port, int) or isinstance(port, bool) or port <= 0:
         return None
     shown = f"[{host}]" if ":" in str(host) else str(host)
-    return {"base_url": f"http://{shown}:{port}/v1", "api": "responses", "probe": False}
+    return {"base_url": f"http://{shown}:{port}/v1", "api": "genrm_model", "probe": False}
 
 
 def load_settings(

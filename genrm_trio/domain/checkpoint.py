@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, final
 
 from genrm_trio.domain.records import MemberRecord, TerminalRecord, WatermarkRecord, result_dict
+from genrm_trio.domain.text import shown_id
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -48,6 +49,7 @@ class RestoreReport:
     unchanged: int = 0
     watermarks_updated: int = 0
     conflicts: list[dict[str, str]] = field(default_factory=list)
+    superseded: int = 0  # active older attempts of the groups whose watermark was raised
 
 
 ECHO_KEYS: Final = frozenset(
@@ -230,7 +232,9 @@ def _check_key(
     if group_id is not None:
         expected = f"group_id::{group_id}::group_attempt::{attempt}{suffix}"
         if key != expected:
-            raise _where(path, f"key {key!r} does not match its group: expected {expected!r}")
+            raise _where(
+                path, f"key {shown_id(key)} does not match its group: expected {shown_id(expected)}"
+            )
         return
     tail = f"{base}::group_attempt::{attempt}{suffix}"
     if key == tail:
@@ -243,7 +247,7 @@ def _check_key(
             return
     raise _where(
         path,
-        f"legacy key {key!r} does not match its prompt digest and attempt: expected "
+        f"legacy key {shown_id(key)} does not match its prompt digest and attempt: expected "
         f"{tail!r}, optionally after task_idx::{{index}}:: or prompt_id::{{id}}::",
     )
 
@@ -286,7 +290,7 @@ def _member(value: object, path: str) -> MemberRecord:
 def _cohort(value: object, path: str, num_rollouts: int) -> TerminalRecord:
     body = _object(value, path, _COHORT_KEYS)
     key = _str(body["key"], f"{path}.key", nonempty=True)
-    path = f"cohort {key!r}"
+    path = f"cohort {shown_id(key)}"
     group_id = _str(body["group_id"], f"{path}.group_id", nullable=True)
     attempt = _attempt(body["group_attempt"], f"{path}.group_attempt")
     legacy = body["legacy"]
@@ -356,7 +360,7 @@ def parse_checkpoint(
     for position, raw in enumerate(cohorts):
         record = _cohort(raw, f"cohorts[{position}]", num_rollouts)
         if record.key in seen:
-            raise _where("cohorts", f"key {record.key!r} appears twice")
+            raise _where("cohorts", f"key {shown_id(record.key)} appears twice")
         seen.add(record.key)
         records.append(record)
     marks_raw = body["watermarks"]
@@ -364,7 +368,7 @@ def parse_checkpoint(
         raise _where("watermarks", f"expected an object, got {_type(marks_raw)}")
     marks: list[WatermarkRecord] = []
     for group_id, raw in marks_raw.items():
-        path = f"watermarks[{group_id!r}]"
+        path = f"watermarks[{shown_id(group_id)}]"
         mark = _object(raw, path, _WATERMARK_KEYS)
         attempt = _attempt(mark["latest_attempt"], f"{path}.latest_attempt")
         digest, _, _ = _prompt_digest(mark["prompt_digest"], f"{path}.prompt_digest")
@@ -393,5 +397,6 @@ def report_body(report: RestoreReport) -> dict[str, Any]:
         "added": report.added,
         "unchanged": report.unchanged,
         "watermarks_updated": report.watermarks_updated,
+        "superseded": report.superseded,
         "conflicts": [dict(conflict) for conflict in report.conflicts],
     }

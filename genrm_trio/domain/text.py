@@ -1,4 +1,5 @@
-"""Answers, reasoning, judge history and digests taken from requests.
+"""Answers, reasoning, judge history and digests taken from requests, and the client's ids as
+messages show them.
 
 The rules: docs/scoring.md "What the judge is shown" and docs/architecture.md "Keys, digests and
 replay".
@@ -15,6 +16,7 @@ from typing import Any, Final
 __all__ = [
     "ALLOWED_ROLES",
     "EMPTY_ANSWER_PLACEHOLDER",
+    "ID_SHOWN_LIMIT",
     "HistoryError",
     "answer_text",
     "digest_text",
@@ -23,12 +25,16 @@ __all__ = [
     "prompt_digest",
     "reasoning_text",
     "response_digest",
+    "shown_id",
 ]
 
 ALLOWED_ROLES: Final = frozenset({"user", "assistant", "system", "developer"})
 EMPTY_ANSWER_PLACEHOLDER: Final = "None"
 _HISTORY_TEXT_PARTS: Final = frozenset({"input_text", "output_text"})
 _ROLE_PREVIEW_CHARS: Final = 60
+# A group id or cohort key shows at most this many characters in a message (a 409/503 detail, a
+# stored failure): with the message around it, well inside failure_reason's 2,000.
+ID_SHOWN_LIMIT: Final = 1000
 
 
 class HistoryError(ValueError):
@@ -138,3 +144,19 @@ def response_digest(response: object) -> str:
 def digest_text(s: str) -> str:
     """SHA-256 hex of a string's UTF-8 bytes, lone surrogates kept (the baseline key suffix)."""
     return hashlib.sha256(s.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def shown_id(identifier: str, limit: int = ID_SHOWN_LIMIT) -> str:
+    """``identifier`` quoted as ``repr`` quotes it, for a message or a log line.
+
+    A longer one is cut: its first ``limit`` characters as quoted (escapes count), then its whole
+    length, so that a client's 10,000-character group id cannot make a 409 or
+    503 detail, a stored failure or a log line that long (docs/http-api.md, "Other statuses")."""
+    if len(identifier) <= limit:
+        shown = repr(identifier)
+        if len(shown) <= limit + 2:
+            return shown
+    head = repr(identifier[:limit])
+    if len(head) > limit + 2:  # escapes made it longer: cut the quoted text itself
+        head = head[: limit + 1] + head[0]
+    return f"{head}… ({len(identifier)} characters)"

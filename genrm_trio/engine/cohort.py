@@ -33,6 +33,7 @@ from genrm_trio.domain.model import (
     Scored,
 )
 from genrm_trio.domain.records import COMPRESS_FROM, MemberRecord, TerminalRecord, compressed
+from genrm_trio.domain.text import shown_id
 from genrm_trio.engine import machine
 
 if TYPE_CHECKING:
@@ -201,7 +202,9 @@ class Cohort:
             self.released.set()
 
     def __repr__(self) -> str:
-        return f"<Cohort key={self.key[:160]!r} state={self.state} members={len(self.members)}>"
+        return (
+            f"<Cohort key={shown_id(self.key, 160)} state={self.state} members={len(self.members)}>"
+        )
 
     @property
     def legacy(self) -> bool:
@@ -235,7 +238,8 @@ class Cohort:
         if self.prompt_digest != digest:
             raise RequestRejected(
                 Rejection.CONFLICT,
-                f"GenRM cohort {self.key!r} received inconsistent prompt or principle content",
+                f"GenRM cohort {shown_id(self.key)} received inconsistent prompt or principle "
+                "content",
             )
         state = self.state
         if state == "failed":
@@ -246,13 +250,13 @@ class Cohort:
             if record is None:
                 raise RequestRejected(
                     Rejection.CONFLICT,
-                    f"GenRM cohort {self.key!r} is already {machine.wire_phase(state)}; "
+                    f"GenRM cohort {shown_id(self.key)} is already {machine.wire_phase(state)}; "
                     f"rollout_index={index} cannot be added",
                 )
             if not record.masked_alone and record.response_digest != member.response_digest:
                 raise RequestRejected(
                     Rejection.CONFLICT,
-                    f"GenRM cohort {self.key!r} already has a different response for "
+                    f"GenRM cohort {shown_id(self.key)} already has a different response for "
                     f"rollout_index={index}",
                 )
             return self.outcome_of(record)
@@ -262,7 +266,7 @@ class Cohort:
             if present.response_digest != member.response_digest:
                 raise RequestRejected(
                     Rejection.CONFLICT,
-                    f"GenRM cohort {self.key!r} already has a different response for "
+                    f"GenRM cohort {shown_id(self.key)} already has a different response for "
                     f"rollout_index={index}",
                 )
             present.waiters.append(waiter)
@@ -270,7 +274,7 @@ class Cohort:
         if state != "collecting":
             raise RequestRejected(
                 Rejection.CONFLICT,
-                f"GenRM cohort {self.key!r} is already {machine.wire_phase(state)}; "
+                f"GenRM cohort {shown_id(self.key)} is already {machine.wire_phase(state)}; "
                 f"rollout_index={index} cannot be added",
             )
         member.waiters.append(waiter)

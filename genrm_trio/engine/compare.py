@@ -17,6 +17,7 @@ from typing import final
 import trio
 
 from genrm_trio.config import Settings
+from genrm_trio.domain.exceptions import sole_leaf
 from genrm_trio.domain.model import (
     SHUTTING_DOWN,
     CompareFailed,
@@ -25,10 +26,15 @@ from genrm_trio.domain.model import (
     Rejection,
     RequestRejected,
 )
-from genrm_trio.domain.scoring import PlannedComparison, plan_comparisons
+from genrm_trio.domain.scoring import PlannedComparison, fitting_degree, plan_comparisons
 from genrm_trio.domain.text import answer_text, judge_text, reasoning_text
-from genrm_trio.engine.evaluation import Evaluation, MemberText, compare_result, judge_principle
-from genrm_trio.engine.exceptions import sole_leaf
+from genrm_trio.engine.evaluation import (
+    Evaluation,
+    MemberText,
+    compare_result,
+    judge_principle,
+    scored_off_loop,
+)
 from genrm_trio.engine.keys import RUBRIC_REQUIRED
 from genrm_trio.judge.attempts import Comparator
 from genrm_trio.judge.base import JudgeError, unreachable_note
@@ -51,6 +57,7 @@ class Comparisons:
         self._comparator = comparator
         self._closed = False
         self._compare_scopes: set[trio.CancelScope] = set()
+        self._scoring_thread = trio.CapacityLimiter(1)  # large batches are scored one at a time
 
     @property
     def in_flight(self) -> int:
@@ -77,7 +84,11 @@ class Comparisons:
             return CompareResult([s.default_score] * n, None, None)
         texts = [MemberText(reasoning_text(r), answer_text(r)) for r in item.responses]
         plan = plan_comparisons(
-            n, s.comparison_strategy, s.num_judges_per_comparison, s.position_balance
+            n,
+            s.comparison_strategy,
+            s.num_judges_per_comparison,
+            s.position_balance,
+            fitting_degree(n, s.comparisons_per_rollout),  # a batch has any size
         )
         evaluation = Evaluation(
             plan,
@@ -123,7 +134,12 @@ class Comparisons:
             why = unreachable_note(self._comparator.unreachable_for())
             raise CompareFailed(f"GenRM compare deadline exceeded after {timeout}s{why}")
         try:
-            result = compare_result(s, evaluation, texts)
+            if scored_off_loop(n, len(plan)):  # a large batch: a worker thread, one at a time
+                result = await trio.to_thread.run_sync(
+                    compare_result, s, evaluation, texts, limiter=self._scoring_thread
+                )
+            else:
+                result = compare_result(s, evaluation, texts)
         except ValueError as exc:  # non-finite rewards: a failure, as for /verify
             raise CompareFailed(str(exc)) from None
         if s.debug_logging:

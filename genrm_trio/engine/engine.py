@@ -37,6 +37,7 @@ import trio
 
 from genrm_trio.config import Settings
 from genrm_trio.domain.checkpoint import RestoreReport, checkpoint, restore
+from genrm_trio.domain.exceptions import leaves
 from genrm_trio.domain.model import (
     SHUTTING_DOWN,
     CohortView,
@@ -50,11 +51,10 @@ from genrm_trio.domain.model import (
     VerifyInput,
 )
 from genrm_trio.domain.records import OpenRecord, TerminalRecord, WatermarkRecord
-from genrm_trio.domain.text import answer_text, reasoning_text, response_digest
+from genrm_trio.domain.text import answer_text, reasoning_text, response_digest, shown_id
 from genrm_trio.engine.cohort import Cohort, Member, Waiter
 from genrm_trio.engine.compare import Comparisons
 from genrm_trio.engine.evaluation import MemberText, default_result
-from genrm_trio.engine.exceptions import leaves
 from genrm_trio.engine.keys import RUBRIC_REQUIRED, CohortKey, cohort_key
 from genrm_trio.engine.registry import KEY_LOG_LIMIT, Registry
 from genrm_trio.engine.restore import apply_restore, plan_restore
@@ -188,7 +188,8 @@ class Engine:
         return f"judge unreachable for {gone:.0f}s: no judge replica can be reached"
 
     def judge_replicas(self) -> list[ReplicaStats]:
-        """Per-replica counters of a judge fleet (``GET /judge/replicas``); [] for one judge."""
+        """Per-replica counters of the judge (``GET /judge/replicas``): one per base URL, a single
+        URL being a fleet of one; [] for a judge that reports none (a simulated one)."""
         return [] if self._fleet is None else self._fleet.replica_stats()
 
     def statistics(self) -> EngineStatistics:
@@ -317,7 +318,7 @@ class Engine:
                 cohort.fail(
                     "cohort",
                     f"GenRM durable store could not record cohort "
-                    f"{key[:KEY_LOG_LIMIT]!r}: {type(failure).__name__}: {failure}",
+                    f"{shown_id(key, KEY_LOG_LIMIT)}: {type(failure).__name__}: {failure}",
                 )
             opening.set()
         if failure is not None:
@@ -413,8 +414,8 @@ class Engine:
             errors = leaves(exc)  # every leaf of a (nested) group, each with its traceback
             for n, error in enumerate(errors, 1):
                 log.error(
-                    "GenRM cohort evaluation failed for key=%r%s",
-                    cohort.key[:KEY_LOG_LIMIT],
+                    "GenRM cohort evaluation failed for key=%s%s",
+                    shown_id(cohort.key, KEY_LOG_LIMIT),
                     f" ({n} of {len(errors)} errors)" if len(errors) > 1 else "",
                     exc_info=error,
                 )
@@ -443,13 +444,14 @@ class Engine:
                     await self._store.submit_terminal(record).wait()
                 except Exception:
                     log.exception(
-                        "GenRM durable store failed to commit key=%r", cohort.key[:KEY_LOG_LIMIT]
+                        "GenRM durable store failed to commit key=%s",
+                        shown_id(cohort.key, KEY_LOG_LIMIT),
                     )
                 except trio.Cancelled:  # shielded by the caller: only its deadline gets here
                     log.error(
-                        "GenRM durable store did not confirm the commit of key=%r within %ss "
+                        "GenRM durable store did not confirm the commit of key=%s within %ss "
                         "(state_commit_timeout_s); answering without it",
-                        cohort.key[:KEY_LOG_LIMIT],
+                        shown_id(cohort.key, KEY_LOG_LIMIT),
                         self._commit_timeout_s,
                     )
                     raise
@@ -508,7 +510,8 @@ class Engine:
         """Merge terminal records and watermarks (docs/durable-state.md, "Restore rules"): an
         absent key is added with a fresh retention clock (or one set back by ``age_s[key]``), an
         identical record is left alone, anything else is a conflict; a watermark is raised (its
-        clock set back by ``watermark_age_s[group_id]``) when the digests agree. Restored members
+        clock set back by ``watermark_age_s[group_id]``) when the digests agree, and supersedes
+        the group's active older attempts as a newer request would. Restored members
         replay without judging. Added records and raised watermarks are committed to the store in
         one transaction (``commit_many``) before any of them is applied; if that fails, nothing is
         applied."""
@@ -524,7 +527,7 @@ class Engine:
                     )
                 if bound.cancelled_caught:
                     raise CommitTimeout("the restore's commit", self._commit_timeout_s)
-            apply_restore(
+            superseded = apply_restore(
                 self._registry,
                 plan,
                 size=self.settings.num_rollouts_per_prompt,
@@ -532,7 +535,9 @@ class Engine:
                 age_s=age_s,
                 watermark_age_s=watermark_age_s,
             )
-        return RestoreReport(len(plan.adds), plan.unchanged, len(plan.raises), plan.conflicts)
+        return RestoreReport(
+            len(plan.adds), plan.unchanged, len(plan.raises), plan.conflicts, superseded
+        )
 
 
 @asynccontextmanager

@@ -10,7 +10,7 @@ failure (D30), and :func:`compare_result` into the `/compare` reply (docs/http-a
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, final
 
@@ -40,6 +40,7 @@ __all__ = [
     "default_result",
     "judge_principle",
     "score_cohort",
+    "scored_off_loop",
 ]
 
 NON_FINITE_MESSAGE: Final = "GenRM returned non-finite cohort rewards"
@@ -49,6 +50,21 @@ _RATE_KEYS: Final = (
 )
 _DISAGREEMENT: Final = "genrm_position_disagreement_rate_per_group"
 EAGER_RATE_KEY: Final = "genrm_eager_comparison_rate_per_group"
+
+INLINE_MAX_COMPARISONS: Final = 240
+INLINE_MAX_VERTICES: Final = 33
+"""Groups within both bounds are scored on the event loop; larger ones in a worker thread
+(`scored_off_loop`)."""
+
+
+def scored_off_loop(vertices: int, comparisons: int) -> bool:
+    """Whether scoring a group of this size runs in a worker thread rather than on the event loop
+    (docs/architecture.md, "Scoring off the loop"). Within the bounds, scoring takes at most a few
+    milliseconds of CPU (16 rollouts all_pairs J = 2, 240 comparisons: ~4 ms; a fit over 33
+    vertices: ~3 ms; docs/benchmarks.md, "Scoring at scale"), less than handing it to a thread
+    and back costs in latency; beyond them it grows as N·d to N³ and would stall every other
+    request."""
+    return comparisons > INLINE_MAX_COMPARISONS or vertices > INLINE_MAX_VERTICES
 
 
 @final
@@ -270,7 +286,9 @@ def score_cohort(
 ) -> dict[int, Scored | Masked] | AllMasked:
     """Mask members by `mask_policy` and score the rest from all their successful comparisons.
 
-    Raises ValueError when a reward is not finite (a cohort-kind failure, docs/scoring.md).
+    Raises ValueError when any float of a row is not finite (a cohort-kind failure,
+    docs/scoring.md): the reward, the overall score, an adjustment or a group metric, since a
+    reply holding one could not be JSON.
     """
     masking = mask_members(settings.mask_policy, size, evaluation.plan, evaluation.errors)
     if isinstance(masking, AllMasked):
@@ -286,11 +304,11 @@ def score_cohort(
         if overall == selected
         else _aggregate(settings, overall, population, member_texts, adjust=True)
     )
-    if not all(math.isfinite(agg.final[m]) for m in population):
-        raise ValueError(NON_FINITE_MESSAGE)
     valid = _rubric_valid(settings, evaluation, population, member_texts)
     metrics = _metrics(settings, evaluation, masked=len(masking.reasons), members=size)
     metrics.update(agg.method_metrics)
+    if not _finite(metrics.values()):  # shared by every row: checked once
+        raise ValueError(NON_FINITE_MESSAGE)
     outcomes: dict[int, Scored | Masked] = {}
     for m in range(size):
         reason = masking.reasons.get(m)
@@ -310,6 +328,8 @@ def score_cohort(
             "reward_overall_score": ovr.final[m],
             "reward_length_adjustment": agg.adjustments[m],
         }
+        if not _finite(result.values()):
+            raise ValueError(NON_FINITE_MESSAGE)
         result.update(metrics)
         outcomes[m] = Scored(result)
     return outcomes
@@ -346,12 +366,17 @@ def compare_result(
         group.pop(key, None)
     metrics.update(group)
     metrics.update(agg.method_metrics)
-    numbers = [*agg.final.values(), *metrics.values()]
-    if not all(math.isfinite(v) for v in numbers if type(v) is float):
+    if not (_finite(agg.final.values()) and _finite(metrics.values())):
         raise ValueError(NON_FINITE_MESSAGE)
     return CompareResult(
         rewards=[agg.final[m] for m in population], comparison_results=rows, metrics=metrics
     )
+
+
+def _finite(values: Iterable[JSONValue]) -> bool:
+    """Whether every float among ``values`` is finite: the one check of `/verify` rows and the
+    `/compare` reply (absurd unvalidated verdicts overflow the sums to inf or nan)."""
+    return all(math.isfinite(v) for v in values if type(v) is float)
 
 
 def judge_principle(settings: Settings, principle: str | None) -> str | None:

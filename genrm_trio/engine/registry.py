@@ -27,9 +27,10 @@ from typing import Final, final
 from genrm_trio.config import Settings
 from genrm_trio.domain.model import CohortView, Rejection, RequestRejected
 from genrm_trio.domain.retention import Retention
+from genrm_trio.domain.text import shown_id
 from genrm_trio.engine.cohort import Cohort
 from genrm_trio.engine.machine import ACTIVE_STATES
-from genrm_trio.metrics import Metrics
+from genrm_trio.metrics import MASKED_ALONE, MASKED_WHOLE_GROUP, Metrics
 
 __all__ = ["Registry", "RegistryStatistics", "Watermark"]
 
@@ -191,12 +192,13 @@ class Registry:
             if watermark is not None and watermark.prompt_digest != prompt_digest:
                 raise RequestRejected(
                     Rejection.CONFLICT,
-                    f"GenRM group {group_id!r} received inconsistent prompt or principle content",
+                    f"GenRM group {shown_id(group_id)} received inconsistent prompt or principle "
+                    "content",
                 )
             if watermark is not None and attempt < watermark.latest_attempt:
                 raise RequestRejected(
                     Rejection.CONFLICT,
-                    f"GenRM group {group_id!r} attempt {attempt} was superseded by attempt "
+                    f"GenRM group {shown_id(group_id)} attempt {attempt} was superseded by attempt "
                     f"{watermark.latest_attempt}",
                 )
             advances = watermark is None or attempt > watermark.latest_attempt
@@ -226,7 +228,7 @@ class Registry:
         for old in self.group_actives(group_id):
             if old.group_attempt < attempt and old.fail(
                 "cohort",
-                f"GenRM group {group_id!r} attempt {old.group_attempt} was superseded "
+                f"GenRM group {shown_id(group_id)} attempt {old.group_attempt} was superseded "
                 f"by attempt {attempt}",
             ):
                 superseded += 1
@@ -328,27 +330,29 @@ class Registry:
                     if watermark is not None:
                         self._index_watermark(group_id, watermark)
         self._metrics.cohorts_terminal.labels(record.state).inc()
-        key = cohort.key[:KEY_LOG_LIMIT]
+        key = shown_id(cohort.key, KEY_LOG_LIMIT)
         members = len(cohort.members)
         self._metrics.cohort_rollouts.labels(record.state).inc(members)
         if record.phase == "completed":
             masked = record.masked
             if masked:
-                self._metrics.masked_rollouts.inc(masked)
+                self._metrics.masked_rollouts.labels(MASKED_ALONE).inc(masked)
                 for member in record.members.values():
                     if member.masked_alone:
                         log.warning(
-                            "GenRM masked one rollout of key=%r: %s", key, member.failure_reason
+                            "GenRM masked one rollout of key=%s: %s", key, member.failure_reason
                         )
             log.info(
-                "GenRM cohort disposition=completed key=%r attempt=%s members=%s",
+                "GenRM cohort disposition=completed key=%s attempt=%s members=%s",
                 key,
                 cohort.group_attempt,
                 members,
             )
         else:
+            if record.failure_kind == "judge":  # every member answered a failsafe row
+                self._metrics.masked_rollouts.labels(MASKED_WHOLE_GROUP).inc(members)
             log.warning(
-                "GenRM cohort disposition=failed key=%r attempt=%s members=%s kind=%s reason=%r",
+                "GenRM cohort disposition=failed key=%s attempt=%s members=%s kind=%s reason=%r",
                 key,
                 cohort.group_attempt,
                 members,

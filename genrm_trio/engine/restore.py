@@ -2,7 +2,9 @@
 terminal records and watermarks a checkpoint or the store adds, leaves alone or refuses
 (`plan_restore`), and how what is added becomes retained cohorts and watermarks
 (`apply_restore`). The engine runs both under its lock, with the one store commit between them,
-so nothing is visible before it is durable and nothing is applied when the commit fails.
+so nothing is visible before it is durable and nothing is applied when the commit fails. A raised
+watermark supersedes the group's active older attempts exactly as a newer request does
+(`Registry.supersede`).
 """
 
 from __future__ import annotations
@@ -70,10 +72,12 @@ def apply_restore(
     now: float,
     age_s: Mapping[str, float] | None = None,
     watermark_age_s: Mapping[str, float] | None = None,
-) -> None:
+) -> int:
     """Adopt each added record as a retained terminal cohort of `size` members (its retention
     clock set back by ``age_s[key]``) and raise each watermark (set back by
-    ``watermark_age_s[group_id]``). Restored members replay without judging."""
+    ``watermark_age_s[group_id]``), failing the group's active older attempts as superseded.
+    Restored members replay without judging. Returns how many active cohorts were superseded."""
+    superseded = 0
     for record in plan.adds.values():
         cohort = Cohort(
             key=record.key,
@@ -96,3 +100,5 @@ def apply_restore(
     for mark in plan.raises.values():
         age = (watermark_age_s or {}).get(mark.group_id, 0.0)
         registry.set_watermark(mark.group_id, mark.latest_attempt, mark.prompt_digest, now - age)
+        superseded += registry.supersede(mark.group_id, mark.latest_attempt)
+    return superseded

@@ -23,7 +23,7 @@ import trio
 
 from genrm_trio.config import Settings
 from genrm_trio.domain.scoring import PlannedComparison, plan_comparisons, plan_fixed_baseline
-from genrm_trio.domain.text import judge_text
+from genrm_trio.domain.text import judge_text, shown_id
 from genrm_trio.engine import machine
 from genrm_trio.engine.cohort import Cohort, Member
 from genrm_trio.engine.evaluation import (
@@ -32,6 +32,7 @@ from genrm_trio.engine.evaluation import (
     MemberText,
     judge_principle,
     score_cohort,
+    scored_off_loop,
 )
 from genrm_trio.engine.readiness import Readiness, ReadinessIndex
 from genrm_trio.engine.registry import KEY_LOG_LIMIT
@@ -81,8 +82,26 @@ class GroupRunner:
         self.metrics = metrics
         self._comparator = comparator
         self._queue = queue
-        # the plan of every rollout-cohort group and its readiness index, shared (made once)
+        # one scoring thread at a time; other large groups wait their turn here (a bounded queue:
+        # at most the active cohorts), each scored whole by `score_cohort` off the event loop
+        self._scoring_thread = trio.CapacityLimiter(1)
+        # the plan of every rollout-cohort group and its readiness index, shared: made here, so
+        # a `regular` graph's choice (up to ~0.7 s at N = 512, docs/benchmarks.md) is paid at the
+        # start and never on a group's path
         self._shared_plan: tuple[list[PlannedComparison], ReadinessIndex] | None = None
+        if settings.comparison_mode == "rollout_cohort" and settings.num_rollouts_per_prompt > 1:
+            self._shared_plan = self._plan(settings.num_rollouts_per_prompt)
+
+    def _plan(self, size: int) -> tuple[list[PlannedComparison], ReadinessIndex]:
+        s = self.settings
+        plan = plan_comparisons(
+            size,
+            s.comparison_strategy,
+            s.num_judges_per_comparison,
+            s.position_balance,
+            s.comparisons_per_rollout,
+        )
+        return plan, ReadinessIndex(plan, size)
 
     async def judge(self, cohort: Cohort) -> None:
         """One group from its first member to its scores (docs/architecture.md, "One group").
@@ -107,8 +126,8 @@ class GroupRunner:
                     self.metrics.deadline_failures.labels("collection").inc()
                     cohort.fail(  # cancels the cohort's scope: every comparison started hangs up
                         "cohort",
-                        f"GenRM cohort {cohort.key!r} did not collect {cohort.size} unique rollout "
-                        f"indices within {s.cohort_collection_timeout_s}s",
+                        f"GenRM cohort {shown_id(cohort.key)} did not collect {cohort.size} unique "
+                        f"rollout indices within {s.cohort_collection_timeout_s}s",
                     )
                     return
                 if cohort.state != "judging":
@@ -124,7 +143,9 @@ class GroupRunner:
                 for c in run.readiness.rest():
                     self._start(run, nursery, c)
         if run is not None and texts is not None and cohort.state == "judging":
-            self._conclude(cohort, run.evaluation, texts, deadline=group_deadline.cancelled_caught)
+            await self._conclude(
+                cohort, run.evaluation, texts, deadline=group_deadline.cancelled_caught
+            )
 
     def _new_run(self, cohort: Cohort) -> GroupRun:
         """The cohort's comparisons (known from its creation: size, strategy, key) and its place
@@ -137,13 +158,7 @@ class GroupRunner:
             slots = cohort.size + 1  # the baseline is index N
         else:
             if self._shared_plan is None:
-                shared = plan_comparisons(
-                    cohort.size,
-                    s.comparison_strategy,
-                    s.num_judges_per_comparison,
-                    s.position_balance,
-                )
-                self._shared_plan = shared, ReadinessIndex(shared, cohort.size)
+                self._shared_plan = self._plan(cohort.size)
             plan, index = self._shared_plan
             slots = cohort.size
         evaluation = Evaluation(
@@ -236,7 +251,7 @@ class GroupRunner:
             self._verify_comparison, run.cohort, evaluation, c, planned, call, ticket
         )
 
-    def _conclude(
+    async def _conclude(
         self,
         cohort: Cohort,
         evaluation: Evaluation,
@@ -267,11 +282,22 @@ class GroupRunner:
                     f"the group deadline ({timeout}s) and was cancelled{why}",
                     None,
                 )
-        outcome = score_cohort(s, evaluation, cohort.size, texts)
+        if scored_off_loop(len(evaluation.judge_texts), len(evaluation.plan)):
+            # every comparison has ended, so nothing else touches the evaluation meanwhile; a
+            # cancellation (supersession, shutdown) waits for the thread, then applies
+            outcome = await trio.to_thread.run_sync(
+                score_cohort, s, evaluation, cohort.size, texts, limiter=self._scoring_thread
+            )
+            if cohort.state != "judging":  # failed or superseded while it was being scored
+                return
+        else:
+            outcome = score_cohort(s, evaluation, cohort.size, texts)
         if isinstance(outcome, AllMasked):
             cohort.fail("judge", outcome.message)
         elif not machine.publish(cohort, outcomes=outcome):
-            log.debug("Discarding late GenRM completion for key=%r", cohort.key[:KEY_LOG_LIMIT])
+            log.debug(
+                "Discarding late GenRM completion for key=%s", shown_id(cohort.key, KEY_LOG_LIMIT)
+            )
 
     async def _verify_comparison(
         self,

@@ -259,6 +259,18 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
     async def judge_replicas() -> Response:
         return _reply(200, [replica_view(stats) for stats in engine.judge_replicas()])
 
+    # What a client needs to send a group (docs/http-api.md, "GET /group_settings"): its size
+    # and the deadlines that bound the wait for its rewards.
+    group_settings = {
+        "num_rollouts_per_prompt": settings.num_rollouts_per_prompt,
+        "cohort_collection_timeout_s": settings.cohort_collection_timeout_s,
+        "cohort_evaluation_timeout_s": settings.cohort_evaluation_timeout_s,
+    }
+
+    @app.get("/group_settings")
+    async def group_settings_route() -> Response:
+        return _reply(200, group_settings)
+
     @app.get("/checkpoint")
     async def checkpoint_export() -> Response:
         return _reply(200, checkpoint(engine))

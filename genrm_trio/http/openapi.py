@@ -145,6 +145,14 @@ class AggregateMetricsResponse(BaseModel):
     key_metrics: dict[str, StrictInt | StrictFloat]
 
 
+class GroupSettingsResponse(BaseModel):
+    """`GET /group_settings`: what a client needs to send a group and bound its wait."""
+
+    num_rollouts_per_prompt: int
+    cohort_collection_timeout_s: float
+    cohort_evaluation_timeout_s: float
+
+
 class HealthResponse(BaseModel):
     status: Literal["ok"]
 
@@ -171,6 +179,7 @@ _SCHEMA_MODELS: tuple[tuple[type[BaseModel], Literal["validation", "serializatio
     (CloseSessionResponse, "serialization"),
     (AggregateMetricsRequest, "validation"),
     (AggregateMetricsResponse, "serialization"),
+    (GroupSettingsResponse, "serialization"),
     (HealthResponse, "serialization"),
     (CohortInfo, "serialization"),
 )
@@ -254,8 +263,12 @@ def openapi_document(*, title: str, version: str, auth: bool) -> dict[str, Any]:
         "/cohorts": get(
             "Active cohorts, oldest first", {"type": "array", "items": ref(CohortInfo)}
         ),
+        "/group_settings": get(
+            "The group size (num_rollouts_per_prompt) and the deadlines a group's wait is bound by",
+            ref(GroupSettingsResponse),
+        ),
         "/judge/replicas": get(
-            "Per-replica counters of a judge fleet ([] for one judge)",
+            "Per-replica counters of the judge: one row per base URL ([] for a simulated judge)",
             {"type": "array", "items": {"type": "object"}},
         ),
         "/metrics": {

@@ -1,8 +1,11 @@
-"""The two judge APIs, one object each: `ResponsesApi` (Gym's `genrm_model` Responses protocol)
-and `ChatCompletionsApi` (OpenAI chat completions). Each knows the path it is POSTed to, builds
-its request body from a `JudgeCall` and classifies its decoded reply into a `JudgeReply`; the
-transport around them is `judge.client.HttpJudge`'s. Pure: no I/O. Request bodies and reply
-kinds: docs/configuration.md, "Judge requests and replies".
+"""The judge APIs, one object each: `ChatCompletionsApi` (OpenAI chat completions) and
+`OpenAIResponsesApi` (the OpenAI Responses API), which put the history, the principle and both
+answers in the model's prompt, for any OpenAI-compatible server; and `GenRMModelApi` (Gym's
+`genrm_model` Responses protocol: the answers in `metadata`, which only Gym's `genrm_model`
+server puts in the prompt). Each knows the path it is POSTed to, builds its request body from a
+`JudgeCall` and classifies its decoded reply into a `JudgeReply`; the transport around them is
+`judge.client.HttpJudge`'s. Pure: no I/O. Request bodies and reply kinds:
+docs/configuration.md, "Judge requests and replies".
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final, Protocol, assert_never, final, get_args
 
-from genrm_trio.config import JudgeApiName
+from genrm_trio.config import JUDGE_API_ALIASES, JudgeApiName
 from genrm_trio.domain.text import answer_text
 from genrm_trio.judge.base import JudgeCall, JudgeReply, ReplyStatus
 
@@ -24,14 +27,17 @@ log = logging.getLogger("genrm_trio.judge")
 __all__ = [
     "JUDGE_APIS",
     "ChatCompletionsApi",
+    "GenRMModelApi",
     "JudgeApi",
-    "ResponsesApi",
+    "OpenAIResponsesApi",
     "chat_body",
     "chat_params",
+    "genrm_messages",
     "interpret_chat",
     "interpret_responses",
     "judge_api",
     "judge_api_type",
+    "openai_responses_body",
     "responses_body",
 ]
 
@@ -53,9 +59,9 @@ class JudgeApi(Protocol):
 
 
 def judge_api(api: str, create_params: Mapping[str, Any]) -> JudgeApi:
-    """The `judge.api` named `api`, sending `create_params` (copied: later changes to the
-    mapping do not reach the requests)."""
-    kind = JUDGE_APIS.get(api)
+    """The `judge.api` named `api` (or its earlier name, `JUDGE_API_ALIASES`), sending
+    `create_params` (copied: later changes to the mapping do not reach the requests)."""
+    kind = JUDGE_APIS.get(JUDGE_API_ALIASES.get(api, api))
     if kind is None:
         raise ValueError(f"unknown judge api {api!r}")
     return kind(create_params)
@@ -94,6 +100,18 @@ def _usage(reply: Mapping[str, Any]) -> tuple[int | None, int | None]:
 
 
 # --- Responses ------------------------------------------------------------------------------------
+
+
+def genrm_messages(call: JudgeCall) -> list[dict[str, str]]:
+    """The comparison as the model reads it: the history, then `{"role": "principle"}` (when
+    the call has one), `{"role": "response_1"}` and `{"role": "response_2"}`. The judge's chat
+    template must accept those three roles (GenRM models' templates do)."""
+    messages = [{"role": entry["role"], "content": entry["content"]} for entry in call.history]
+    if call.principle:
+        messages.append({"role": "principle", "content": call.principle})
+    messages.append({"role": "response_1", "content": call.response_1})
+    messages.append({"role": "response_2", "content": call.response_2})
+    return messages
 
 
 def responses_body(params: Mapping[str, Any], call: JudgeCall) -> dict[str, Any]:
@@ -135,11 +153,13 @@ def interpret_responses(reply: object) -> JudgeReply:
 
 
 @final
-class ResponsesApi:
-    """`judge.api: responses`: POST `{base_url}/responses` with the create params, `input` and
-    `metadata` (`responses_body`); the reply is a Responses object (`interpret_responses`)."""
+class GenRMModelApi:
+    """`judge.api: genrm_model` (formerly `responses`): POST `{base_url}/responses` with the
+    create params, `input` and `metadata` (`responses_body`), Gym's `genrm_model` protocol; the
+    reply is a Responses object (`interpret_responses`). Only Gym's `genrm_model` server shows
+    `metadata` to the model: any other server judges without reading the answers."""
 
-    name: ClassVar[JudgeApiName] = "responses"
+    name: ClassVar[JudgeApiName] = "genrm_model"
     path: ClassVar[str] = "/responses"
 
     def __init__(self, create_params: Mapping[str, Any]) -> None:
@@ -147,6 +167,38 @@ class ResponsesApi:
 
     def body(self, call: JudgeCall) -> dict[str, Any]:
         return responses_body(self._params, call)
+
+    def interpret(self, reply: object) -> JudgeReply:
+        return interpret_responses(reply)
+
+
+def openai_responses_body(params: Mapping[str, Any], call: JudgeCall) -> dict[str, Any]:
+    """A plain OpenAI Responses request: the create params, with `input` the history, the
+    principle and both answers as messages (`genrm_messages`), `"stream": false` (servers that
+    stream by default, such as transformers serve, then answer one JSON object), and the
+    attempt's own budget as `max_output_tokens` when the call carries one."""
+    body = dict(params)
+    body["input"] = [{**message, "type": "message"} for message in genrm_messages(call)]
+    body["stream"] = False
+    if call.max_output_tokens is not None:
+        body["max_output_tokens"] = call.max_output_tokens
+    return body
+
+
+@final
+class OpenAIResponsesApi:
+    """`judge.api: openai_responses`: POST `{base_url}/responses` (vLLM's, transformers serve's,
+    any OpenAI Responses endpoint) with the comparison in `input` (`openai_responses_body`);
+    the reply is a Responses object (`interpret_responses`)."""
+
+    name: ClassVar[JudgeApiName] = "openai_responses"
+    path: ClassVar[str] = "/responses"
+
+    def __init__(self, create_params: Mapping[str, Any]) -> None:
+        self._params: Final = copy.deepcopy(dict(create_params))
+
+    def body(self, call: JudgeCall) -> dict[str, Any]:
+        return openai_responses_body(self._params, call)
 
     def interpret(self, reply: object) -> JudgeReply:
         return interpret_responses(reply)
@@ -209,18 +261,16 @@ def chat_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], str | None, 
 def chat_body(
     params: Mapping[str, Any], instructions: str | None, call: JudgeCall
 ) -> dict[str, Any]:
-    """A chat-completions request: history, then principle, response_1, response_2;
-    the attempt's own budget, when the call carries one, is sent as `max_tokens`."""
+    """A chat-completions request: history, then principle, response_1, response_2
+    (`genrm_messages`), `"stream": false`; the attempt's own budget, when the call carries one,
+    is sent as `max_tokens`."""
     messages: list[dict[str, str]] = []
     if instructions is not None:
         messages.append({"role": "system", "content": instructions})
-    messages.extend({"role": entry["role"], "content": entry["content"]} for entry in call.history)
-    if call.principle:
-        messages.append({"role": "principle", "content": call.principle})
-    messages.append({"role": "response_1", "content": call.response_1})
-    messages.append({"role": "response_2", "content": call.response_2})
+    messages.extend(genrm_messages(call))
     body = dict(params)
     body["messages"] = messages
+    body["stream"] = False
     if call.max_output_tokens is not None:
         body["max_tokens"] = call.max_output_tokens
     return body
@@ -273,19 +323,24 @@ class ChatCompletionsApi:
         return interpret_chat(reply)
 
 
-def judge_api_type(name: JudgeApiName) -> type[ResponsesApi] | type[ChatCompletionsApi]:
+JudgeApiType = type[ChatCompletionsApi] | type[OpenAIResponsesApi] | type[GenRMModelApi]
+
+
+def judge_api_type(name: JudgeApiName) -> JudgeApiType:
     """The object of the `judge.api` value `name`: the one place a new judge API is added, beside
     its value in `config.JudgeApiName` (mypy fails here until every value has its object)."""
     match name:
-        case "responses":
-            return ResponsesApi
         case "chat_completions":
             return ChatCompletionsApi
+        case "openai_responses":
+            return OpenAIResponsesApi
+        case "genrm_model":
+            return GenRMModelApi
         case _:
             assert_never(name)
 
 
-JUDGE_APIS: Final[Mapping[str, type[ResponsesApi] | type[ChatCompletionsApi]]] = {
+JUDGE_APIS: Final[Mapping[str, JudgeApiType]] = {
     name: judge_api_type(name) for name in get_args(JudgeApiName)
 }
 """Every `judge.api` value and its object, derived from `config.JudgeApiName`."""

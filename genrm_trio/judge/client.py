@@ -16,6 +16,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from typing import Final, final
 
 import httpx
@@ -119,13 +120,27 @@ def transport_error(exc: httpx.HTTPError) -> JudgeTransportError:
     return error
 
 
-def _decode_json(content: bytes) -> object:
+_FIRST_BYTES: Final = 80
+"""How much of a reply that is not JSON its failure reason quotes."""
+
+
+def _decode_json(
+    content: bytes, content_type: str | None, redact: Callable[[bytes], bytes]
+) -> object:
+    """The decoded JSON reply; else `JudgeBadJSON` naming the reply's content type and first
+    bytes (`redact`ed; a server that streams server-sent events says `text/event-stream`)."""
     try:
         return json.loads(content)
-    except json.JSONDecodeError as exc:
-        raise JudgeBadJSON(str(exc)) from exc
-    except (UnicodeDecodeError, RecursionError) as exc:
-        raise JudgeBadJSON(f"{type(exc).__name__}: {exc}") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        cause = (
+            str(exc) if isinstance(exc, json.JSONDecodeError) else f"{type(exc).__name__}: {exc}"
+        )
+        head = redact(content[:_FIRST_BYTES]).decode("utf-8", errors="replace")
+        more = "…" if len(content) > _FIRST_BYTES else ""
+        raise JudgeBadJSON(
+            f"{cause} (the reply is not JSON: content-type {content_type or 'missing'}, "
+            f"{len(content)} bytes, first {head!r}{more})"
+        ) from exc
 
 
 # --- the judge ------------------------------------------------------------------------------------
@@ -225,7 +240,8 @@ class HttpJudge:
         if not 200 <= status <= 299:
             retry_after = parse_retry_after(_raw_header(headers, b"retry-after"))
             raise JudgeHTTPError(status, self._redact(body), retry_after)
-        return self._api.interpret(_decode_json(body))
+        content_type = _raw_header(headers, b"content-type")
+        return self._api.interpret(_decode_json(body, content_type, self._redact))
 
     async def probe(self) -> str | None:
         """`GET {base_url}/models`: None when the server answered with a status below 500 (it

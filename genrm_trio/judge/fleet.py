@@ -1,8 +1,13 @@
 """A fleet of judge replicas behind one `Judge`: routing, failover, ejection, stall detection,
 per-replica stats.
 
-`judge.base_url` as a list of URLs makes a `JudgeFleet` of one `HttpJudge` per replica (each with
-its own keep-alive pool). Every attempt goes to one replica:
+`judge.base_url` makes a `JudgeFleet` of one `HttpJudge` per URL (each with its own keep-alive
+pool); a single URL is a fleet of one replica, so that one judge and several are built, routed and
+reported one way. With one replica nothing below changes one judge's behaviour: a failure is not
+"retried elsewhere" (the `Comparator` retries a replica's failures only with two replicas or
+more), a `Retry-After` is waited out (`held_back_for`), no replica can stall (that needs another
+one answering), and ejecting it takes no attempt away from it (all ejected: attempts still go
+out). Every attempt goes to one replica:
 
 - **routing**: the replica with the fewest attempts in flight, ties broken round robin, skipping
   ejected replicas, replicas at `judge.max_concurrency_per_replica`, and, while another can take
@@ -287,15 +292,16 @@ class JudgeFleet:
 
     def held_back_for(self) -> float | None:
         """Seconds until a replica may take a call again when every one an attempt could go to
-        now (in service, or ejected and due a trial) is holding back after its `Retry-After`;
-        None when one can take it now, or when none could anyway (every replica backing off)."""
+        now (in service, or ejected and due a trial; every replica when all are backing off, as
+        attempts still go out then) is holding back after its `Retry-After`; None when one can
+        take it now. A fleet of one so waits out its `Retry-After` as one judge would (D13)."""
         now = trio.current_time()
         holds = [
             replica.hold_until
             for replica in self._replicas
             if not replica.ejected or due_a_trial(replica, now)
-        ]
-        if not holds or min(holds) <= now:
+        ] or [replica.hold_until for replica in self._replicas]
+        if min(holds) <= now:
             return None
         return min(holds) - now
 
@@ -702,14 +708,13 @@ class JudgeFleet:
                 await replica.judge.aclose()
 
 
-def make_judge(settings: Settings, *, backend: NetworkBackend | None = None) -> Judge:
-    """The judge `settings.judge` describes: one `HttpJudge` for a base URL, a `JudgeFleet` of
-    them for a list; `backend` opens their connections (tests; else real TCP)."""
+def make_judge(settings: Settings, *, backend: NetworkBackend | None = None) -> JudgeFleet:
+    """The judge `settings.judge` describes: a `JudgeFleet` of one `HttpJudge` per base URL,
+    one replica for a single URL (so that one URL and a list are built, routed and reported one
+    way); `backend` opens their connections (tests; else real TCP)."""
     judge = settings.judge
     if judge.base_url is None:
         raise ConfigError("settings", "judge.base_url", "required for an HTTP judge")
-    if not judge.fleet:
-        return make_http_judge(settings, backend=backend)
     return JudgeFleet(
         [
             (url, make_http_judge(settings, base_url=url, backend=backend))

@@ -24,6 +24,7 @@ import httpx
 import trio
 
 from genrm_trio.config import KEEPALIVE_EXPIRY_S, MAX_RESPONSE_BYTES, JudgeSettings
+from genrm_trio.domain.exceptions import leaves
 from genrm_trio.judge.http1 import (
     Http1Connection,
     OutgoingRequest,
@@ -90,16 +91,9 @@ def connect_failure(exc: OSError) -> str:
     text = str(exc) or type(exc).__name__
     under = exc.__cause__
     if isinstance(under, BaseExceptionGroup):
-        reasons = dict.fromkeys(str(leaf) or type(leaf).__name__ for leaf in _leaves(under))
+        reasons = dict.fromkeys(str(leaf) or type(leaf).__name__ for leaf in leaves(under))
         text = f"{text}: {'; '.join(reasons)}"
     return text
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    out: list[BaseException] = []
-    for exc in group.exceptions:
-        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return out
 
 
 def _certificate_rejected(exc: BaseException) -> bool:

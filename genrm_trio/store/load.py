@@ -15,6 +15,7 @@ from typing import Final, final
 
 from genrm_trio.domain.records import TerminalRecord, WatermarkRecord
 from genrm_trio.domain.retention import Retention
+from genrm_trio.domain.text import shown_id
 from genrm_trio.store.codec import (
     column_int,
     column_members,
@@ -28,7 +29,7 @@ from genrm_trio.store.rows import Mirrors
 __all__ = ["INTERRUPTED_TEMPLATE", "LoadedState", "apply_start_rules"]
 
 INTERRUPTED_TEMPLATE: Final = (
-    "GenRM cohort {key!r} was interrupted by a server restart; retry the whole group with a new "
+    "GenRM cohort {key} was interrupted by a server restart; retry the whole group with a new "
     "_ng_group_attempt"
 )
 
@@ -65,7 +66,10 @@ def apply_start_rules(
     cur.executemany(
         "UPDATE cohorts SET phase = 'failed', failure = ?, failure_kind = 'cohort', "
         "terminal_at = ? WHERE key = ?",
-        [(text_column(INTERRUPTED_TEMPLATE.format(key=column_text(k))), now, k) for (k,) in opened],
+        [
+            (text_column(INTERRUPTED_TEMPLATE.format(key=shown_id(column_text(k)))), now, k)
+            for (k,) in opened
+        ],
     )
     mirrors.terminal.update(bytes(key) for (key,) in opened)
     more_expired, more_evicted = prune(cur, rule, mirrors, now, ttl=False)

@@ -44,6 +44,7 @@ from genrm_trio.config import Settings
 from genrm_trio.domain.model import SHUTTING_DOWN
 from genrm_trio.domain.records import OpenRecord, TerminalRecord, WatermarkRecord, members_json
 from genrm_trio.domain.retention import Retention
+from genrm_trio.domain.text import shown_id
 from genrm_trio.store.codec import int_column, optional_text_column, text_column
 from genrm_trio.store.errors import StoreError
 from genrm_trio.store.group_commit import GroupCommit, GroupCommitHandle
@@ -409,7 +410,7 @@ class SqliteStore(CommitsBySubmit):
         except (TypeError, ValueError) as exc:
             raise StoreError(
                 self.path,
-                f"cannot store the record of key {record.key[:_KEY_LOG_LIMIT]!r}: "
+                f"cannot store the record of key {shown_id(record.key, _KEY_LOG_LIMIT)}: "
                 f"{type(exc).__name__}: {exc}",
             ) from exc
         return _TerminalRows(key, record.retained, cohort)

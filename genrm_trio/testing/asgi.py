@@ -105,14 +105,23 @@ def _responses_call(body: Mapping[str, Any]) -> JudgeCall:
 
 
 def _chat_call(body: Mapping[str, Any]) -> JudgeCall:
-    messages = body.get("messages")
+    return _messages_call(body.get("messages"), "messages")
+
+
+def _openai_responses_call(body: Mapping[str, Any]) -> JudgeCall:
+    return _messages_call(body.get("input"), "input")
+
+
+def _messages_call(messages: object, key: str) -> JudgeCall:
+    """The comparison of chat messages (or Responses input messages) that end with the roles
+    principle (optional), response_1, response_2."""
     if not isinstance(messages, list) or not all(
         isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
     ):
-        raise _BadRequest(400, "messages must be a list of objects with a role")
+        raise _BadRequest(400, f"{key} must be a list of objects with a role")
     roles = [m["role"] for m in messages]
     if roles[-2:] != ["response_1", "response_2"]:
-        raise _BadRequest(400, "messages must end with roles response_1, response_2")
+        raise _BadRequest(400, f"{key} must end with roles response_1, response_2")
     head = messages[:-2]
     principle: str | None = None
     if head and head[-1]["role"] == "principle":
@@ -141,7 +150,14 @@ def _responses_shaped(request: Mapping[str, Any]) -> bool:
 
 
 def _chat_shaped(request: Mapping[str, Any]) -> bool:
-    messages = request.get("messages")
+    return _ends_with_answers(request.get("messages"))
+
+
+def _openai_responses_shaped(request: Mapping[str, Any]) -> bool:
+    return _ends_with_answers(request.get("input"))
+
+
+def _ends_with_answers(messages: object) -> bool:
     roles = (
         [m.get("role") for m in messages if isinstance(m, dict)]
         if isinstance(messages, list)
@@ -260,12 +276,20 @@ def _sim_api(name: JudgeApiName) -> _SimApi:
     """The judge API `name` as the simulated judge serves it (mypy fails here until every
     `judge.api` value is served)."""
     match name:
-        case "responses":
+        case "genrm_model":
             return _SimApi(
                 _responses_call,
                 "max_output_tokens",
                 _responses_body,
                 _responses_shaped,
+                _responses_prompt,
+            )
+        case "openai_responses":
+            return _SimApi(
+                _openai_responses_call,
+                "max_output_tokens",
+                _responses_body,
+                _openai_responses_shaped,
                 _responses_prompt,
             )
         case "chat_completions":
@@ -279,10 +303,23 @@ SIM_APIS: Final[Mapping[JudgeApiName, _SimApi]] = {
 }
 """Every judge API the simulated judge serves (all of them), by `judge.api` value."""
 
-_ROUTES: Final[Mapping[str, JudgeApiName]] = {
-    "/v1" + JUDGE_APIS[name].path: name for name in SIM_APIS
+_ROUTES: Final[Mapping[str, tuple[JudgeApiName, ...]]] = {
+    path: tuple(
+        # Gym's protocol first: a request shaped as no API's judge call is read as Gym's
+        sorted(
+            (n for n in SIM_APIS if "/v1" + JUDGE_APIS[n].path == path), key="genrm_model".__ne__
+        )
+    )
+    for path in {"/v1" + JUDGE_APIS[name].path for name in SIM_APIS}
 }
-"""`POST /v1{path}` of each judge API (the paths are the client's, `judge.apis`)."""
+"""`POST /v1{path}` and the judge APIs posted there (the paths are the client's, `judge.apis`;
+`genrm_model` and `openai_responses` share `/v1/responses`, told apart by the request's shape)."""
+
+
+def _route_api(apis: tuple[JudgeApiName, ...], request: Mapping[str, Any]) -> JudgeApiName:
+    """The API of a request to a path that several share: the first whose judge call the
+    request is shaped as, else the first."""
+    return next((name for name in apis if SIM_APIS[name].judge_shaped(request)), apis[0])
 
 
 def _budget_tokens(request: Mapping[str, Any], api: JudgeApiName) -> int:
@@ -357,8 +394,8 @@ class SimJudgeApp:
             else:
                 await _respond(send, 200, _MODELS_BODY)
             return
-        api = _ROUTES.get(path)
-        if api is None:
+        apis = _ROUTES.get(path)
+        if apis is None:
             await _respond(send, 404, _json_bytes({"error": f"no route {path}"}))
             return
         if method != "POST":
@@ -376,6 +413,7 @@ class SimJudgeApp:
                 raise _BadRequest(400, f"body is not JSON: {error}") from error
             if not isinstance(request, dict):
                 raise _BadRequest(400, "body must be a JSON object")
+            api = _route_api(apis, request)
             sim = SIM_APIS[api]
             if self.policy is not None and not sim.judge_shaped(request):
                 await self._answer_policy(sim, request, send)

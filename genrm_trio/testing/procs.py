@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-__all__ = ["START_TIMEOUT_S", "Proc", "StartError", "command", "start"]
+__all__ = ["START_TIMEOUT_S", "Proc", "StartError", "command", "start", "terminate"]
 
 START_TIMEOUT_S: Final = 30.0
 _LISTENING: Final = "listening on http://"
@@ -77,13 +77,7 @@ class Proc:
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM and wait for the exit code; SIGKILL after `timeout` (the code is then
         negative: -9)."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-        try:
-            return self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return self.popen.returncode
+        return terminate(self.popen, timeout)
 
     def kill(self) -> None:
         if self.popen.poll() is None:
@@ -95,6 +89,19 @@ class Proc:
         self.kill()
         if self.popen.stdout is not None:
             self.popen.stdout.close()
+
+
+def terminate(popen: subprocess.Popen[bytes], timeout: float = 15.0) -> int:
+    """Stop a process started here by its PID: SIGTERM, SIGKILL after `timeout`; its exit code
+    (negative for a signal: -9 when it had to be killed). Any process a test or benchmark
+    starts, `genrm-trio` or not (a busy loop, py-spy, the reference server)."""
+    if popen.poll() is None:
+        popen.send_signal(signal.SIGTERM)
+    try:
+        return popen.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        return popen.wait(timeout=15)
 
 
 def _read_listening_line(popen: subprocess.Popen[bytes], timeout: float) -> str:

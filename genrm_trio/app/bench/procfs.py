@@ -2,8 +2,10 @@
 threads and identity, and how busy the whole box is (Linux; each reader returns None, or 0 where
 a count is wanted, for a process that is gone or a system without /proc).
 
-`wait_for_quiet` holds a measurement back until the rest of the box is quiet: the benchmarks
-share their machine with other work, and their figures are only comparable from quiet runs.
+`wait_for_quiet` holds a measurement back until the rest of the box is quiet, and `CpuMeter`
+splits one interval's CPU between a server, its judge, the load generator and everything else:
+the benchmarks share their machine with other work, and their figures are only comparable from
+quiet runs.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 __all__ = [
+    "CpuMeter",
     "ProcStat",
     "cmdline",
     "cpu_s",
@@ -21,9 +24,11 @@ __all__ = [
     "open_fds",
     "pids",
     "rss_mb",
+    "runqueue_wait_s",
     "stat",
     "status_field",
     "system_busy_s",
+    "task_cpu_ns",
     "wait_for_quiet",
 ]
 
@@ -65,6 +70,36 @@ def cpu_s(pid: int) -> float | None:
     """CPU seconds (user + system) a PID has used, or None once it is gone."""
     found = stat(pid)
     return None if found is None else found.cpu_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _schedstat(pid: int) -> tuple[int, int]:
+    """(ns run on a CPU, ns runnable but waiting for one), summed over a PID's threads
+    (/proc/PID/task/*/schedstat); (0, 0) once it is gone."""
+    run = wait = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0, 0
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                fields = f.read().split()
+        except OSError:
+            continue  # a thread that ended meanwhile
+        run, wait = run + int(fields[0]), wait + int(fields[1])
+    return run, wait
+
+
+def task_cpu_ns(pid: int) -> int:
+    """Nanoseconds of CPU all of a PID's threads have run: finer than `cpu_s`'s clock ticks,
+    for intervals of a few milliseconds (0 once it is gone)."""
+    return _schedstat(pid)[0]
+
+
+def runqueue_wait_s(pid: int) -> float:
+    """Seconds a PID's threads spent runnable but waiting for a CPU: other processes held the
+    cores (0.0 once it is gone)."""
+    return _schedstat(pid)[1] / 1e9
 
 
 def status_field(pid: int, name: str) -> int | None:
@@ -131,3 +166,35 @@ def wait_for_quiet(
         busy = (system_busy_s() - busy0) / (time.monotonic() - t0)
         if (busy < busy_cores and not also_busy()) or time.monotonic() >= end:
             return round(busy, 3)
+
+
+class CpuMeter:
+    """CPU of a server, its judge, this process (the load generator) and everything else on
+    the box over one interval: started at construction, read by `stop`."""
+
+    def __init__(self, server_pid: int, judge_pid: int | None) -> None:
+        self._server, self._judge = server_pid, judge_pid
+        self._t0 = self._read()
+
+    def _read(self) -> tuple[float, float, float, float, float]:
+        server = cpu_s(self._server) or 0.0
+        judge = (cpu_s(self._judge) or 0.0) if self._judge else 0.0
+        return time.monotonic(), server, judge, time.process_time(), system_busy_s()
+
+    def stop(self, groups: int) -> dict[str, float | bool | None]:
+        """Per-group CPU of each side, core utilisation, and the foreign CPU the interval saw
+        (`contaminated` above 0.1 core: a figure not to compare)."""
+        t1 = self._read()
+        wall, server, judge, load, busy = (b - a for a, b in zip(self._t0, t1, strict=True))
+        foreign = max(0.0, busy - server - judge - load)
+        per = 1000 / groups if groups else 0.0
+        return {
+            "foreign_cores": round(foreign / wall, 3) if wall else 0.0,
+            "server_cpu_ms_per_group": round(server * per, 2),
+            "judge_cpu_ms_per_group": round(judge * per, 2),
+            "load_cpu_ms_per_group": round(load * per, 2),
+            "server_core_utilisation": round(server / wall, 3) if wall else None,
+            "load_core_utilisation": round((judge + load) / wall, 3) if wall else None,
+            "foreign_cpu_s": round(foreign, 2),
+            "contaminated": foreign > 0.1 * wall,
+        }

@@ -24,6 +24,8 @@ import trio
 from genrm_trio.app.bench import procfs
 from genrm_trio.app.bench.client import HttpPool
 from genrm_trio.app.bench.payloads import answer_text, policy_response, verify_body
+from genrm_trio.app.top_frame import parse_metrics
+from genrm_trio.domain.scoring import percentile
 
 __all__ = [
     "GROUP_SIZE_POLL_S",
@@ -102,13 +104,8 @@ class BenchReport:
 
 
 def _percentile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    """The domain's percentile (docs/scoring.md), None without values."""
+    return percentile(values, q) if values else None
 
 
 _TRANSPORT_ERRORS = (httpx.RequestError, trio.TooSlowError)
@@ -131,15 +128,8 @@ async def _judge_calls(cfg: BenchConfig, client: httpx.AsyncClient) -> float | N
         reply = await client.get(cfg.url.rstrip("/") + "/metrics")
         if reply.status_code != 200:
             return None
-        total = 0.0
-        found = False
-        for line in reply.text.splitlines():
-            if line.startswith("genrm_trio_judge_calls_total{"):
-                total += float(line.rsplit(" ", 1)[1])
-                found = True
-            elif line.startswith("# TYPE genrm_trio_judge_calls_total "):
-                found = True  # no samples before the first call: zero so far
-        return total if found else None
+        # every outcome's sample is exported from the start (at 0): None means not genrm-trio
+        return parse_metrics(reply.text).total("genrm_trio_judge_calls_total")
     except (httpx.HTTPError, ValueError, KeyError):
         return None
 

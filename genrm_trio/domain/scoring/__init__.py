@@ -4,6 +4,7 @@ One job per module:
 
 - `pairs`: which comparisons run (pair plans, judge passes, position balance, fixed baseline)
   and the verdict triples they yield;
+- `regular`: the `regular` strategy's graph (circulant offsets chosen for connectivity);
 - `masking`: which rollouts failed comparisons mask (`pair`, `component`), when a group fails;
 - `aggregation`: the aggregation methods and their table (`AGGREGATORS`), and `aggregate`;
 - `bradley_terry`: the penalised Bradley–Terry fit (Newton's method);
@@ -62,6 +63,11 @@ from genrm_trio.domain.scoring.pairs import (
     plan_comparisons,
     plan_fixed_baseline,
 )
+from genrm_trio.domain.scoring.regular import (
+    algebraic_connectivity,
+    circulant_offsets,
+    fitting_degree,
+)
 from genrm_trio.domain.scoring.style import count_style_elements, strip_code_blocks, style_density
 
 __all__ = [
@@ -87,12 +93,15 @@ __all__ = [
     "Triple",
     "adjust",
     "aggregate",
+    "algebraic_connectivity",
     "bradley_terry_scores",
+    "circulant_offsets",
     "comparison_pairs",
     "components",
     "count_style_elements",
     "density_weights",
     "fit_bradley_terry",
+    "fitting_degree",
     "flip",
     "group_metrics",
     "largest_component",

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Final, TypeVar, cast, final, get_args
+from typing import Final, TypeVar, assert_never, cast, final, get_args
 
-from genrm_trio.config import ComparisonStrategy, PositionBalance
+from genrm_trio.config import DEFAULT_COMPARISONS_PER_ROLLOUT, ComparisonStrategy, PositionBalance
+from genrm_trio.domain.scoring.regular import regular_pairs
 
 __all__ = [
     "RANKING_MIDPOINT",
@@ -39,12 +40,15 @@ _BALANCES: Final = frozenset(get_args(PositionBalance))
 _T = TypeVar("_T", bound=Triple)
 
 
-def comparison_pairs(n: int, strategy: str) -> list[tuple[int, int]]:
+def comparison_pairs(
+    n: int, strategy: str, degree: int = DEFAULT_COMPARISONS_PER_ROLLOUT
+) -> list[tuple[int, int]]:
     """The ``(response_1, response_2)`` member pairs of one judge pass (docs/scoring.md, "Pairs").
 
     ``circular``: ``(i, (i+1) mod n)``, n pairs (n = 2 gives ``(0, 1), (1, 0)``).
     ``all_pairs``: every ``(i, j)`` with ``i < j`` in lexicographic order.
-    Raises ValueError for an unknown strategy or ``n < 2``.
+    ``regular``: the ``degree``-regular circulant graph of `regular_pairs`, n·degree/2 pairs.
+    Raises ValueError for an unknown strategy, ``n < 2``, or a degree the graph cannot have.
     """
     if strategy not in _STRATEGIES:
         raise ValueError(
@@ -52,9 +56,16 @@ def comparison_pairs(n: int, strategy: str) -> list[tuple[int, int]]:
         )
     if n < 2:
         raise ValueError(f"Need at least 2 responses for pairwise comparison, got {n}")
-    if strategy == "circular":
-        return [(i, (i + 1) % n) for i in range(n)]
-    return [(i, j) for i in range(n) for j in range(i + 1, n)]
+    known = cast(ComparisonStrategy, strategy)
+    match known:  # exhaustive: mypy fails here until a new strategy has its case
+        case "circular":
+            return [(i, (i + 1) % n) for i in range(n)]
+        case "all_pairs":
+            return [(i, j) for i in range(n) for j in range(i + 1, n)]
+        case "regular":
+            return regular_pairs(n, degree)
+        case _:
+            assert_never(known)
 
 
 @final
@@ -112,12 +123,16 @@ def flip(v: _T) -> _T:
 
 
 def plan_comparisons(
-    n: int, strategy: str, judges: int, position_balance: str = "none"
+    n: int,
+    strategy: str,
+    judges: int,
+    position_balance: str = "none",
+    degree: int = DEFAULT_COMPARISONS_PER_ROLLOUT,
 ) -> list[PlannedComparison]:
     """Every comparison of a rollout cohort, judge-major (docs/scoring.md, "Judge passes", D7).
 
     ``[(pairs, k=0)] + [(pairs, k=1)] + …``. With ``position_balance="alternate"`` the comparison
-    ``(i, j, k)`` is shown ``j`` first iff ``(i + j + k)`` is odd.
+    ``(i, j, k)`` is shown ``j`` first iff ``(i + j + k)`` is odd. ``degree``: d of ``regular``.
     """
     if judges < 1:
         raise ValueError(f"num_judges_per_comparison must be >= 1, got {judges}")
@@ -125,7 +140,7 @@ def plan_comparisons(
         raise ValueError(
             f"Unsupported position_balance: {position_balance!r}. Supported: {sorted(_BALANCES)}"
         )
-    pairs = comparison_pairs(n, strategy)
+    pairs = comparison_pairs(n, strategy, degree)
     alternate = position_balance == "alternate"
     return [
         PlannedComparison(i, j, k, swapped=alternate and (i + j + k) % 2 == 1)

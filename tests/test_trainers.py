@@ -1,0 +1,241 @@
+"""The trainer adapters (docs/trainers.md), each called as its trainer calls it, with a batch
+built here, against a live `genrm-trio serve` (tests/genrm_server.py): TRL's reward function
+(`genrm_trio.trl`), verl's batch `custom_reward_function` (`genrm_trio.verl`) and slime's
+`--group-rm` function and reward post-processing (`genrm_trio.slime`). None of them needs the
+trainer installed; the real GRPO run is tests/test_grpo.py."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+from argparse import Namespace
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from genrm_server import FAIL, PROMPT, N, Server, answers, server
+
+from genrm_trio.client import GenRMClient, GroupSizeError, Masked, Scored
+from genrm_trio.slime import group_rm, post_process_rewards
+from genrm_trio.trl import BatchGroup, batch_groups, genrm_reward, masked_by
+from genrm_trio.verl import compute_score, group_positions
+
+pytestmark = pytest.mark.slow
+__all__ = ["server"]  # the module's live server (a fixture)
+
+OTHER = "What melts ice?"
+
+
+def reference(server: Server, prompt: Any, completions: list[str]) -> list[float | None]:
+    """The rewards of one group through the client: what every adapter must hand on."""
+    return GenRMClient(server.url).score_group(prompt, completions)
+
+
+# --- TRL ------------------------------------------------------------------------------------------
+
+
+def test_batch_groups_follow_trls_layout() -> None:
+    prompts = ["a"] * 4 + ["b"] * 4
+    assert batch_groups(prompts, group_size=4) == [
+        BatchGroup(0, "a", ((0, 0), (1, 1), (2, 2), (3, 3))),
+        BatchGroup(1, "b", ((4, 0), (5, 1), (6, 2), (7, 3))),
+    ]
+    # process 1 of 2, with 6 of the 12: the second half of group 1 and all of group 2
+    local = ["b", "b", "c", "c", "c", "c"]
+    assert batch_groups(local, group_size=4, process_index=1, num_processes=2) == [
+        BatchGroup(1, "b", ((0, 2), (1, 3))),
+        BatchGroup(2, "c", ((2, 0), (3, 1), (4, 2), (5, 3))),
+    ]
+    with pytest.raises(GroupSizeError, match=r"a batch of 6 completions \(1 process\(es\) x 6\)"):
+        batch_groups(["a"] * 6, group_size=4)
+    with pytest.raises(ValueError, match="completions 0 and 2 of the batch are in group 0"):
+        batch_groups(["a", "a", "b", "b"], group_size=4)
+
+
+def test_trl_reward_scores_each_group_and_masks_with_none(server: Server) -> None:
+    reward = genrm_reward(server.url)
+    assert reward.__name__ == "genrm"
+    first, second = answers("trl-a"), answers("trl-b", failing={1})
+    prompts = [PROMPT] * N + [OTHER] * N
+    rewards = reward(prompts=prompts, completions=first + second, completion_ids=[[1]] * 8)
+    assert rewards[:N] == reference(server, PROMPT, first)
+    # member 1's pairs (0, 1) and (1, 2) fail: 0, 1 and 2 are None, 3 keeps its score
+    assert rewards[N : N + 3] == [None, None, None]
+    assert rewards[N + 3] == reference(server, OTHER, second)[3]
+    assert [type(result) for result in reward.last_results[N:]] == [Masked] * 3 + [Scored]
+    assert reward.calls == 1
+
+
+def test_trl_conversational_format(server: Server) -> None:
+    reward = genrm_reward(server.url, name="judge")
+    texts = answers("trl-chat")
+    prompt = [{"role": "user", "content": PROMPT}]
+    rewards = reward(
+        prompts=[prompt] * N, completions=[[{"role": "assistant", "content": t}] for t in texts]
+    )
+    assert rewards == reference(server, PROMPT, texts)
+    assert reward.__name__ == "judge"
+
+
+def test_trl_refuses_a_batch_of_partial_groups(server: Server) -> None:
+    with pytest.raises(GroupSizeError, match="set TRL's num_generations"):
+        genrm_reward(server.url)(prompts=[PROMPT] * 6, completions=answers("six", n=6))
+
+
+def test_trl_processes_sharing_a_group_are_joined_by_the_servers_barrier(server: Server) -> None:
+    """Two processes, each with half of one group (TRL's slices): the same run id and call
+    number give both halves one group id, and each half its rollout indices."""
+    texts = answers("split")
+    halves = [texts[:2], texts[2:]]
+    got: dict[int, list[float | None]] = {}
+
+    def process(rank: int) -> None:
+        reward = genrm_reward(server.url, run_id="run-1")
+        reward.process_index, reward.num_processes = rank, 2
+        got[rank] = reward(prompts=[PROMPT] * 2, completions=halves[rank])
+
+    threads = [threading.Thread(target=process, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert got[0] + got[1] == reference(server, PROMPT, texts)
+
+
+def test_masked_by_gives_the_whole_row_none(server: Server) -> None:
+    genrm = genrm_reward(server.url)
+
+    def length(prompts: list[str], completions: list[str], **kwargs: Any) -> list[float]:
+        return [float(len(text)) for text in completions]
+
+    async def async_length(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+        return length(prompts, completions)
+
+    texts = answers("combined", failing={3})
+    masked_length = masked_by(genrm, length)
+    assert masked_length.__name__ == "length"
+    with pytest.raises(RuntimeError, match="has not scored this batch"):
+        masked_length(prompts=[PROMPT] * N, completions=texts)
+    rewards = genrm(prompts=[PROMPT] * N, completions=texts)
+    # 3's pairs (2, 3) and (3, 0) fail: 0, 2 and 3 are masked; 1 is scored
+    assert [reward is None for reward in rewards] == [True, False, True, True]
+    expected = [None, float(len(texts[1])), None, None]
+    assert masked_length(prompts=[PROMPT] * N, completions=texts) == expected
+    wrapped = masked_by(genrm, async_length)
+    assert asyncio.run(wrapped(prompts=[PROMPT] * N, completions=texts)) == expected
+
+
+# --- verl -----------------------------------------------------------------------------------------
+
+
+def test_verl_groups_by_row_whatever_the_batch_order() -> None:
+    infos = [{"index": 7, "question": "q"}, {"index": 8, "question": "q"}] * 2
+    assert group_positions(infos, prompt_key="question", group_size=2) == [
+        ("q", [0, 2]),
+        ("q", [1, 3]),
+    ]
+    with pytest.raises(KeyError, match="extra_info has no 'prompt'"):
+        group_positions(infos, prompt_key="prompt", group_size=2)
+    with pytest.raises(GroupSizeError, match=r"set actor_rollout_ref\.rollout\.n"):
+        group_positions(infos[:3], prompt_key="question", group_size=2)
+
+
+def test_verl_batch_reward_function(server: Server) -> None:
+    clean, failing = answers("verl-a"), answers("verl-b", failing={0})
+    # verl's batch after balance_batch: the two rows' rollouts interleaved
+    order = [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2), (0, 3), (1, 3)]
+    texts = [(clean, failing)[row][i] for row, i in order]
+    infos = [{"index": row, "question": (PROMPT, OTHER)[row]} for row, _ in order]
+    scores = compute_score(
+        data_sources=["genrm"] * 8,
+        solution_strs=texts,
+        ground_truths=[None] * 8,
+        extra_infos=infos,
+        base_url=server.url,  # custom_reward_function.reward_kwargs
+    )
+    by_row: dict[int, list[dict[str, float]]] = {0: [], 1: []}
+    for (row, _), score in zip(order, scores, strict=True):
+        by_row[row].append(score)
+    assert [s["score"] for s in by_row[0]] == reference(server, PROMPT, clean)
+    assert [s["genrm_masked"] for s in by_row[0]] == [0.0] * N
+    # 0's pairs (3, 0) and (0, 1) fail: 3, 0 and 1 are masked and get the scored mean (2's
+    # reward), so their advantage is 0 and the group mean is the scored members' mean
+    expected = reference(server, OTHER, failing)
+    assert expected[:2] == [None, None] and expected[3] is None
+    assert [s["genrm_masked"] for s in by_row[1]] == [1.0, 1.0, 0.0, 1.0]
+    assert [s["score"] for s in by_row[1]] == [expected[2]] * N
+    assert {s["genrm_scored_mean"] for s in by_row[1]} == {expected[2]}
+
+
+# --- slime ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    """The fields of slime's `slime.utils.types.Sample` that its reward path reads and writes."""
+
+    prompt: str | list[dict[str, str]]
+    response: str
+    reward: float | None = None
+    remove_sample: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def get_reward_value(self, args: Namespace) -> float:
+        assert self.reward is not None
+        return self.reward
+
+
+def slime_args(server: Server, **extra: Any) -> Namespace:
+    values: dict[str, Any] = {
+        "rm_url": server.url,
+        "group_rm": True,
+        "n_samples_per_prompt": N,
+        "advantage_estimator": "grpo",
+        "rewards_normalization": True,
+        "grpo_std_normalization": True,
+    }
+    return Namespace(**{**values, **extra})
+
+
+def test_slime_group_rm_and_post_processing(server: Server) -> None:
+    args = slime_args(server)
+    clean = [Sample(PROMPT, text) for text in answers("slime-a")]
+    failing = [Sample(OTHER, text) for text in answers("slime-b", failing={2})]
+
+    async def rollout() -> None:  # slime awaits one group_rm per group on its asyncio loop
+        for group in (clean, failing):
+            for sample, reward in zip(group, await group_rm(args, group), strict=True):
+                sample.reward = reward
+
+    asyncio.run(rollout())
+    assert [s.reward for s in clean] == reference(server, PROMPT, answers("slime-a"))
+    expected = reference(server, OTHER, answers("slime-b", failing={2}))
+    # 2's pairs (1, 2) and (2, 3) fail: 1, 2 and 3 are masked and get 0's reward (the mean)
+    assert expected[1:] == [None, None, None]
+    assert [s.reward for s in failing] == [expected[0]] * N
+    assert [s.remove_sample for s in failing] == [False, True, True, True]
+    assert "genrm_masked" not in failing[0].metadata
+    assert all(s.metadata["genrm_masked"] for s in failing[1:])
+
+    samples = clean + failing
+    raw, rewards = post_process_rewards(args, samples)
+    assert raw == [s.reward for s in samples]
+    scored = [s.reward for s in clean]
+    mean, std = statistics.fmean(scored), statistics.stdev(scored)  # type: ignore[arg-type]
+    assert rewards[:N] == pytest.approx([(r - mean) / (std + 1e-6) for r in scored])  # type: ignore[operator]
+    assert rewards[N:] == [0.0] * N  # one scored member: its own baseline; masked ones 0
+    _, centred = post_process_rewards(slime_args(server, grpo_std_normalization=False), samples)
+    assert centred[:N] == pytest.approx([r - mean for r in scored])  # type: ignore[operator]
+    _, plain = post_process_rewards(slime_args(server, rewards_normalization=False), samples)
+    assert plain == raw
+
+
+def test_slime_group_rm_refuses_mixed_prompts(server: Server) -> None:
+    group = [Sample(PROMPT, "a"), Sample(OTHER, "b")]
+    with pytest.raises(ValueError, match="different prompts"):
+        asyncio.run(group_rm(slime_args(server), group))
+
+
+def test_the_fail_tag_is_what_the_judge_fails_on() -> None:
+    assert FAIL in answers("x", failing={0})[0] and FAIL not in answers("x")[0]
