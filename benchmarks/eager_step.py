@@ -29,6 +29,7 @@ Virtual time (default): `open_engine` with the in-process `SimJudge` under
 runs `--seeds` steps (seeds 0..n-1: arrivals and jitter) and reports their means.
 
     python benchmarks/eager_step.py [--only 24x16-K24] [--seeds 5] [--out FILE]
+                                    [--strategy regular --degree 8]
     python benchmarks/eager_step.py --groups 24 --capacity 24 --latency 0.5 --median 3 \\
         --sigma 0.5 --clip 0.3 10
 
@@ -52,7 +53,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -60,7 +61,7 @@ import trio
 import trio.testing
 
 from genrm_trio import Scored, Settings, VerifyInput, open_engine
-from genrm_trio.domain.scoring import percentile
+from genrm_trio.domain.scoring import comparison_pairs, percentile
 from genrm_trio.engine.evaluation import EAGER_RATE_KEY
 from genrm_trio.testing import SimConfig, SimJudge
 
@@ -80,10 +81,12 @@ class Cell:
     sigma: float
     clip: tuple[float, float]
     jitter_s: float = 0.0  # uniform extra latency per call, 0..jitter
+    strategy: str = "circular"  # comparison_strategy (one judge pass)
+    degree: int = 4  # comparisons_per_rollout of `regular`
 
     @property
     def comparisons(self) -> int:
-        return self.groups * SIZE  # circular, one judge pass
+        return self.groups * len(comparison_pairs(SIZE, self.strategy, self.degree))
 
 
 CELLS: Final = (
@@ -136,10 +139,11 @@ def settings_for(cell: Cell, mode: str) -> dict[str, Any]:
     slots = cell.capacity if mode != "eager-fifo" else max(cell.capacity, cell.comparisons)
     return {
         "num_rollouts_per_prompt": SIZE,
-        "comparison_strategy": "circular",
+        "comparison_strategy": cell.strategy,
+        "comparisons_per_rollout": cell.degree,
         "num_judges_per_comparison": 1,
-        "cohort_collection_timeout_s": 3600.0,
-        "cohort_evaluation_timeout_s": 3600.0,
+        "cohort_collection_timeout_s": 86400.0,  # no deadline: the step is measured whole
+        "cohort_evaluation_timeout_s": 86400.0,  # (all_pairs at K = 64 needs > 3600 s)
         "judge_request_timeout_s": 1800.0,
         "eager_comparisons": mode != "eager-off",
         "judge": {"max_concurrency": slots},
@@ -375,7 +379,7 @@ def check_targets(results: dict[str, dict[str, Summary]]) -> list[str]:
 
 def table(results: dict[str, dict[str, Summary]]) -> str:
     head = (
-        f"{'cell':<14} {'mode':<15} {'tail s':>8} {'x off':>6} {'mean s':>8} {'x off':>6} "
+        f"{'cell':<22} {'mode':<15} {'tail s':>8} {'x off':>6} {'mean s':>8} {'x off':>6} "
         f"{'p95 s':>8} {'x off':>6} {'util':>6} {'eager':>6}"
     )
     lines = [head, "-" * len(head)]
@@ -387,7 +391,7 @@ def table(results: dict[str, dict[str, Summary]]) -> str:
                 return f"{value / base:6.2f}" if base else f"{'':>6}"
 
             lines.append(
-                f"{cell:<14} {mode:<15} {s.tail_s:8.2f} {ratio(s.tail_s, off and off.tail_s)} "
+                f"{cell:<22} {mode:<15} {s.tail_s:8.2f} {ratio(s.tail_s, off and off.tail_s)} "
                 f"{s.group_mean_s:8.2f} {ratio(s.group_mean_s, off and off.group_mean_s)} "
                 f"{s.group_p95_s:8.2f} {ratio(s.group_p95_s, off and off.group_p95_s)} "
                 f"{s.utilisation:6.2f} {s.eager_share:6.2f}"
@@ -407,6 +411,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--median", type=float, help="custom cell: arrival median, s")
     parser.add_argument("--sigma", type=float, help="custom cell: arrival log-normal sigma")
     parser.add_argument("--clip", type=float, nargs=2, metavar=("LO", "HI"), help="arrivals, s")
+    parser.add_argument(
+        "--strategy",
+        choices=["circular", "regular", "all_pairs"],
+        default="circular",
+        help="comparison_strategy of every cell (the cell's name gets it as a suffix)",
+    )
+    parser.add_argument("--degree", type=int, default=4, help="comparisons_per_rollout (regular)")
     parser.add_argument("--http", action="store_true", help="real time over HTTP (quiet box)")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON results ({DEFAULT_OUT})")
     args = parser.parse_args(argv)
@@ -433,6 +444,12 @@ def main(argv: list[str] | None = None) -> int:
         ]
     else:
         cells = [c for c in CELLS if not args.only or c.name in args.only]
+    if args.strategy != "circular":
+        suffix = f"-d{args.degree}" if args.strategy == "regular" else "-all_pairs"
+        cells = [
+            replace(c, name=c.name + suffix, strategy=args.strategy, degree=args.degree)
+            for c in cells
+        ]
     results: dict[str, dict[str, Summary]] = {}
     log_dir = Path(tempfile.mkdtemp(prefix="genrm-eager-")) if args.http else None
     for cell in cells:

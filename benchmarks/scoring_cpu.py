@@ -5,8 +5,11 @@ aggregations' shared work, rows), at N ∈ {16, 64, 256, 512} for all_pairs and 
 CPU time of the measuring thread (`time.thread_time`), the best of `--repeat` runs, so the load
 of the shared machine matters less than with a wall clock. `--loop` adds what the event loop
 sees: the longest gap between the ticks of a task that sleeps 1 ms while `score_cohort` runs
-on the loop, and while it runs in a worker thread (`trio.to_thread.run_sync`, as the engine
-does for large groups). That one is wall-clock time on a shared machine: an upper bound, noisy.
+on the loop, and while it runs in a worker thread (`engine/offload.py`'s `score_off_loop`, as
+the engine does for large groups: the collector paused meanwhile), with the loop thread's own
+CPU time meanwhile. The gap is wall-clock time on a shared machine: an upper bound, noisy.
+`--gc-off` runs with the collector disabled throughout, to see how much of a gap is CPython's
+garbage collector (it pauses every thread).
 Verdicts are deterministic (a seeded latent quality per member and a rounded noisy ranking
 per comparison), every comparison succeeds, one judge pass.
 
@@ -17,6 +20,7 @@ per comparison), every comparison succeeds, one judge pass.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import sys
@@ -38,6 +42,7 @@ from genrm_trio.domain.scoring import (
 )
 from genrm_trio.domain.verdict import Verdict
 from genrm_trio.engine.evaluation import Evaluation, MemberText, score_cohort
+from genrm_trio.engine.offload import score_off_loop
 from genrm_trio.judge.base import ComparisonResult, Usage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -93,8 +98,9 @@ def best_cpu(work: Callable[[], object], repeat: int) -> float:
     return best
 
 
-async def _largest_gap(work: Callable[[], object], threaded: bool) -> float:
-    """The longest wall-clock gap between ticks of a 1 ms heartbeat while ``work`` runs."""
+async def _largest_gap(work: Callable[[], object], threaded: bool) -> tuple[float, float]:
+    """The longest wall-clock gap between ticks of a 1 ms heartbeat while ``work`` runs, and the
+    CPU time of the loop's thread meanwhile."""
     gaps: list[float] = []
     done = trio.Event()
 
@@ -109,13 +115,15 @@ async def _largest_gap(work: Callable[[], object], threaded: bool) -> float:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(heartbeat)
         await trio.sleep(0.01)
+        start = time.thread_time()
         if threaded:
-            await trio.to_thread.run_sync(work)
+            await score_off_loop(work, trio.CapacityLimiter(1))
         else:
             work()
+        loop_cpu = time.thread_time() - start
         await trio.sleep(0.01)
         done.set()
-    return max(gaps)
+    return max(gaps), loop_cpu
 
 
 def measure(n: int, strategy: str, degree: int, repeat: int, loop: bool) -> dict[str, Any]:
@@ -136,8 +144,8 @@ def measure(n: int, strategy: str, degree: int, repeat: int, loop: bool) -> dict
     gaps: dict[str, float] = {}
     if loop:
         for threaded in (False, True):
-            name = "loop_gap_threaded_s" if threaded else "loop_gap_inline_s"
-            gaps[name] = trio.run(
+            name = "threaded" if threaded else "inline"
+            gaps[f"loop_gap_{name}_s"], gaps[f"loop_cpu_{name}_s"] = trio.run(
                 _largest_gap, lambda: score_cohort(settings, ev, n, texts), threaded
             )
     return {
@@ -159,11 +167,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--degree", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--loop", action="store_true", help="also the event loop's largest gap")
+    parser.add_argument(
+        "--gc-off", action="store_true", help="with the garbage collector off (gc.disable)"
+    )
     parser.add_argument("--out")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.gc_off:
+        gc.disable()
     rows = []
-    print("| N | graph | comparisons | Newton steps | fit | cycle share | score_cohort |")
-    print("|---|---|---|---|---|---|---|")
+    loop_columns = " loop's largest gap: inline | threaded | loop CPU, threaded |"
+    print(
+        "| N | graph | comparisons | Newton steps | fit | cycle share | score_cohort |"
+        + (loop_columns if args.loop else "")
+    )
+    print("|---|---|---|---|---|---|---|" + ("---|---|---|" if args.loop else ""))
     for n in args.sizes:
         for strategy in ("regular", "all_pairs"):
             row = measure(n, strategy, args.degree, args.repeat, args.loop)
@@ -174,8 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{row['fit_cpu_s'] * 1e3:.1f} ms | {row['cycle_share_cpu_s'] * 1e3:.1f} ms | "
                 f"{row['score_cohort_cpu_s'] * 1e3:.1f} ms |"
                 + (
-                    f" loop gap {row['loop_gap_inline_s'] * 1e3:.1f} ms on the loop, "
-                    f"{row['loop_gap_threaded_s'] * 1e3:.1f} ms threaded"
+                    f" {row['loop_gap_inline_s'] * 1e3:.1f} ms | "
+                    f"{row['loop_gap_threaded_s'] * 1e3:.1f} ms | "
+                    f"{row['loop_cpu_threaded_s'] * 1e3:.1f} ms |"
                     if args.loop
                     else ""
                 ),
@@ -186,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "benchmark": "scoring_cpu",
             "commit": git_commit(),
             "command": " ".join(["python", "benchmarks/scoring_cpu.py", *(argv or sys.argv[1:])]),
+            "gc_off": args.gc_off,
             "rows": rows,
         }
         Path(args.out).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

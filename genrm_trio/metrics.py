@@ -79,6 +79,16 @@ class ReplicaCounters(Protocol):
     def latency_count(self) -> int: ...
     @property
     def latency_sum_s(self) -> float: ...
+    @property
+    def input_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def reasoning_tokens(self) -> int: ...
+    @property
+    def answers_unread(self) -> str | None: ...
+    @property
+    def prompts_unread(self) -> int: ...
 
 
 class JudgeReachability(Protocol):
@@ -157,8 +167,33 @@ class _ReplicaCollector(Collector):
             "Duration of finished judge attempts, per replica",
             labels=["replica"],
         )
+        input_tokens = CounterMetricFamily(
+            "genrm_trio_judge_replica_input_tokens",
+            "Prompt (input) tokens the judge reported, per replica",
+            labels=["replica"],
+        )
+        output_tokens = CounterMetricFamily(
+            "genrm_trio_judge_replica_output_tokens",
+            "Output tokens the judge reported (reasoning included), per replica",
+            labels=["replica"],
+        )
+        reasoning_tokens = CounterMetricFamily(
+            "genrm_trio_judge_replica_reasoning_tokens",
+            "Of the output tokens, reasoning tokens, where the judge's API reports them",
+            labels=["replica"],
+        )
+        unread = CounterMetricFamily(
+            "genrm_trio_judge_replica_answers_unread_prompts",
+            "Prompts whose comparisons' prompt tokens showed that the judge does not read the "
+            "answers (judge.api pointed the wrong way), per replica",
+            labels=["replica"],
+        )
         for s in stats:
             label = [s.replica]
+            input_tokens.add_metric(label, s.input_tokens)
+            output_tokens.add_metric(label, s.output_tokens)
+            reasoning_tokens.add_metric(label, s.reasoning_tokens)
+            unread.add_metric(label, s.prompts_unread)
             calls.add_metric(label, s.calls)
             failures.add_metric(label, s.failures)
             ejections.add_metric(label, s.ejections)
@@ -167,6 +202,7 @@ class _ReplicaCollector(Collector):
             ejected.add_metric(label, 1.0 if s.ejected else 0.0)
             latency.add_metric(label, s.latency_count, s.latency_sum_s)
         yield from (calls, failures, ejections, stalls, in_flight, ejected, latency)
+        yield from (input_tokens, output_tokens, reasoning_tokens, unread)
 
 
 @final
@@ -198,6 +234,12 @@ class Metrics:
         self.judge_budget_escalations = Counter(
             "genrm_trio_judge_budget_escalations",
             "Judge attempts started with an escalated output budget (judge.budget_escalation)",
+            registry=r,
+        )
+        self.judge_comparisons = Counter(
+            "genrm_trio_judge_comparisons",
+            "Comparisons the judge finished (a verdict, the default fallback, or a judge error): "
+            "the denominator of judge tokens per comparison",
             registry=r,
         )
         self.judge_inflight = Gauge(

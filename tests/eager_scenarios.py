@@ -1,8 +1,9 @@
 """Random eager-comparison scenarios and their run in virtual time, shared by the eager
 property tests (tests/test_engine_eager_properties.py, tests/test_engine_eager_graph_keys.py).
 
-A scenario is a group (size, strategy, judge passes, position balance, fixed baseline, attempts,
-judge slots), an arrival order and times, and a verdict outcome per shown pair (a verdict, a
+A scenario is a group (size, comparison graph, judge passes, position balance, fixed baseline,
+attempts, judge slots; every value of each key, derived from the settings), an arrival order and
+times, and a verdict outcome per shown pair (a verdict, a
 judge failure, an unparsable reply, or a first attempt answered 429 with or without a
 `Retry-After` that may or may not fit the group deadline, then a verdict) with a latency, so
 that the 429 comes at any point of collection; `run` plays it with eager starts on or off.
@@ -11,14 +12,16 @@ that the 429 comes at any point of collection; `run` plays it with eager starts 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, get_args
 
 import trio
+from graph_keys import graphs
 from hypothesis import strategies as st
 from judges import Reply, ScriptedJudge, Step, assert_no_leaks, http_error, member, ok, verify
 from judges import settings as make_settings
 from trio.testing import MockClock
 
+from genrm_trio.config import PositionBalance, Settings
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.judge.base import JudgeHTTPError
 
@@ -29,7 +32,7 @@ Outcome = tuple[str, float, tuple[float, float, float]]
 def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     """A random group: size, keys, arrival order and times, and an outcome per shown pair."""
     n = draw(st.integers(2, 5))
-    mode = draw(st.sampled_from(["rollout_cohort", "fixed_baseline"]))
+    mode = draw(st.sampled_from(get_args(Settings.model_fields["comparison_mode"].annotation)))
     texts = [f"a{i}" for i in range(n)] + (["base"] if mode == "fixed_baseline" else [])
     verdict = st.tuples(
         st.sampled_from([1.0, 2.0, 3.0, 4.0, 5.0]),
@@ -54,9 +57,9 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     return {
         "n": n,
         "mode": mode,
-        "strategy": draw(st.sampled_from(["circular", "all_pairs"])),
+        "graph": draw(graphs(n, mode)),
         "judges": draw(st.integers(1, 2)),
-        "balance": draw(st.sampled_from(["none", "alternate"])),
+        "balance": draw(st.sampled_from(get_args(PositionBalance))),
         "retries": draw(st.integers(0, 1)),
         "slots": draw(st.sampled_from([1, 2, 256])),
         "outcomes": outcomes,
@@ -93,7 +96,7 @@ def run(
     config = make_settings(
         num_rollouts_per_prompt=scenario["n"],
         comparison_mode=scenario["mode"],
-        comparison_strategy=scenario["strategy"],
+        **scenario["graph"],
         num_judges_per_comparison=scenario["judges"],
         position_balance=scenario["balance"],
         genrm_parse_retries=scenario["retries"],

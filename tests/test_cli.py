@@ -5,11 +5,13 @@ Real sockets on 127.0.0.1 and the real clock (no autojump: the I/O is real), eve
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,10 +25,11 @@ import pytest
 import trio
 from rich.console import Console
 
-from genrm_trio.app.cli import _serve_settings, build_parser, main
+from genrm_trio.app.arguments import METAVARS
+from genrm_trio.app.cli import COMMANDS, _serve_settings, build_parser, main
 from genrm_trio.app.demo import run_demo
 from genrm_trio.app.serve import bind_socket, serve
-from genrm_trio.config import settings_from_mapping
+from genrm_trio.config import Settings, settings_from_mapping
 from genrm_trio.judge.probe import probe_judge
 from genrm_trio.testing import SimConfig, serve_sim_judge
 
@@ -61,7 +64,7 @@ def _row(rollout: int, group_id: str, answer: str) -> dict[str, Any]:
     }
 
 
-# --- usage and config errors: exit 2, one line ---------------------------------------------------
+# --- config errors: exit 2, one line; usage mistakes: exit 2, argparse's usage and error --------
 
 
 @pytest.mark.parametrize(
@@ -73,13 +76,6 @@ def _row(rollout: int, group_id: str, answer: str) -> dict[str, Any]:
             "--judge-url URL",
         ),
         (
-            ["serve", "--judge", "sim", "--judge-url", "http://127.0.0.1:9/v1"],
-            "genrm-trio: config error: <flags>: --judge-url: not allowed with argument --judge",
-        ),
-        (["serve", "--judge", "judge"], "genrm-trio: config error: <flags>: --judge: invalid"),
-        (["serve", "--port", "http"], "genrm-trio: config error: <flags>: --port: not a port"),
-        (["serve", "--port", "70000"], "genrm-trio: config error: <flags>: --port: must be in"),
-        (
             ["serve", "--judge-url", "ftp://x/v1"],
             "genrm-trio: config error: <flags>: judge.base_url:",
         ),
@@ -89,21 +85,186 @@ def _row(rollout: int, group_id: str, answer: str) -> dict[str, Any]:
             "judge.api in the config file): chat_completions or openai_responses for vLLM or any "
             "OpenAI-compatible server, genrm_model behind Gym's genrm_model server",
         ),
-        (
-            ["serve", "--judge-url", "http://127.0.0.1:8000/v1", "--judge-api", "vllm"],
-            "genrm-trio: config error: <flags>: --judge-api: invalid choice",
-        ),
-        (["serve", "--bogus"], "genrm-trio: config error: <flags>: arguments: unrecognized"),
-        (["sim-judge", "--fault", "meteor"], "genrm-trio: config error: <flags>: --fault: unknown"),
     ],
 )
-def test_usage_errors_are_one_line_exit_2(
+def test_config_errors_are_one_line_exit_2(
     argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(argv) == 2
     captured = capsys.readouterr()
     assert _one_line(captured.err).startswith(expected)
     assert captured.out == ""
+
+
+def usage_error(err: str, command: str) -> str:
+    """The error line of a usage error, after checking argparse's shape: the command's usage
+    line (wrapped or not) first, the error last, no traceback, no 'config error'."""
+    prog = f"genrm-trio {command}".strip()
+    assert "Traceback" not in err and "config error" not in err, err
+    assert err.startswith(f"usage: {prog} [-h]"), err
+    last = err.splitlines()[-1]
+    assert last.startswith(f"{prog}: error: "), err
+    return last
+
+
+@pytest.mark.parametrize(
+    ("argv", "command", "expected"),
+    [
+        (
+            ["sevre"],
+            "",
+            "genrm-trio: error: argument COMMAND: invalid choice: 'sevre' (choose from ",
+        ),
+        (["sevre"], "", "; did you mean 'serve'?"),
+        (["prometheus-rule"], "", "; did you mean 'prometheus-rules'?"),
+        (["serve", "--bogus"], "serve", "genrm-trio serve: error: unrecognized arguments: --bogus"),
+        (
+            ["serve", "--judge-ulr", "http://a:1/v1"],
+            "serve",
+            "genrm-trio serve: error: unrecognized arguments: --judge-ulr http://a:1/v1 (did you "
+            "mean --judge-url?)",
+        ),
+        (
+            ["checkpoint", "export", "--timout=3"],
+            "checkpoint export",
+            "genrm-trio checkpoint export: error: unrecognized arguments: --timout=3 (did you "
+            "mean --timeout?)",
+        ),
+        (
+            ["serve", "--judge", "sim", "--judge-url", "http://127.0.0.1:9/v1"],
+            "serve",
+            "genrm-trio serve: error: argument --judge-url: not allowed with argument --judge",
+        ),
+        (["serve", "--judge", "judge"], "serve", "argument --judge: invalid choice: 'judge'"),
+        (["serve", "--port", "http"], "serve", "argument --port: not a port number: 'http'"),
+        (["serve", "--port", "70000"], "serve", "argument --port: must be in 0..65535"),
+        (["serve", "--port"], "serve", "argument --port: expected one argument"),
+        (
+            ["serve", "--judge-url", "http://127.0.0.1:8000/v1", "--judge-api", "chat_completion"],
+            "serve",
+            "argument --judge-api: invalid choice: 'chat_completion' (choose from ",
+        ),
+        (
+            ["serve", "--judge-url", "http://127.0.0.1:8000/v1", "--judge-api", "chat_completion"],
+            "serve",
+            "; did you mean 'chat_completions'?",
+        ),
+        (["sim-judge", "--fault", "meteor"], "sim-judge", "argument --fault: unknown fault"),
+        (
+            ["sim-judge", "--judgment-noise", "1"],
+            "sim-judge",
+            "genrm-trio sim-judge: error: --judgment-noise needs --judgment",
+        ),
+        (["bench", "--groups", "0"], "bench", "argument --groups: must be >= 1, got 0"),
+        (["top", "--interval", "0"], "top", "argument --interval: must be within [0.1, 3600]"),
+    ],
+)
+def test_usage_mistakes_get_the_usage_line_and_what_was_meant(
+    argv: list[str], command: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert expected in usage_error(captured.err, command)
+
+
+def every_command_parser() -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser by its name (`checkpoint export` for a subcommand's)."""
+    found: dict[str, argparse.ArgumentParser] = {}
+    pending: list[tuple[str, argparse.ArgumentParser]] = [("", build_parser())]
+    while pending:
+        name, parser = pending.pop()
+        found[name] = parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, subparser in action.choices.items():
+                    pending.append((f"{name} {sub}".strip(), subparser))
+    return found
+
+
+def test_every_command_is_listed_and_every_flag_value_named_by_its_kind() -> None:
+    parsers = every_command_parser()
+    assert {name.partition(" ")[0] for name in parsers if name} == {
+        command.strip() for command in COMMANDS.replace(" or ", ", ").split(",")
+    }
+    metavars: dict[str, set[str]] = {}
+    for name, parser in parsers.items():
+        for action in parser._actions:
+            takes_value = action.nargs != 0 and action.option_strings
+            if not takes_value or action.choices is not None:
+                continue
+            assert action.metavar in METAVARS, (name, action.option_strings, action.metavar)
+            metavars.setdefault(action.option_strings[-1], set()).add(str(action.metavar))
+    # the same flag in several commands is the same kind of value everywhere
+    shared = {flag: kinds for flag, kinds in metavars.items() if len(kinds) > 1}
+    assert shared == {"--interval": {"SECONDS", "DURATION"}}  # top's seconds, Prometheus's 15s
+    assert metavars["--api-key-env"] == {"VAR"} and metavars["--url"] == {"URL"}
+    assert metavars["--host"] == {"HOST"} and metavars["--port"] == {"PORT"}
+
+
+def test_every_default_is_shown_one_way() -> None:
+    """`(default: X)`, in every command's help, for every flag with a default; serve's flags,
+    which only override the config file, name the config key's default."""
+    from genrm_trio.app.cli import _DefaultsFormatter
+
+    for name, parser in every_command_parser().items():
+        assert parser.formatter_class is _DefaultsFormatter, name
+        text = " ".join(parser.format_help().split())
+        assert not re.search(r"\(default(?!: )", text), (name, text)
+        for action in parser._actions:
+            default = action.default
+            if not action.option_strings or default in (None, False, [], argparse.SUPPRESS):
+                continue
+            shown = parser.formatter_class(prog=name)._get_help_string(action) or ""
+            assert "(default: " in shown, (name, action.option_strings)
+    serve = " ".join(every_command_parser()["serve"].format_help().split())
+    defaults = Settings()
+    for flag, default in (
+        ("--host HOST", defaults.host),
+        ("--port PORT", defaults.port),
+        ("--num-rollouts-per-prompt N", defaults.num_rollouts_per_prompt),
+    ):
+        assert re.search(rf"{flag} [^(]*\(default: {re.escape(str(default))}[;)]", serve), flag
+
+
+def test_the_client_commands_find_the_server_at_one_default_url() -> None:
+    parser = build_parser()
+    urls = {
+        " ".join(argv): parser.parse_args(argv).url
+        for argv in (
+            ["top"],
+            ["bench"],
+            ["checkpoint", "export"],
+            ["checkpoint", "restore", "in.json"],
+        )
+    }
+    port = Settings().port
+    assert set(urls.values()) == {f"http://127.0.0.1:{port}"}, urls
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        (["grafana-dashboard"], 1),
+        (["prometheus-rules"], 1),
+        (["prometheus-config", "--target", "a:1"], 1),
+        # argparse ignores a failed write of its help and version
+        (["serve", "--help"], 0),
+        (["--version"], 0),
+    ],
+)
+def test_no_traceback_when_stdout_closes_early(argv: list[str], code: int) -> None:
+    """`genrm-trio grafana-dashboard | head -1`: the reader is gone before the output is."""
+    read, write = os.pipe()
+    os.close(read)  # nobody will read: every write fails (EPIPE), as it does for `| true`
+    try:
+        done = subprocess.run(
+            [*procs.command(), *argv], stdout=write, stderr=subprocess.PIPE, timeout=60
+        )
+    finally:
+        os.close(write)
+    assert done.stderr == b""  # no traceback, no "Exception ignored"
+    assert done.returncode == code
 
 
 def test_judge_url_once_is_a_url_and_repeated_is_a_fleet() -> None:
@@ -133,14 +294,11 @@ def test_no_command_is_a_usage_error_with_the_usage_line(
     assert main([]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    lines = captured.err.splitlines()
-    assert lines[0].startswith("usage: genrm-trio [-h] [--version] COMMAND")
-    assert lines[-1] == (
+    assert usage_error(captured.err, "") == (
         "genrm-trio: error: a command is required: serve, demo, sim-judge, bench, checkpoint, "
         "gym-root, grafana-dashboard, prometheus-rules, prometheus-config or top (genrm-trio "
         "--help describes them)"
     )
-    assert "config error" not in captured.err
 
 
 def test_sim_judge_sticky_faults_flag_reaches_the_config(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,13 +11,13 @@ import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
+from settings_keys import literal_keys
 
 from genrm_trio.config import (
     DEFAULT_PRINCIPLE,
@@ -311,25 +311,7 @@ def test_port_range_accepted(port: int) -> None:
 # --- literals ------------------------------------------------------------------------------------
 
 
-def _literal_keys(model: type[BaseModel], prefix: str = "") -> dict[str, tuple[str, ...]]:
-    """Every key of `model` (nested sections as dotted names) whose type is a `Literal`, with its
-    values: derived from the settings, so a new choice or a new key is tested without an edit."""
-    found: dict[str, tuple[str, ...]] = {}
-    for name, field in model.model_fields.items():
-        annotation = field.annotation
-        members = [a for a in get_args(annotation) if a is not type(None)]
-        if get_origin(annotation) in (Union, UnionType) and len(members) == 1:
-            annotation = members[0]  # an optional section: its keys still count
-        if get_origin(annotation) is Literal:
-            found[prefix + name] = get_args(annotation)
-        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            found |= _literal_keys(annotation, f"{prefix}{name}.")
-        else:
-            assert not any(get_origin(a) is Literal for a in members), f"{name}: optional literal"
-    return found
-
-
-LITERALS = _literal_keys(Settings)
+LITERALS = literal_keys(Settings)
 
 
 def test_the_literal_keys_are_found() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import trio
+from graph_keys import degree, graphs
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -16,16 +17,16 @@ from judges import ScriptedJudge, assert_no_leaks, http_error, member, settings,
 from trio.testing import MockClock
 
 from genrm_trio.domain.model import GroupFailed, Masked, Scored
-from genrm_trio.domain.scoring import plan_comparisons
+from genrm_trio.domain.scoring import PlannedComparison, plan_comparisons
 from genrm_trio.engine.engine import open_engine
 
 
 @st.composite
 def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     n = draw(st.integers(2, 5))
-    strategy = draw(st.sampled_from(["circular", "all_pairs"]))
+    graph = draw(graphs(n))
     judges = draw(st.integers(1, 2))
-    plan = plan_comparisons(n, strategy, judges)
+    plan = plan_comparisons(n, graph["comparison_strategy"], judges, "none", degree(graph))
     shown = sorted({(p.i, p.j) for p in plan})
     failing = draw(st.sets(st.sampled_from(shown), max_size=len(shown)))
     arrivals = draw(st.lists(st.sampled_from([0.0, 0.3, 0.9, 1.5]), min_size=n, max_size=n))
@@ -35,13 +36,19 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     return {
         "eager": eager,
         "n": n,
-        "strategy": strategy,
+        "graph": graph,
         "judges": judges,
         "failing": failing,
         "arrivals": arrivals,
         "disconnect": disconnect,
         "latency": latency,
     }
+
+
+def _plan(scenario: dict[str, Any]) -> list[PlannedComparison]:
+    graph = scenario["graph"]
+    n, judges = scenario["n"], scenario["judges"]
+    return plan_comparisons(n, graph["comparison_strategy"], judges, "none", degree(graph))
 
 
 @hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -56,7 +63,7 @@ def test_every_member_gets_one_consistent_story(scenario: dict[str, Any]) -> Non
     )
     config = settings(
         num_rollouts_per_prompt=n,
-        comparison_strategy=scenario["strategy"],
+        **scenario["graph"],
         num_judges_per_comparison=scenario["judges"],
         eager_comparisons=scenario["eager"],
     )
@@ -99,9 +106,7 @@ def test_every_member_gets_one_consistent_story(scenario: dict[str, Any]) -> Non
             return
         # eager comparisons started while collecting; the collection deadline hung them up
         deadline = min(arrivals) + 1.0
-        assert len(judge.calls) <= len(
-            plan_comparisons(n, scenario["strategy"], scenario["judges"])
-        )
+        assert len(judge.calls) <= len(_plan(scenario))
         for call in judge.calls:
             assert call.started < deadline
             assert call.cancelled or (call.ended is not None and call.ended <= deadline)
@@ -115,5 +120,5 @@ def test_every_member_gets_one_consistent_story(scenario: dict[str, Any]) -> Non
     else:
         assert {i for i, a in answers.items() if isinstance(a, Masked)} == masked
         assert {i for i, a in answers.items() if isinstance(a, Scored)} == set(range(n)) - masked
-    plan = plan_comparisons(n, scenario["strategy"], scenario["judges"])
+    plan = _plan(scenario)
     assert len(judge.calls) == len(plan)  # one attempt each (A = 1), never judged twice

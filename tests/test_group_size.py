@@ -83,12 +83,14 @@ def test_serve_takes_the_group_size_as_a_flag(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("value", "message"), [("0", "must be >= 1, got 0"), ("many", "not an integer: 'many'")]
 )
-def test_a_bad_group_size_flag_is_one_line_exit_2(
+def test_a_bad_group_size_flag_is_a_usage_error_exit_2(
     value: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["serve", "--judge", "sim", "--num-rollouts-per-prompt", value]) == 2
-    assert capsys.readouterr().err == (
-        f"genrm-trio: config error: <flags>: --num-rollouts-per-prompt: {message}\n"
+    err = capsys.readouterr().err
+    assert err.startswith("usage: genrm-trio serve [-h]")
+    assert err.splitlines()[-1] == (
+        f"genrm-trio serve: error: argument --num-rollouts-per-prompt: {message}"
     )
 
 

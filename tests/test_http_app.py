@@ -3,6 +3,7 @@ docs/http-api.md."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -18,7 +19,7 @@ from http_calls import call, member, post_group
 from quart import request
 from quart_trio import QuartTrio
 
-from genrm_trio.config import ConfigError, Settings
+from genrm_trio.config import ConfigError, Settings, settings_from_mapping
 from genrm_trio.domain.model import (
     CohortView,
     CompareFailed,
@@ -32,7 +33,7 @@ from genrm_trio.domain.model import (
     VerifyInput,
 )
 from genrm_trio.engine.engine import open_engine
-from genrm_trio.http.app import create_app
+from genrm_trio.http.app import create_app, replica_view
 from genrm_trio.http.asgi import PUBLIC_PATHS, current_rollout_id
 from genrm_trio.http.openapi import openapi_document
 from genrm_trio.judge.base import ReplicaStats
@@ -536,9 +537,48 @@ async def test_judge_replicas_route() -> None:
             "latency_count": 8,
             "latency_mean_s": 0.25,
             "last_error": "ConnectError: [Errno 111] Connection refused",
+            "input_tokens": 0,
+            "output_tokens": 0,
+            "reasoning_tokens": 0,
+            "answers_unread": None,
+            "prompts_unread": 0,
         }
     ]
     assert (await call(app_for(FakeEngine()), "/judge/replicas", method="GET"))[:2] == (200, [])
+
+
+async def test_readyz_is_503_while_the_judge_does_not_read_the_answers() -> None:
+    reading = ReplicaStats("a:1", "http://a:1/v1", 4, 0, 0, False, 0, 0, 0, None, 1.0, 4, None)
+    unread = dataclasses.replace(
+        reading, replica="b:2", answers_unread="equal prompt tokens", prompts_unread=1
+    )
+    assert (await call(app_for(FakeEngine(replicas=[reading])), "/readyz", method="GET"))[:2] == (
+        200,
+        {"status": "ok"},
+    )
+    status, reply, _ = await call(
+        app_for(FakeEngine(replicas=[reading, unread])), "/readyz", method="GET"
+    )
+    assert status == 503
+    assert reply == {
+        "status": "not ready",
+        "reason": "the judge does not read the answers (replica b:2): equal prompt tokens. "
+        "Fix: judge.api genrm_model sends the answers in metadata, which only Gym's genrm_model "
+        "server shows the model; for vLLM or any other OpenAI-compatible server set judge.api: "
+        "chat_completions (or openai_responses)",
+    }
+    # the other health routes stay 200: the process is alive
+    health = await call(app_for(FakeEngine(replicas=[unread])), "/healthz", method="GET")
+    assert health[:2] == (200, {"status": "ok"})
+
+
+async def test_readyz_is_503_while_no_judge_replica_can_be_reached() -> None:
+    why = "judge unreachable for 17s: no judge replica can be reached"
+    status, reply, _ = await call(app_for(FakeEngine(unreachable=why)), "/readyz", method="GET")
+    assert (status, reply) == (503, {"status": "not ready", "reason": why})
+    for path in ("/", "/health", "/healthz", "/livez"):  # alive all the same
+        health = await call(app_for(FakeEngine(unreachable=why)), path, method="GET")
+        assert health[:2] == (200, {"status": "ok"})
 
 
 async def test_openapi_route() -> None:
@@ -940,6 +980,67 @@ async def test_e2e_group_replay_conflict_and_compare() -> None:
 
             status, text, _ = await call(app, "/metrics", method="GET")
             assert status == 200 and "genrm_trio_cohorts_terminal_total" in text
+
+
+async def test_every_key_of_a_verify_row_is_in_the_openapi_schema() -> None:
+    """The rows tie the schema: with every option that adds a key on (position balance,
+    Bradley–Terry with decided triangles, budget escalation, eager starts), a scored row's keys
+    are exactly `VerifyRow`'s properties, and a default row holds every required one. A new row
+    key missing from the schema fails here."""
+    schema = openapi_document(title="t", version="1", auth=False)["components"]["schemas"]
+    verify_row = schema["VerifyRow"]
+    properties, required = set(verify_row["properties"]), set(verify_row["required"])
+    everything = settings_from_mapping(
+        {
+            "num_rollouts_per_prompt": 4,
+            "comparison_strategy": "all_pairs",
+            "position_balance": "alternate",
+            "aggregator_method": "bradley_terry",
+            "judge": {"budget_escalation": {}},
+            "genrm_parse_retries": 0,
+            "cohort_collection_timeout_s": 60.0,
+        }
+    )
+    with trio.fail_after(20):
+        for config, group in ((everything, "every-option"), (e2e_settings(), "default")):
+            async with open_engine(config, SimJudge(SimConfig())) as engine:
+                app = create_app(engine, config)
+                bodies = [
+                    member(i, f"[quality={q}] answer {i}", group=group)
+                    for i, q in enumerate((5, 1, 3, 4))
+                ]
+                replies = await post_group(app, bodies)
+            for status, row in replies:
+                assert status == 200
+                assert required <= set(row) <= properties, set(row) ^ properties
+                if config is everything:
+                    assert set(row) == properties
+
+
+async def test_a_judge_replica_has_exactly_the_schemas_keys() -> None:
+    """`GET /judge/replicas` rows (`replica_view`) and the `JudgeReplica` schema agree."""
+    stats = ReplicaStats(
+        replica="r:1",
+        url="http://r:1/v1",
+        calls=1,
+        failures=0,
+        in_flight=0,
+        ejected=False,
+        ejections=0,
+        consecutive_failures=0,
+        stalls=0,
+        back_in_s=None,
+        latency_sum_s=0.0,
+        latency_count=0,
+        last_error=None,
+    )
+    doc = openapi_document(title="t", version="1", auth=False)
+    schema = doc["components"]["schemas"]["JudgeReplica"]
+    reply = doc["paths"]["/judge/replicas"]["get"]["responses"]["200"]["content"]
+    assert reply["application/json"]["schema"]["items"] == {
+        "$ref": "#/components/schemas/JudgeReplica"
+    }
+    assert set(replica_view(stats)) == set(schema["properties"]) == set(schema["required"])
 
 
 async def test_e2e_partial_masking_and_cohorts_view() -> None:

@@ -4,8 +4,11 @@ start, and the process series. Engine behaviour in virtual time, with exact valu
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import sys
 import typing
+from pathlib import Path
 
 import pytest
 import trio
@@ -187,3 +190,65 @@ def test_the_process_series_are_exported() -> None:
         "process_start_time_seconds",
     ):
         assert name in names
+
+
+# --- the documented list (docs/http-api.md, "GET /metrics") is the registry's -----------------
+
+_DOCUMENTED = re.compile(r"`(genrm_trio_[a-z_]+)(?:\{([a-z_, ]+)\})?`")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Replica:
+    """One fleet replica's counters (`metrics.ReplicaCounters`), for the per-replica series."""
+
+    replica: str = "10.0.0.2:8000"
+    calls: int = 3
+    failures: int = 1
+    ejections: int = 0
+    stalls: int = 0
+    in_flight: int = 1
+    ejected: bool = False
+    latency_count: int = 2
+    latency_sum_s: float = 0.5
+    input_tokens: int = 300
+    output_tokens: int = 20
+    reasoning_tokens: int = 4
+    answers_unread: str | None = None
+    prompts_unread: int = 0
+
+
+def _documented_series() -> dict[str, frozenset[str]]:
+    """Every `genrm_trio_*` series docs/http-api.md lists under "GET /metrics", with its labels:
+    the `{...}` written after it, and `replica` for the paragraph of per-replica series."""
+    text = (Path(__file__).parent.parent / "docs" / "http-api.md").read_text(encoding="utf-8")
+    section = text.split("## `GET /metrics`", 1)[1].split("\n## ", 1)[0]
+    found: dict[str, frozenset[str]] = {}
+    for paragraph in section.split("\n\n"):
+        implied = {"replica"} if "with a `replica` label" in paragraph else set()
+        for name, labels in _DOCUMENTED.findall(paragraph):
+            written = {label.strip() for label in labels.split(",")} if labels else set()
+            found[name] = frozenset(written | implied)
+    return found
+
+
+def _exported_series() -> dict[str, frozenset[str]]:
+    """Every `genrm_trio_*` series a `Metrics` registry exports (a fleet's included), named as
+    scraped (a counter with `_total`), with its label names (a histogram's `le` aside)."""
+    metrics = Metrics()
+    metrics.watch_replicas(lambda: [_Replica()])
+    found: dict[str, frozenset[str]] = {}
+    for family in metrics.registry.collect():
+        if not family.name.startswith("genrm_trio_"):
+            continue  # process_*: the standard series, documented as such
+        name = family.name + ("_total" if family.type == "counter" else "")
+        labels = {key for sample in family.samples for key in sample.labels} - {"le"}
+        found[name] = frozenset(labels)
+    return found
+
+
+def test_the_documented_metrics_are_the_exported_ones() -> None:
+    """A series added to `Metrics` fails here until docs/http-api.md lists it (and a listed one
+    that is gone, or whose labels differ, fails too)."""
+    documented, exported = _documented_series(), _exported_series()
+    assert len(exported) >= 20  # the registry was read, per-replica series included
+    assert documented == exported

@@ -44,6 +44,11 @@ class _Replica:
     ejected: bool = False
     latency_count: int = 1
     latency_sum_s: float = 0.5
+    input_tokens: int = 300
+    output_tokens: int = 20
+    reasoning_tokens: int = 0
+    answers_unread: str | None = None
+    prompts_unread: int = 0
 
 
 def exported() -> dict[str, dict[str, set[str]]]:
@@ -417,8 +422,9 @@ def test_prometheus_config_refuses_bad_flags(
     assert main(["prometheus-config", *argv]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    [line] = captured.err.splitlines()
-    assert line.startswith("genrm-trio: config error: <flags>: ")
+    assert captured.err.startswith("usage: genrm-trio prometheus-config [-h]")
+    line = captured.err.splitlines()[-1]
+    assert line.startswith("genrm-trio prometheus-config: error: ")
     assert error in line, line
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from graph_keys import degree, graphs
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -59,15 +62,15 @@ def test_an_index_is_shared_by_groups_of_one_plan() -> None:
 
 
 @given(
-    st.integers(2, 7),
-    st.sampled_from(["circular", "all_pairs"]),
+    st.integers(2, 7).flatmap(lambda n: st.tuples(st.just(n), graphs(n))),
     st.integers(1, 3),
     st.randoms(use_true_random=False),
 )
 def test_every_comparison_starts_once_when_its_members_are_in(
-    n: int, strategy: str, judges: int, rng: object
+    group: tuple[int, dict[str, Any]], judges: int, rng: object
 ) -> None:
-    plan = plan_comparisons(n, strategy, judges)
+    n, graph = group
+    plan = plan_comparisons(n, graph["comparison_strategy"], judges, "none", degree(graph))
     ready = Readiness(ReadinessIndex(plan, n))
     order = list(range(n))
     rng.shuffle(order)  # type: ignore[attr-defined]

@@ -4,6 +4,7 @@ triangle, and large groups are scored in a worker thread with the rewards of the
 
 from __future__ import annotations
 
+import gc
 import random
 import threading
 from typing import Any
@@ -25,6 +26,7 @@ from genrm_trio.domain.scoring import bradley_terry as bt
 from genrm_trio.engine import run as run_module
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.engine.evaluation import scored_off_loop
+from genrm_trio.engine.offload import score_off_loop
 
 
 def random_pairs(rng: random.Random, n: int, density: float) -> list[PairObservations]:
@@ -175,3 +177,45 @@ async def test_a_large_compare_batch_is_scored_in_a_worker_thread() -> None:
     assert len(big.rewards) == 40
     # a0 … a39 have qualities 1 + i % 5: every quality class is ordered as the judge says
     assert big.rewards[4] > big.rewards[3] > big.rewards[2] > big.rewards[1] > big.rewards[0]
+
+
+async def test_score_off_loop_pauses_the_collector_and_restores_it() -> None:
+    """The collector is off while a scoring thread runs, on again after the last one, and left
+    off when it was off before; results and exceptions come back unchanged."""
+    limiter = trio.CapacityLimiter(2)
+    seen: list[bool] = []
+
+    def work() -> int:
+        seen.append(gc.isenabled())
+        return 7
+
+    assert gc.isenabled()
+    assert await score_off_loop(work, limiter) == 7
+    assert seen == [False] and gc.isenabled()
+
+    release = threading.Event()
+
+    def slow() -> None:
+        release.wait(5)
+        seen.append(gc.isenabled())
+
+    async with trio.open_nursery() as nursery:  # two at once: on again only after both
+        nursery.start_soon(score_off_loop, slow, limiter)
+        nursery.start_soon(score_off_loop, work, limiter)
+        await trio.sleep(0.2)
+        assert not gc.isenabled()
+        release.set()
+    assert seen[1:] == [False, False] and gc.isenabled()
+
+    def boom() -> None:
+        raise ValueError("non-finite")
+
+    with pytest.raises(ValueError, match="non-finite"):
+        await score_off_loop(boom, limiter)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        assert await score_off_loop(work, limiter) == 7
+        assert not gc.isenabled()  # it was off before: left off
+    finally:
+        gc.enable()

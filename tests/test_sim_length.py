@@ -205,6 +205,8 @@ def test_sim_judge_length_model_flag_reaches_the_config(monkeypatch: pytest.Monk
 
 def test_sim_judge_rejects_an_unknown_length_model(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sim-judge", "--length-model", "gigantic"]) == 2
-    assert capsys.readouterr().err.startswith(
-        "genrm-trio: config error: <flags>: --length-model: invalid choice: 'gigantic'"
+    err = capsys.readouterr().err
+    assert err.startswith("usage: genrm-trio sim-judge [-h]")  # a usage mistake
+    assert err.splitlines()[-1].startswith(
+        "genrm-trio sim-judge: error: argument --length-model: invalid choice: 'gigantic'"
     )

@@ -107,7 +107,8 @@ def test_rates_and_quantiles_are_over_the_window() -> None:
     watcher = Watcher("http://x")
     first = text(watcher.update(snapshot(0.0, scored=10, rollouts=40, fast=100, all=100), 1e6))
     assert "groups scored     —" in first  # one snapshot: no rate yet
-    assert "first look" in first
+    one_line = " ".join(first.split())  # the table's title wraps
+    assert "first look: latencies since the start; rates need a second sample" in one_line
     later = snapshot(
         5.0, scored=20, rollouts=80, masked=4, fast=100, all=110, reward_fast=5, eager=15
     )
@@ -230,6 +231,9 @@ def test_a_failed_fetch_shows_down_with_the_last_figures() -> None:
     shown = text(watcher.update(FetchFailed(4.5, "still refused"), 1e6 + 4.5))
     assert "DOWN for 3.5s: still refused" in shown
     assert "the figures below are the last ones seen" in shown
+    title = "Rates and latencies (the last ones seen: latencies since its start, no rates)"
+    assert title in " ".join(shown.split())
+    assert "first look" not in shown  # it is no first look: the server went down
     assert "● serving" not in shown
     nothing = text(Watcher("http://y").update(FetchFailed(0.0, "refused"), 1e6))
     assert "DOWN for 0.0s: refused" in nothing and "Rates" not in nothing
@@ -439,6 +443,10 @@ def test_top_once_prints_one_frame(watched: Watched) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     assert done.stdout.count("genrm-trio top ") == 1 and "● serving" in done.stdout
+    # two samples --interval (1 s) apart: the frame has rates, over that second
+    assert "Rates and latencies (last 1s)" in done.stdout, done.stdout
+    assert "first look" not in done.stdout
+    assert re.search(r"judge attempts\s+\d+\.\d\d/s", done.stdout), done.stdout
     assert all(replica in done.stdout for replica in watched.replicas)
     assert watched.token not in done.stdout
 
@@ -456,20 +464,30 @@ def test_top_once_against_nothing_exits_1(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("argv", "error"),
+    ("argv", "error", "usage"),
     [
-        (["--api-key-env", "GENRM_TRIO_TOP_UNSET"], "environment variable GENRM_TRIO_TOP_UNSET"),
-        (["--url", "127.0.0.1:8100"], "--url must start with http:// or https://"),
-        (["--interval", "0"], "--interval: must be within [0.1, 3600] seconds"),
+        (
+            ["--api-key-env", "GENRM_TRIO_TOP_UNSET"],
+            "environment variable GENRM_TRIO_TOP_UNSET",
+            False,
+        ),
+        (["--url", "127.0.0.1:8100"], "--url must start with http:// or https://", False),
+        # a usage mistake: argparse's usage line, then the error (tests/test_cli.py has more)
+        (["--interval", "0"], "argument --interval: must be within [0.1, 3600] seconds", True),
     ],
 )
-def test_top_refuses_bad_flags(argv: list[str], error: str) -> None:
+def test_top_refuses_bad_flags(argv: list[str], error: str, usage: bool) -> None:
     environ = {k: v for k, v in os.environ.items() if k != "GENRM_TRIO_TOP_UNSET"}
     argv = [*command(), "top", "--once", *argv]
     done = subprocess.run(argv, capture_output=True, text=True, env=environ, timeout=60)
     assert done.returncode == 2, done
-    [line] = done.stderr.splitlines()
-    assert line.startswith("genrm-trio: ") and error in line, line
+    *before, line = done.stderr.splitlines()
+    if usage:
+        assert before[0].startswith("usage: genrm-trio top [-h]"), done.stderr
+        assert line.startswith("genrm-trio top: error: "), line
+    else:
+        assert before == [] and line.startswith("genrm-trio: "), done.stderr
+    assert error in line, line
     assert done.stdout == ""
 
 

@@ -1,6 +1,8 @@
-"""What every `genrm-trio` command shares: the program name, its one-line stderr messages, and
-the argparse types of numeric flags (each rejects a value with one line saying what it takes;
-cli.py's parser reports it as `genrm-trio: config error: <flags>: --flag: message`)."""
+"""What every `genrm-trio` command shares: the program name, its one-line stderr messages, the
+server URL the client commands default to, the metavars of flag values, and the argparse types
+of numeric flags (each rejects a value with a message saying what it takes; cli.py's parser
+reports it as a usage error: the command's usage line, then `genrm-trio COMMAND: error: argument
+--flag: message`)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from collections.abc import Callable
 from typing import Final
 
 __all__ = [
+    "DEFAULT_SERVER_URL",
+    "METAVARS",
     "PROG",
     "finite_number",
     "non_negative",
@@ -23,6 +27,30 @@ __all__ = [
 ]
 
 PROG: Final = "genrm-trio"
+DEFAULT_SERVER_URL: Final = "http://127.0.0.1:8100"
+"""Where `top`, `bench` and `checkpoint` find the server without `--url` (serve's default port)."""
+METAVARS: Final = frozenset(
+    {
+        "URL",
+        "FILE",
+        "HOST",
+        "PORT",
+        "HOST:PORT",
+        "NAME",
+        "N",
+        "SECONDS",
+        "MS",
+        "DURATION",
+        "FRACTION",
+        "NUMBER",
+        "RATE",
+        "PID",
+        "VAR",
+        "KIND[,KEY=VALUE...]",
+    }
+)
+"""One metavar style for every command: a flag's value is named by its kind (`--api-key-env VAR`
+wherever it appears); tests/test_cli.py holds every flag to this vocabulary."""
 
 
 def say(line: str) -> None:

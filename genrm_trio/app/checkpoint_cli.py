@@ -1,4 +1,4 @@
-"""`genrm-trio checkpoint export|restore --url URL [FILE]` (docs/durable-state.md, "The command").
+"""`genrm-trio checkpoint export|restore [--url URL] [FILE]` (docs/durable-state.md, "The command").
 
 `export` writes the server's `GET /checkpoint` body to FILE (atomically: a temporary file in the
 same directory, fsynced, then renamed) or to stdout. `restore` sends FILE (or stdin) to
@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from genrm_trio.app.arguments import positive, say
+from genrm_trio.app.arguments import DEFAULT_SERVER_URL, positive, say
 
 __all__ = ["add_checkpoint_arguments", "checkpoint_url", "run_checkpoint_command"]
 
@@ -44,17 +44,18 @@ def add_checkpoint_arguments(subparsers: Any) -> None:
     ):
         action = actions.add_parser(name, help=summary, description=summary)
         action.add_argument(
-            "--url",
-            required=True,
-            metavar="URL",
-            help="server base URL, e.g. http://127.0.0.1:8100",
+            "--url", default=DEFAULT_SERVER_URL, metavar="URL", help="server base URL"
         )
         action.add_argument("file", nargs="?", metavar="FILE", help=file_help)
         action.add_argument(
-            "--api-key-env", metavar="ENV", help="variable holding the server's bearer token"
+            "--api-key-env", metavar="VAR", help="variable holding the server's bearer token"
         )
         action.add_argument(
-            "--timeout", type=positive, default=300.0, help="seconds for the whole request"
+            "--timeout",
+            metavar="SECONDS",
+            type=positive,
+            default=300.0,
+            help="seconds for the whole request",
         )
     parser.set_defaults(handler=run_checkpoint_command)
 

@@ -2,12 +2,16 @@
 bench, checkpoint, gym-root, and the watching commands of app/watch.py (grafana-dashboard,
 prometheus-rules, prometheus-config, top).
 
-Exit codes: 0 after a graceful stop, 2 for a usage or config error (one stderr line
-`genrm-trio: config error: {file}: {key}: {message}`, no traceback; no command at all prints the
-usage line and `genrm-trio: error: a command is required: …`), 1 for any other start-up failure
-(one line: a busy port prints `genrm-trio: cannot listen on {host}:{port}: address already in
-use`, a state file held by another server `genrm-trio: state file {path}: in use by another
-genrm-trio process (pid {pid}: {command})`).
+Exit codes: 0 after a graceful stop, 2 for a usage or config error, 1 for any other start-up
+failure. A usage mistake (an unknown command or flag, a flag without its value, a value argparse
+rejects, flags that do not go together) prints the command's usage line, then
+`genrm-trio COMMAND: error: …` with `did you mean …?` when a command, flag or choice is close. A
+config error is one stderr line `genrm-trio: config error: {file}: {key}: {message}`, no
+traceback. Other start-up failures are one line too: a busy port prints `genrm-trio: cannot
+listen on {host}:{port}: address already in use`, a state file held by another server
+`genrm-trio: state file {path}: in use by another genrm-trio process (pid {pid}: {command})`.
+Output cut short by its reader (`genrm-trio grafana-dashboard | head`) ends the command quietly
+with exit code 1.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ import argparse
 import gc
 import logging
 import os
-import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -44,6 +47,7 @@ from genrm_trio.config import (
     ConfigError,
     JudgeApiName,
     Settings,
+    did_you_mean,
     load_settings,
 )
 from genrm_trio.domain.exceptions import describe, first_leaf
@@ -59,38 +63,74 @@ log = logging.getLogger("genrm_trio.cli")
 _E = TypeVar("_E", bound=BaseException)
 
 
-# --- one-line usage errors ----------------------------------------------------------------------
+# --- usage errors ------------------------------------------------------------------------------
 
 
 class UsageError(Exception):
-    """A command-line error, reported like a config error with the flag as the key."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
-        self.key = key
-        self.message = message
-
-
-_ARGUMENT_MESSAGE: Final = re.compile(r"^argument ([^:]+): (.*)$", re.DOTALL)
+    """A usage mistake a command finds after parsing (flags that do not go together): reported
+    as argparse reports its own, with the command's usage line."""
 
 
 @final
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors raise UsageError instead of printing usage and exiting."""
+    """An ArgumentParser whose help shows every default as `(default: X)` and whose usage errors
+    say which command, flag or choice was probably meant."""
 
-    def error(self, message: str) -> NoReturn:
-        match = _ARGUMENT_MESSAGE.match(message)
-        if match is not None:
-            key = match.group(1).split("/")[-1]
-            raise UsageError(key, match.group(2))
-        raise UsageError(self.prog.removeprefix(PROG).strip() or "arguments", message)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as exc:
+            assert action.choices is not None  # only choices are checked here
+            close = did_you_mean(str(value), [str(choice) for choice in action.choices])
+            if not close:
+                raise
+            raise argparse.ArgumentError(
+                action, f"{exc.message}; did you mean {close[0]!r}?"
+            ) from None
+
+    def unrecognized(self, extras: Sequence[str]) -> NoReturn:
+        """Flags no command of this parser takes: the error, with the closest flag it has."""
+        known = [flag for action in self._actions for flag in action.option_strings]
+        hints = [
+            close[0]
+            for extra in extras
+            if extra.startswith("-")
+            for close in [did_you_mean(extra.partition("=")[0], known)]
+            if close
+        ]
+        hint = f" (did you mean {' or '.join(hints)}?)" if hints else ""
+        self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> _Parser:
+    """The parser of the (sub)command `args` were parsed for: its usage line is the one a usage
+    error shows."""
+    while True:
+        choices = next(
+            (
+                action
+                for action in parser._actions
+                if isinstance(action, argparse._SubParsersAction)
+            ),
+            None,
+        )
+        name = None if choices is None else getattr(args, choices.dest, None)
+        if choices is None or name not in choices.choices:
+            assert isinstance(parser, _Parser)
+            return parser
+        parser = choices.choices[name]
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):
     """Help text with `(default: X)` after every flag that has a real default.
 
     Like argparse.ArgumentDefaultsHelpFormatter, minus the noise: no `(default: None)`,
-    `(default: False)` or `(default: [])`, and nothing when the help already names it.
+    `(default: False)` or `(default: [])`, and nothing when the help already names it (a flag
+    whose default is a config key's writes `(default: X; …)` itself).
     """
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
@@ -102,12 +142,18 @@ class _DefaultsFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def _config_error(exc: ConfigError | UsageError, file: str = FLAGS_FILE) -> int:
-    if isinstance(exc, ConfigError):
-        say(f"config error: {exc.file or file}: {exc.key}: {exc.message}")
-    else:
-        say(f"config error: {file}: {exc.key}: {exc.message}")
+def _config_error(exc: ConfigError, file: str = FLAGS_FILE) -> int:
+    say(f"config error: {exc.file or file}: {exc.key}: {exc.message}")
     return 2
+
+
+def _stdout_closed() -> int:
+    """Whoever read stdout went away (`genrm-trio grafana-dashboard | head`): no traceback, and
+    stdout goes to /dev/null so that the interpreter's last flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 1
 
 
 # --- serve --------------------------------------------------------------------------------------
@@ -229,14 +275,18 @@ def _add_serve(sub: Any) -> None:
             "stop it gracefully (exit 0)."
         ),
     )
+    defaults = Settings()
     parser.add_argument("--config", metavar="FILE", help="YAML config: flat keys or a Gym file")
     parser.add_argument("--instance", metavar="NAME", help="Gym config: which genrm_compare block")
-    parser.add_argument("--host", metavar="H", help="numeric bind address (default 127.0.0.1)")
+    # No argparse defaults here: a flag given overrides the config file, one not given does not.
+    parser.add_argument(
+        "--host", metavar="HOST", help=f"numeric bind address (default: {defaults.host})"
+    )
     parser.add_argument(
         "--port",
-        metavar="P",
+        metavar="PORT",
         type=port_number,
-        help="bind port (default 8100; 0 picks a free port)",
+        help=f"bind port (default: {defaults.port}; 0 picks a free port)",
     )
     judge = parser.add_mutually_exclusive_group()
     judge.add_argument(
@@ -258,13 +308,17 @@ def _add_serve(sub: Any) -> None:
         "required with --judge-url unless the config file sets judge.api",
     )
     parser.add_argument(
-        "--state", metavar="PATH", help="SQLite state file (created if absent; its dir must exist)"
+        "--state",
+        metavar="FILE",
+        help="SQLite state file (created if absent; its directory must exist) (default: none, "
+        "state in memory only)",
     )
     parser.add_argument(
         "--num-rollouts-per-prompt",
         metavar="N",
         type=positive_int,
-        help="rollouts per group, as the trainer sends them (default 1: no grouping, no judging)",
+        help="rollouts per group, as the trainer sends them (default: "
+        f"{defaults.num_rollouts_per_prompt}; no grouping, no judging)",
     )
     parser.set_defaults(handler=_run_serve)
 
@@ -295,8 +349,10 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
         api_key = os.environ.get(args.api_key_env, "")
         if not api_key:
             return _config_error(
-                UsageError(
-                    "--api-key-env", f"environment variable {args.api_key_env} is unset or empty"
+                ConfigError(
+                    FLAGS_FILE,
+                    "--api-key-env",
+                    f"environment variable {args.api_key_env} is unset or empty",
                 )
             )
     try:
@@ -307,7 +363,7 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
             beta=args.judgment_beta,
         )
     except ValueError as exc:
-        return _config_error(UsageError("--judgment", str(exc)))
+        raise UsageError(str(exc)) from None
     try:
         config = sim_config_from_args(
             latency_ms=args.latency_ms,
@@ -323,7 +379,7 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
             judgment=judgment,
         )
     except ValueError as exc:
-        return _config_error(UsageError("--fault", str(exc)))
+        raise UsageError(str(exc)) from None
     served: Any = config
     if args.policy:
         from genrm_trio.testing import PolicyStandIn, sim_asgi_app
@@ -347,6 +403,17 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
     return code
 
 
+def _fault_spec(value: str) -> str:
+    """A `--fault` value, checked when parsed (a usage error if bad), kept as written."""
+    from genrm_trio.testing.flags import parse_fault_rule
+
+    try:
+        parse_fault_rule(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
 def _add_sim_judge(sub: Any) -> None:
     from genrm_trio.testing.faults import FAULT_KINDS
     from genrm_trio.testing.judgment import JUDGMENT_PRESETS
@@ -354,22 +421,39 @@ def _add_sim_judge(sub: Any) -> None:
 
     parser = sub.add_parser(
         "sim-judge",
-        formatter_class=_DefaultsFormatter,
         help="serve the simulated GenRM judge (every judge API under /v1)",
         description=(
             "Serve the simulated judge: deterministic verdicts, latency and scripted faults. "
             "Point serve at it with --judge-url http://HOST:PORT/v1 --judge-api API (any)."
         ),
     )
-    parser.add_argument("--host", default="127.0.0.1", help="numeric bind address")
+    parser.add_argument("--host", metavar="HOST", default="127.0.0.1", help="numeric bind address")
     parser.add_argument(
-        "--port", type=port_number, default=8000, help="bind port; 0 picks a free port"
+        "--port",
+        metavar="PORT",
+        type=port_number,
+        default=8000,
+        help="bind port; 0 picks a free port",
     )
-    parser.add_argument("--latency-ms", type=non_negative, default=0.0, help="per-call latency")
-    parser.add_argument("--jitter-ms", type=non_negative, default=0.0, help="uniform extra 0..J")
-    parser.add_argument("--seed", type=int, default=0, help="seed for jitter and random faults")
     parser.add_argument(
-        "--fault-rate", type=probability, default=0.0, help="probability of a random fault per call"
+        "--latency-ms", metavar="MS", type=non_negative, default=0.0, help="per-call latency"
+    )
+    parser.add_argument(
+        "--jitter-ms",
+        metavar="MS",
+        type=non_negative,
+        default=0.0,
+        help="uniform extra latency, 0 to this",
+    )
+    parser.add_argument(
+        "--seed", metavar="N", type=int, default=0, help="seed for jitter and random faults"
+    )
+    parser.add_argument(
+        "--fault-rate",
+        metavar="FRACTION",
+        type=probability,
+        default=0.0,
+        help="share of calls that get a random fault (with --sticky-faults: of pairs)",
     )
     parser.add_argument(
         "--fault-kind",
@@ -380,16 +464,20 @@ def _add_sim_judge(sub: Any) -> None:
     parser.add_argument(
         "--sticky-faults",
         action="store_true",
-        help="random faults depend on the pair's content only: a drawn pair fails every retry",
+        help="random faults depend on the pair's content only: a drawn pair fails every retry "
+        "(--fault-rate 0.1 --sticky-faults: about a tenth of the pairs fail, the rest answer)",
     )
     parser.add_argument(
         "--fault",
         action="append",
         default=[],
-        metavar="KIND[,match=TEXT,position=first|second|either|both,times=N,...]",
+        type=_fault_spec,
+        metavar="KIND[,KEY=VALUE...]",
         help=(
-            "scripted fault for comparisons whose answers contain TEXT (every comparison without "
-            f"match); repeatable. Kinds: {', '.join(FAULT_KINDS)}"
+            "scripted fault for comparisons whose answers contain TEXT (match=TEXT; every "
+            "comparison without match); repeatable. Keys: match, position (first, second, either "
+            f"or both), times, status, retry_after, body, delay, chars. Kinds: "
+            f"{', '.join(FAULT_KINDS)}"
         ),
     )
     parser.add_argument(
@@ -406,9 +494,9 @@ def _add_sim_judge(sub: Any) -> None:
         "--capacity",
         type=positive_int,
         default=None,
-        metavar="K",
+        metavar="N",
         help=(
-            "serve at most K calls at once, the rest queued first-in first-out, like a saturated "
+            "serve at most N calls at once, the rest queued first-in first-out, like a saturated "
             "vLLM fleet; each call's latency runs while it is served (default: unlimited)"
         ),
     )
@@ -425,25 +513,28 @@ def _add_sim_judge(sub: Any) -> None:
     )
     parser.add_argument(
         "--judgment-noise",
+        metavar="NUMBER",
         type=non_negative,
         default=None,
-        help="noise sd of the judgment (comparative) or of each score (pointwise); "
-        "default: the family's (1.11, 0.75)",
+        help="noise sd of the judgment (comparative) or of each score (pointwise) (default: "
+        "the family's, 1.11 or 0.75)",
     )
     parser.add_argument(
         "--judgment-bias",
+        metavar="NUMBER",
         type=finite_number,
         default=None,
-        help="position bias toward the first answer; default: the family's (0.57, 0.90)",
+        help="position bias toward the first answer (default: the family's, 0.57 or 0.90)",
     )
     parser.add_argument(
         "--judgment-beta",
+        metavar="NUMBER",
         type=non_negative,
         default=None,
-        help="pointwise preference sharpness beta; default: 1.57",
+        help="pointwise preference sharpness beta (default: 1.57)",
     )
     parser.add_argument(
-        "--api-key-env", metavar="ENV", help="require this variable's value as bearer token"
+        "--api-key-env", metavar="VAR", help="require this variable's value as bearer token"
     )
     parser.add_argument(
         "--policy",
@@ -514,7 +605,6 @@ def _add_bench(sub: Any) -> None:
 
     parser = sub.add_parser(
         "bench",
-        formatter_class=_DefaultsFormatter,
         help="load generator: throughput, latency percentiles, judge-call counts",
         description=BENCH_DESCRIPTION,
     )
@@ -562,27 +652,35 @@ def exit_process(code: int) -> NoReturn:
 
 def run() -> NoReturn:
     """The `genrm-trio` console script: `main()` with the command line, then exit."""
-    exit_process(main())
+    code = main()
+    try:
+        sys.stdout.flush()  # what is still buffered, while a closed pipe can still be handled
+    except BrokenPipeError:
+        code = _stdout_closed()
+    exit_process(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `genrm-trio` command; returns the exit code."""
     parser = build_parser()
+    assert isinstance(parser, _Parser)
     try:
-        args = parser.parse_args(argv)
-    except UsageError as exc:
-        return _config_error(exc)
-    except SystemExit as exc:  # --help / --version
+        args, extras = parser.parse_known_args(argv)
+        if extras:  # reported by the command given them, with its usage line
+            _command_parser(parser, args).unrecognized(extras)
+        if args.command is None:
+            parser.error(f"a command is required: {COMMANDS} ({PROG} --help describes them)")
+        if args.command in ("serve", "sim-judge"):
+            configure_logging(logging.INFO)
+        handler: Callable[[argparse.Namespace], int] = args.handler
+        try:
+            return handler(args)
+        except UsageError as exc:
+            _command_parser(parser, args).error(str(exc))
+    except SystemExit as exc:  # --help, --version, a usage error
         return exc.code if isinstance(exc.code, int) else 0
-    if args.command is None:
-        # What argparse prints for a missing required argument: the usage line, then the error.
-        parser.print_usage(sys.stderr)
-        say(f"error: a command is required: {COMMANDS} ({PROG} --help describes them)")
-        return 2
-    if args.command in ("serve", "sim-judge"):
-        configure_logging(logging.INFO)
-    handler: Callable[[argparse.Namespace], int] = args.handler
-    return handler(args)
+    except BrokenPipeError:
+        return _stdout_closed()
 
 
 if __name__ == "__main__":

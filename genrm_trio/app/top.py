@@ -5,7 +5,8 @@ Each tick `fetch` reads `/metrics`, `/cohorts` and `/judge/replicas` (with the b
 `--api-key-env` when given) into a `Snapshot`, or a `FetchFailed` naming why not; `top_frame`
 turns the snapshots into a frame. On a terminal the frame is redrawn in place (rich `Live`, the
 alternate screen); otherwise each frame is printed after the last, like `top -b`. Ctrl-C leaves
-with exit code 0. `--once` prints one frame and exits 0 if the server answered, else 1.
+with exit code 0. `--once` samples twice, `--interval` apart, and prints one frame with the rates
+between the two samples; exit 0 if the server answered, else 1.
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ import httpx
 from rich.console import Console, RenderableType
 from rich.live import Live
 
-from genrm_trio.app.arguments import say, seconds_within
+from genrm_trio.app.arguments import DEFAULT_SERVER_URL, say, seconds_within
 from genrm_trio.app.top_frame import FetchFailed, Snapshot, Watcher, frame, parse_metrics
 
 __all__ = ["MAX_REPLY_BYTES", "add_top_arguments", "fetch", "run_top"]
 
-DEFAULT_URL: Final = "http://127.0.0.1:8100"
 MAX_REPLY_BYTES: Final = 64 * 2**20
 """The most of one reply top reads (`/cohorts` of a full server is a few MiB)."""
 REQUEST_TIMEOUT_S: Final = 5.0
@@ -34,20 +34,16 @@ _REASON_CHARS: Final = 300
 
 
 def add_top_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=DEFAULT_SERVER_URL, metavar="URL", help="server base URL")
     parser.add_argument(
-        "--url",
-        default=DEFAULT_URL,
-        metavar="URL",
-        help=f"server base URL (default: {DEFAULT_URL})",
-    )
-    parser.add_argument(
-        "--api-key-env", metavar="ENV", help="variable holding the server's bearer token"
+        "--api-key-env", metavar="VAR", help="variable holding the server's bearer token"
     )
     parser.add_argument(
         "--interval",
+        metavar="SECONDS",
         type=seconds_within(0.1, 3600),
         default=1.0,
-        help="seconds between frames (default: 1)",
+        help="seconds between frames (with --once: between its two samples)",
     )
     parser.add_argument(
         "--once", action="store_true", help="print one frame and exit (0 if the server answered)"
@@ -147,7 +143,12 @@ def run_top(args: argparse.Namespace) -> int:
                 return frame(watcher.update(result, time.time())), isinstance(result, Snapshot)
 
             if args.once:
+                # two samples --interval apart, so that the frame has rates; one when the first
+                # finds the server down
                 shown, answered = tick()
+                if answered:
+                    time.sleep(args.interval)
+                    shown, answered = tick()
                 console.print(shown)
                 return 0 if answered else 1
             next_at = time.monotonic()

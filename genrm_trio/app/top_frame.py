@@ -44,6 +44,8 @@ _ROLLOUTS = "genrm_trio_cohort_rollouts_total"
 _MASKED = "genrm_trio_masked_rollouts_total"
 _FAILED_COMPARISONS = "genrm_trio_failed_comparisons_total"
 _CALLS = "genrm_trio_judge_calls_total"
+_TOKENS_IN = "genrm_trio_judge_replica_input_tokens_total"
+_TOKENS_OUT = "genrm_trio_judge_replica_output_tokens_total"
 _ATTEMPT = "genrm_trio_judge_attempt_seconds"
 _QUEUE_WAIT = "genrm_trio_judge_queue_wait_seconds"
 _GROUP_LATENCY = "genrm_trio_group_latency_seconds"
@@ -310,13 +312,14 @@ def _pair(window: _Window, histogram: str) -> str:
     )
 
 
-def _summary(window: _Window) -> RenderableType:
+def _summary(window: _Window, *, down: bool) -> RenderableType:
     s = window.latest.series
-    span = (
-        f"last {window.span:.0f}s"
-        if window.baseline is not None
-        else "first look: latencies since the start"
-    )
+    if down:  # the figures of the last answer, which had no window of its own
+        span = "the last ones seen: latencies since its start, no rates"
+    elif window.baseline is not None:
+        span = f"last {window.span:.0f}s"
+    else:
+        span = "first look: latencies since the start; rates need a second sample"
     table = Table(title=f"Rates and latencies ({span})", show_header=False, box=None)
     for style in ("bold", "", "bold", ""):
         table.add_column(style=style, no_wrap=True)
@@ -351,6 +354,12 @@ def _summary(window: _Window) -> RenderableType:
         _pair(window, _REWARD_LATENCY),
         "eager comparisons",
         _rate(window.rate(_EAGER)),
+    )
+    table.add_row(
+        "judge tokens in",
+        _rate(window.rate(_TOKENS_IN)),
+        "judge tokens out",
+        _rate(window.rate(_TOKENS_OUT)),
     )
     table.add_row(
         "judge in flight",
@@ -416,7 +425,19 @@ def _replicas(replicas: Sequence[Mapping[str, Any]]) -> RenderableType:
             _latency(mean if isinstance(mean, float | int) else None),
             last_error[:ERROR_CHARS],
         )
-    return table
+    unread = [r for r in replicas if r.get("answers_unread")]
+    if not unread:
+        return table
+    # the worst a reward server can do: verdicts about answers the judge never read
+    warnings = [
+        Text(
+            f"THE JUDGE DOES NOT READ THE ANSWERS ({r.get('replica', '?')}): "
+            f"{r['answers_unread']}; check judge.api (GET /readyz says how to fix it)",
+            style="bold red",
+        )
+        for r in unread
+    ]
+    return Group(table, *warnings)
 
 
 def _cohorts(cohorts: Sequence[Mapping[str, Any]], rows: int) -> RenderableType:
@@ -458,7 +479,7 @@ def frame(view: View, *, cohort_rows: int = COHORT_ROWS) -> RenderableType:
         window = _Window(latest, view.baseline)
         parts += [
             Text(""),
-            _summary(window),
+            _summary(window, down=view.failure is not None),
             Text(""),
             _replicas(latest.replicas),
             Text(""),

@@ -26,6 +26,7 @@ from genrm_trio.config.settings import (
     PositionBalance,
     ServerSettings,
     Settings,
+    did_you_mean,
     endpoint_of,
 )
 from genrm_trio.config.sources import (
@@ -60,6 +61,7 @@ __all__ = [
     "PositionBalance",
     "ServerSettings",
     "Settings",
+    "did_you_mean",
     "endpoint_of",
     "gym_instances",
     "judge_from_gym",

@@ -36,6 +36,7 @@ from genrm_trio.engine.evaluation import (
     scored_off_loop,
 )
 from genrm_trio.engine.keys import RUBRIC_REQUIRED
+from genrm_trio.engine.offload import score_off_loop
 from genrm_trio.judge.attempts import Comparator
 from genrm_trio.judge.base import JudgeError, unreachable_note
 from genrm_trio.judge.queue import QueueTicket
@@ -135,8 +136,8 @@ class Comparisons:
             raise CompareFailed(f"GenRM compare deadline exceeded after {timeout}s{why}")
         try:
             if scored_off_loop(n, len(plan)):  # a large batch: a worker thread, one at a time
-                result = await trio.to_thread.run_sync(
-                    compare_result, s, evaluation, texts, limiter=self._scoring_thread
+                result = await score_off_loop(
+                    lambda: compare_result(s, evaluation, texts), self._scoring_thread
                 )
             else:
                 result = compare_result(s, evaluation, texts)

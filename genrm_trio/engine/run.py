@@ -34,6 +34,7 @@ from genrm_trio.engine.evaluation import (
     score_cohort,
     scored_off_loop,
 )
+from genrm_trio.engine.offload import score_off_loop
 from genrm_trio.engine.readiness import Readiness, ReadinessIndex
 from genrm_trio.engine.registry import KEY_LOG_LIMIT
 from genrm_trio.judge.attempts import Comparator
@@ -285,8 +286,8 @@ class GroupRunner:
         if scored_off_loop(len(evaluation.judge_texts), len(evaluation.plan)):
             # every comparison has ended, so nothing else touches the evaluation meanwhile; a
             # cancellation (supersession, shutdown) waits for the thread, then applies
-            outcome = await trio.to_thread.run_sync(
-                score_cohort, s, evaluation, cohort.size, texts, limiter=self._scoring_thread
+            outcome = await score_off_loop(
+                lambda: score_cohort(s, evaluation, cohort.size, texts), self._scoring_thread
             )
             if cohort.state != "judging":  # failed or superseded while it was being scored
                 return

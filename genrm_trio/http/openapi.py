@@ -20,6 +20,7 @@ from genrm_trio.http.schema import (
     SeedSessionRequest,
     VerifyBody,
 )
+from genrm_trio.judge.base import ReplicaStats
 
 __all__ = ["openapi_document"]
 
@@ -68,6 +69,9 @@ class VerifyRow(BaseModel):
     genrm_preference_cycle_rate_per_group: float | None = Field(
         default=None,
         description="Only under aggregator_method: bradley_terry, where decided triangles exist",
+    )
+    genrm_eager_comparison_rate_per_group: float | None = Field(
+        default=None, description="Only with eager_comparisons (the default)"
     )
     ng_group_id: str | None = Field(alias="_ng_group_id")
     ng_group_attempt: int = Field(alias="_ng_group_attempt")
@@ -164,6 +168,20 @@ _COHORT_FIELDS: dict[str, Any] = {
 }
 CohortInfo: type[BaseModel] = create_model("CohortInfo", **_COHORT_FIELDS)
 
+# `GET /judge/replicas` renders `http/app.py`'s `replica_view`: every `ReplicaStats` field and the
+# mean latency; derived from the dataclass the same way.
+_REPLICA_FIELDS: dict[str, Any] = {
+    name: (hint, ...) for name, hint in get_type_hints(ReplicaStats).items()
+}
+JudgeReplica: type[BaseModel] = create_model(
+    "JudgeReplica",
+    **_REPLICA_FIELDS,
+    latency_mean_s=(
+        float | None,
+        Field(description="latency_sum_s / latency_count; null before the first finished attempt"),
+    ),
+)
+
 
 _SCHEMA_MODELS: tuple[tuple[type[BaseModel], Literal["validation", "serialization"]], ...] = (
     (VerifyBody, "validation"),
@@ -182,6 +200,7 @@ _SCHEMA_MODELS: tuple[tuple[type[BaseModel], Literal["validation", "serializatio
     (GroupSettingsResponse, "serialization"),
     (HealthResponse, "serialization"),
     (CohortInfo, "serialization"),
+    (JudgeReplica, "serialization"),
 )
 
 
@@ -269,7 +288,7 @@ def openapi_document(*, title: str, version: str, auth: bool) -> dict[str, Any]:
         ),
         "/judge/replicas": get(
             "Per-replica counters of the judge: one row per base URL ([] for a simulated judge)",
-            {"type": "array", "items": {"type": "object"}},
+            {"type": "array", "items": ref(JudgeReplica)},
         ),
         "/metrics": {
             "get": {

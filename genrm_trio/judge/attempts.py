@@ -309,10 +309,12 @@ class Comparator:
             result = await self._compare(call, pair, judge_pass, expected_rubric_ids, place)
         except JudgeError:
             self._failures += 1
+            self._metrics.judge_comparisons.inc()
             raise
         finally:
             self._active -= 1
         self._done += 1
+        self._metrics.judge_comparisons.inc()
         return result
 
     async def _compare(
@@ -328,6 +330,7 @@ class Comparator:
         tokens_in = tokens_out = 0
         usage_seen = False
         budget_hits = 0
+        cut_verdicts = 0  # of those, replies cut after they had written a verdict
         completed_seen = False
         retry_after: float | None = None
         avoid: str | None = None  # the replica whose failure caused this retry (failover)
@@ -406,14 +409,21 @@ class Comparator:
 
             if reply.status is ReplyStatus.BUDGET_EXHAUSTED:
                 budget_hits += 1
+                # A cut reply is never a completed answer (the reference's rule), even when it
+                # holds a verdict; the line says which it was.
+                holds = self._holds_verdict(reply.partial)
+                cut_verdicts += holds
                 log.warning(
                     "GenRM output budget exhausted for pair %s (attempt %d/%d, "
-                    "max_output_tokens=%s): response is incomplete (reason=max_output_tokens) "
-                    "and contains no verdict",
+                    "max_output_tokens=%s): %s and %s",
                     pair,
                     n,
                     total,
                     budget if budget is not None else self._budget_tokens,
+                    reply.cut_by or "response is incomplete (reason=max_output_tokens)",
+                    "holds a verdict, which a reply cut at the budget does not count as"
+                    if holds
+                    else "contains no verdict",
                 )
                 cause = "budget"
                 if self._escalation is not None and budget is not None and n < total:
@@ -487,11 +497,36 @@ class Comparator:
             tried = f"={self._budget_tokens}"
             if escalations:
                 tried = f" from {start} up to {budget}"
+            if cut_verdicts:
+                cuts = (
+                    f": {cut_verdicts} cut after writing a verdict, which a reply cut at the "
+                    "budget does not count as"
+                )
+                if budget_hits > cut_verdicts:
+                    cuts += f", {budget_hits - cut_verdicts} without emitting one"
+            else:
+                cuts = " without emitting a verdict"
             message += (
-                f" ({budget_hits} of them exhausted max_output_tokens{tried} "
-                "without emitting a verdict; raise the budget or constrain the judge's reasoning)"
+                f" ({budget_hits} of them exhausted max_output_tokens{tried}{cuts}; raise the "
+                "budget or constrain the judge's reasoning)"
             )
         raise JudgeError(message, usage=usage(), attempts=total, escalations=escalations)
+
+    def _holds_verdict(self, text: str) -> bool:
+        """Whether a cut reply's text parses as an overall verdict."""
+        if not text.strip():
+            return False
+        settings = self._settings
+        try:
+            parse_overall(
+                text,
+                default_score=settings.default_score,
+                default_ranking=settings.default_ranking,
+                validate_range=settings.validate_verdict_range,
+            )
+        except VerdictParseError:
+            return False
+        return True
 
     def _retry(self, cause: str, pair: tuple[int, int], judge_pass: int, n: int, why: str) -> None:
         self._retries += 1

@@ -89,6 +89,14 @@ class JudgeReply:
     text: str  # the answer text (concatenated output_text / message content); "" when unusable
     input_tokens: int | None  # usage, when both counts were numbers (not booleans)
     output_tokens: int | None
+    # of output_tokens, the reasoning ones, where the API reports them (Responses
+    # `output_tokens_details`, chat `completion_tokens_details`)
+    reasoning_tokens: int | None = None
+    # A budget-exhausted reply: what the API called the cut when it is not the Responses
+    # `incomplete_details.reason=max_output_tokens` (chat: "finish_reason=length"), and the text
+    # it was cut in (it may hold a verdict, which a cut reply still does not count as)
+    cut_by: str | None = None
+    partial: str = ""
 
 
 class Judge(Protocol):
@@ -173,11 +181,14 @@ class JudgeHTTPError(JudgeAttemptError):
         self.body = body[:1000]  # only the excerpt is ever shown
         self.retry_after = retry_after  # seconds, parsed from Retry-After when present
         self.retryable = status in (408, 429) or 500 <= status <= 599
+        self.hint: str | None = None  # what the client suspects, said after the reply
 
     def describe(self) -> str:
         text = f"{self.type_name}: HTTP {self.status}"
         if self.body:
             text += f"; response={self.body.decode('utf-8', errors='replace')}"
+        if self.hint:
+            text += f"; hint: {self.hint}"
         return text
 
 
@@ -278,6 +289,14 @@ class ReplicaStats:
     latency_sum_s: float  # summed over finished (not cancelled) attempts
     latency_count: int
     last_error: str | None  # `describe()` of the last retryable failure, cut at 200 characters
+    # usage the replica reported, summed over its replies (reasoning: where the API reports it)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    # judge.answers.AnswerCheck: why its prompt tokens show that the model does not read the
+    # answers (None: no sign of it), and how many prompts showed it
+    answers_unread: str | None = None
+    prompts_unread: int = 0
 
 
 @runtime_checkable

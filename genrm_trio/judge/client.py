@@ -120,6 +120,12 @@ def transport_error(exc: httpx.HTTPError) -> JudgeTransportError:
     return error
 
 
+ROLES_HINT: Final = (
+    "the judge's chat template must accept the roles principle, response_1 and response_2, "
+    "which judge.api {api} sends"
+)
+"""Said after an HTTP 500 to an API that sends those roles (docs/configuration.md)."""
+
 _FIRST_BYTES: Final = 80
 """How much of a reply that is not JSON its failure reason quotes."""
 
@@ -239,7 +245,11 @@ class HttpJudge:
             self._in_flight -= 1
         if not 200 <= status <= 299:
             retry_after = parse_retry_after(_raw_header(headers, b"retry-after"))
-            raise JudgeHTTPError(status, self._redact(body), retry_after)
+            error = JudgeHTTPError(status, self._redact(body), retry_after)
+            if status == 500 and self._api.custom_roles:
+                # what a chat template that rejects unknown roles answers (transformers, vLLM)
+                error.hint = ROLES_HINT.format(api=self._api.name)
+            raise error
         content_type = _raw_header(headers, b"content-type")
         return self._api.interpret(_decode_json(body, content_type, self._redact))
 

@@ -59,6 +59,7 @@ from typing import Final, final
 import trio
 
 from genrm_trio.config import ConfigError, Settings, endpoint_of
+from genrm_trio.judge.answers import AnswerCheck, unread_fix
 from genrm_trio.judge.base import (
     AttemptTicket,
     Judge,
@@ -91,6 +92,7 @@ OUTAGE_PROBE_FIRST_S: Final = 0.5
 @final
 class _Replica:
     __slots__ = (
+        "answers",
         "armed",
         "attempts",
         "backoff",
@@ -104,14 +106,17 @@ class _Replica:
         "hold_until",
         "in_flight",
         "index",
+        "input_tokens",
         "judge",
         "label",
         "last_error",
         "last_failure",
         "latency_count",
         "latency_sum",
+        "output_tokens",
         "probing",
         "quiet_since",
+        "reasoning_tokens",
         "stalling",
         "stalls",
         "streak",
@@ -149,6 +154,11 @@ class _Replica:
         self.attempts: set[trio.CancelScope] = set()  # the scopes of its attempts in flight
         self.watch: trio.CancelScope | None = None  # the one carrying the stall deadline
         self.stalling = False  # a stall was declared; its attempts are being cancelled
+        # usage it reported, and whether its prompt tokens show the answers read (answers.py)
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.reasoning_tokens = 0
+        self.answers = AnswerCheck()
 
 
 def replica_labels(urls: Sequence[str]) -> list[str]:
@@ -179,6 +189,7 @@ class JudgeFleet:
         eject_backoff_s: float = 5.0,
         stall_after_s: float | None = None,
         outage_probe_s: float = 5.0,
+        api: str | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("a judge fleet needs at least one replica")
@@ -192,6 +203,7 @@ class JudgeFleet:
         self._threshold = eject_after_failures
         self._backoff = eject_backoff_s
         self._stall_after = stall_after_s
+        self._api = api  # `judge.api`, named in the "does not read the answers" line
         self._next = 0  # where the round robin starts looking
         self._lot = trio.lowlevel.ParkingLot()
         self._path = replicas[0][1].path
@@ -352,7 +364,27 @@ class JudgeFleet:
             raise
         self._finished(replica, started, answered=True)
         self._answered(replica, trial)
+        self._usage(replica, call, reply)
         return reply
+
+    def _usage(self, replica: _Replica, call: JudgeCall, reply: JudgeReply) -> None:
+        """Count the usage `replica` reported, and check from its prompt tokens that the judge
+        reads the answers (judge/answers.py): one ERROR, the first time it shows it does not."""
+        if reply.input_tokens is None or reply.output_tokens is None:
+            return
+        replica.input_tokens += reply.input_tokens
+        replica.output_tokens += reply.output_tokens
+        if reply.reasoning_tokens is not None:
+            replica.reasoning_tokens += reply.reasoning_tokens
+        answers = (call.response_1, call.response_2)
+        reason = replica.answers.observe(call.history, call.principle, answers, reply.input_tokens)
+        if reason is not None:
+            log.error(
+                "the judge does not read the answers (replica %s): %s. Fix: %s",
+                replica.label,
+                reason,
+                unread_fix(self._api),
+            )
 
     async def _watched(self, replica: _Replica, call: JudgeCall) -> JudgeReply:
         """`replica.judge.attempt(call)` in a cancel scope the replica's stall cancels."""
@@ -693,6 +725,11 @@ class JudgeFleet:
                 latency_sum_s=r.latency_sum,
                 latency_count=r.latency_count,
                 last_error=r.last_error,
+                input_tokens=r.input_tokens,
+                output_tokens=r.output_tokens,
+                reasoning_tokens=r.reasoning_tokens,
+                answers_unread=r.answers.finding,
+                prompts_unread=r.answers.prompts_unread,
             )
             for r in self._replicas
         ]
@@ -725,4 +762,5 @@ def make_judge(settings: Settings, *, backend: NetworkBackend | None = None) -> 
         eject_backoff_s=judge.eject_backoff_s,
         stall_after_s=judge.replica_stall_s,
         outage_probe_s=judge.outage_probe_s,
+        api=judge.api,
     )

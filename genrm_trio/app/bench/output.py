@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from genrm_trio.app.arguments import DEFAULT_SERVER_URL, positive, positive_int
 from genrm_trio.app.bench.runner import (
     BenchConfig,
     BenchError,
@@ -27,49 +28,76 @@ __all__ = ["BENCH_DESCRIPTION", "add_bench_arguments", "run_bench_command"]
 
 
 BENCH_DESCRIPTION: Final = (
-    "Load generator: run GROUPS groups against a running server, CONCURRENCY at a time (closed "
-    "loop) or RATE per second (open loop), and report throughput, group and request latency "
-    "percentiles, the masked fraction and judge calls per group. verify mode sends N concurrent "
-    "/verify requests per group, shaped like NeMo Gym's simple agent; compare mode one /compare "
-    "of N answers. --rollouts must equal the server's num_rollouts_per_prompt in verify mode "
-    "(bench stops early and says so when the server tells a different N, and fails when groups "
-    "of N > 1 were answered without judging). Exit 0 when every group got answers."
+    "Load generator: run --groups groups against a running server, --concurrency at a time "
+    "(closed loop) or --rate per second (open loop), and report throughput, group and request "
+    "latency percentiles, the masked fraction and judge calls per group. verify mode sends N "
+    "concurrent /verify requests per group, shaped like NeMo Gym's simple agent; compare mode "
+    "one /compare of N answers. --rollouts must equal the server's num_rollouts_per_prompt in "
+    "verify mode (bench stops early and says so when the server tells a different N, and fails "
+    "when groups of N > 1 were answered without judging). Exit 0 when every group got answers."
 )
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     """The `genrm-trio bench` flags."""
-    parser.add_argument("--url", default="http://127.0.0.1:8100", help="server base URL")
+    parser.add_argument("--url", default=DEFAULT_SERVER_URL, metavar="URL", help="server base URL")
     parser.add_argument(
         "--mode",
         choices=["verify", "compare"],
         default="verify",
         help="verify: N /verify requests per group; compare: one /compare of N answers",
     )
-    parser.add_argument("--groups", type=int, default=64, help="total groups to run")
-    parser.add_argument("--concurrency", "-G", type=int, default=16, help="groups in flight")
+    parser.add_argument(
+        "--groups", metavar="N", type=positive_int, default=64, help="total groups to run"
+    )
+    parser.add_argument(
+        "--concurrency",
+        "-G",
+        metavar="N",
+        type=positive_int,
+        default=16,
+        help="groups in flight (closed loop)",
+    )
     parser.add_argument(
         "--rollouts",
         "-N",
-        type=int,
+        metavar="N",
+        type=positive_int,
         default=16,
         help="rollouts per group; in verify mode the server's num_rollouts_per_prompt",
     )
-    parser.add_argument("--answer-chars", type=int, default=1000, help="characters per answer")
+    parser.add_argument(
+        "--answer-chars", metavar="N", type=positive_int, default=1000, help="characters per answer"
+    )
     parser.add_argument(
         "--rate",
-        type=float,
+        metavar="RATE",
+        type=positive,
         default=None,
         help="open loop: groups per second (default: closed loop, --concurrency at a time)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=600.0, help="per-request timeout in seconds"
+        "--timeout",
+        metavar="SECONDS",
+        type=positive,
+        default=600.0,
+        help="per-request timeout",
     )
-    parser.add_argument("--server-pid", type=int, default=None, help="measure its CPU and RSS")
-    parser.add_argument("--judge-stats-url", default=None, help="simulated judge's /stats URL")
-    parser.add_argument("--api-key-env", default=None, help="variable holding a bearer token")
-    parser.add_argument("--json", dest="json_path", default=None, help="also write JSON here")
-    parser.add_argument("--label", default=None, help="a name for this run in the output")
+    parser.add_argument(
+        "--server-pid", metavar="PID", type=int, default=None, help="measure its CPU and RSS"
+    )
+    parser.add_argument(
+        "--judge-stats-url", metavar="URL", default=None, help="simulated judge's /stats URL"
+    )
+    parser.add_argument(
+        "--api-key-env", metavar="VAR", default=None, help="variable holding a bearer token"
+    )
+    parser.add_argument(
+        "--json", dest="json_path", metavar="FILE", default=None, help="also write JSON here"
+    )
+    parser.add_argument(
+        "--label", metavar="NAME", default=None, help="a name for this run in the output"
+    )
 
 
 def _render(report: BenchReport, label: str | None) -> Table:
