@@ -529,17 +529,23 @@ class Settings(_Strict):
                 f"num_rollouts_per_prompt is {self.num_rollouts_per_prompt}: every /verify is "
                 f"answered at once with default_score ({self.default_score}) and no judge call; "
                 "set num_rollouts_per_prompt (serve --num-rollouts-per-prompt N) to the "
-                "rollouts per prompt the trainer sends"
+                "rollouts per prompt the trainer sends (NeMo RL: grpo.num_generations_per_prompt, "
+                "e.g. num_rollouts_per_prompt: 16)"
             )
         elif (
             self.evaluation_deadline_policy == "fail_group"
             and self.judge_request_timeout_s >= self.cohort_evaluation_timeout_s
         ):
-            # under mask_pending a hung call masks its own comparison at the group deadline
+            # under mask_pending a hung call masks its own comparison at the group deadline;
+            # the value named lets every attempt of a comparison run out within the group's
+            # deadline (1800 s and 4 attempts: 300 s, the example of docs/configuration.md)
+            fits = self.cohort_evaluation_timeout_s / (self.attempts + 2)
             lines.append(
                 f"judge_request_timeout_s ({self.judge_request_timeout_s}s) >= "
                 f"cohort_evaluation_timeout_s ({self.cohort_evaluation_timeout_s}s): a hung judge "
-                "call fails the whole group instead of masking one comparison"
+                "call fails the whole group instead of masking one comparison; set "
+                f"judge_request_timeout_s: {fits:g} (its {self.attempts} attempts then fit in the "
+                "group's deadline) or evaluation_deadline_policy: mask_pending"
             )
         if (
             "comparisons_per_rollout" in self.model_fields_set
@@ -549,11 +555,12 @@ class Settings(_Strict):
             lines.append(
                 f"comparisons_per_rollout ({self.comparisons_per_rollout}) is ignored under "
                 f"comparison_strategy: {self.comparison_strategy} (circular: 2 a pass, "
-                "all_pairs: N - 1, fixed_baseline: 1); it sets d of comparison_strategy: regular"
+                "all_pairs: N - 1, fixed_baseline: 1); it sets d of comparison_strategy: regular: "
+                "remove the key, or set comparison_strategy: regular"
             )
         lines.append(
             "masked rows carry a placeholder reward 0.0; the trainer must exclude them "
-            "(NeMo RL: env.should_mask_flagged_samples: true and a masked-reward policy or "
-            "mask_sample_rules that exclude failure_kind judge_failed)"
+            "(NeMo RL: env.should_mask_flagged_samples: true and grpo.masked_reward_policy: "
+            "exclude_infra, or exclude; the default include counts the 0.0)"
         )
         return lines
