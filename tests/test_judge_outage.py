@@ -164,6 +164,7 @@ async def test_a_single_judge_down_for_30s_masks_nothing_and_costs_no_attempt(
             )
         }
         metrics["masked"] = masked(engine)
+        unreached = engine.statistics().judge.unreached
     assert all(isinstance(r, Scored) for rows in replies.values() for r in rows), replies
     # g0: 4 answers; g1: 4 calls refused at t = 3 (not attempts), then, like g2's 4, sent when
     # the probe at 35.5 finds the judge back; all answered at 36.5.
@@ -185,6 +186,7 @@ async def test_a_single_judge_down_for_30s_masks_nothing_and_costs_no_attempt(
     }
     stats = judge.replica_stats()[0]
     assert (stats.ejected, stats.calls, stats.failures) == (False, 16, 4)
+    assert unreached == 4  # g1's refused calls, none of them an attempt
     lines = [(r.levelname, r.getMessage()) for r in caplog.records if "judge" in r.getMessage()]
     outage_lines = [line for line in lines if "unreachable" in line[1]]
     assert outage_lines == [
@@ -272,6 +274,25 @@ async def test_past_the_group_deadline_the_failure_says_how_long_the_judge_was_u
             "(10.0s) and was cancelled (judge unreachable for 10s)",
         )
         assert rows == [failure] * N
+
+
+async def test_a_compare_call_past_its_deadline_says_the_judge_was_unreachable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from judges import compare_input
+
+    from genrm_trio.domain.model import CompareFailed
+
+    server = Server("a", up=False)
+    with trio.fail_after(3600):
+        async with open_engine(config(cohort_evaluation_timeout_s=10.0), fleet(server)) as engine:
+            with pytest.raises(CompareFailed) as info:
+                await engine.compare(compare_input(["one", "two", "three"]))
+            assert trio.current_time() == 10.0
+    assert (
+        str(info.value) == "GenRM compare deadline exceeded after 10.0s (judge unreachable for 10s)"
+    )
+    assert server.outcomes() == ["refused"] * 3  # its 3 comparisons: one refused call each
 
 
 async def test_an_unwatched_fleet_spends_attempts_as_before(
