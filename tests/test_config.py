@@ -168,6 +168,7 @@ def test_judge_defaults() -> None:
         "eject_after_failures": 3,
         "eject_backoff_s": 5.0,
         "replica_stall_s": None,
+        "outage_probe_s": 5.0,
         "keepalive_expiry_s": 4.0,
         "max_response_bytes": 33554432,
         "ca_file": None,

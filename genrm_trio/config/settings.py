@@ -217,6 +217,8 @@ class JudgeSettings(_Strict):
     eject_backoff_s: float = 5.0
     # Off by default: the right value depends on the judge's longest call (docs/operations.md).
     replica_stall_s: float | None = None
+    # The longest wait between two probes of a judge replica that cannot be reached.
+    outage_probe_s: float = 5.0
     keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S
     max_response_bytes: int = Field(default=MAX_RESPONSE_BYTES, ge=1024)
     ca_file: str | None = None
@@ -248,7 +250,7 @@ class JudgeSettings(_Strict):
     def _api_alias(cls, value: object) -> object:
         return JUDGE_API_ALIASES.get(value, value) if isinstance(value, str) else value
 
-    @field_validator("eject_backoff_s", "keepalive_expiry_s")
+    @field_validator("eject_backoff_s", "keepalive_expiry_s", "outage_probe_s")
     @classmethod
     def _positive_seconds(cls, value: float) -> float:
         return _finite("value", value, positive=True)
