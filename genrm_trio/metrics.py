@@ -91,6 +91,36 @@ class ReplicaCounters(Protocol):
     def prompts_unread(self) -> int: ...
 
 
+class JudgeReachability(Protocol):
+    """What the outage series read of the judge (`judge.fleet.JudgeFleet`)."""
+
+    def unreachable_for(self) -> float | None: ...
+    def unreachable_seconds(self) -> float: ...
+
+
+@final
+class _ReachabilityCollector(Collector):
+    """Whether the judge can be reached, read at scrape time; 0 without a judge that says."""
+
+    def __init__(self) -> None:
+        self.source: JudgeReachability | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        source = self.source
+        down = source is not None and source.unreachable_for() is not None
+        seconds = 0.0 if source is None else source.unreachable_seconds()
+        yield GaugeMetricFamily(
+            "genrm_trio_judge_unreachable",
+            "1 while no judge replica can be reached (comparisons wait for one), else 0",
+            value=1.0 if down else 0.0,
+        )
+        yield CounterMetricFamily(
+            "genrm_trio_judge_unreachable_seconds",
+            "Seconds during which no judge replica could be reached",
+            value=seconds,
+        )
+
+
 @final
 class _ReplicaCollector(Collector):
     """The per-replica series of a judge fleet, read from its counters at scrape time."""
@@ -300,10 +330,17 @@ class Metrics:
         ProcessCollector(registry=r)
         self._replicas = _ReplicaCollector()
         r.register(self._replicas)
+        self._reachability = _ReachabilityCollector()
+        r.register(self._reachability)
 
     def watch_replicas(self, source: Callable[[], Sequence[ReplicaCounters]] | None) -> None:
         """Expose a judge fleet's per-replica counters (label `replica`); None stops it."""
         self._replicas.source = source
+
+    def watch_judge(self, source: JudgeReachability | None) -> None:
+        """Expose whether the judge can be reached (`genrm_trio_judge_unreachable`, and its
+        seconds); None stops it (both read 0)."""
+        self._reachability.source = source
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""

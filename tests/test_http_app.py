@@ -572,6 +572,15 @@ async def test_readyz_is_503_while_the_judge_does_not_read_the_answers() -> None
     assert health[:2] == (200, {"status": "ok"})
 
 
+async def test_readyz_is_503_while_no_judge_replica_can_be_reached() -> None:
+    why = "judge unreachable for 17s: no judge replica can be reached"
+    status, reply, _ = await call(app_for(FakeEngine(unreachable=why)), "/readyz", method="GET")
+    assert (status, reply) == (503, {"status": "not ready", "reason": why})
+    for path in ("/", "/health", "/healthz", "/livez"):  # alive all the same
+        health = await call(app_for(FakeEngine(unreachable=why)), path, method="GET")
+        assert health[:2] == (200, {"status": "ok"})
+
+
 async def test_openapi_route() -> None:
     status, doc, _ = await call(app_for(FakeEngine()), "/openapi.json", method="GET")
     assert status == 200

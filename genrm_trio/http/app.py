@@ -81,6 +81,10 @@ class EngineLike(RecordsEngine, Protocol):
 
     def judge_replicas(self) -> list[ReplicaStats]: ...
 
+    def judge_unreachable(self) -> str | None:
+        """Why the judge cannot be reached now, or None (`/readyz`)."""
+        ...
+
 
 def _reply(status: int, payload: object, headers: Mapping[str, str] | None = None) -> Response:
     """A Quart reply with a JSON payload."""
@@ -246,7 +250,11 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
         return Response(_OK, status=200, content_type=_JSON)
 
     async def ready() -> Response:
+        # not ready while the judge does not read the answers, or while no judge replica can
+        # be reached (comparisons wait for it): a load balancer may route around it
         reason = not_ready_reason(engine.judge_replicas(), settings.judge.api)
+        if reason is None:
+            reason = engine.judge_unreachable()
         if reason is None:
             return Response(_OK, status=200, content_type=_JSON)
         return _reply(503, {"status": "not ready", "reason": reason})

@@ -128,6 +128,12 @@ def one_line(text: str, limit: int = 1000) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+def unreachable_note(seconds: float | None) -> str:
+    """What a deadline failure adds while no judge replica can be reached (`seconds` since
+    then; None: one can)."""
+    return "" if seconds is None else f" (judge unreachable for {seconds:.0f}s)"
+
+
 # --- per-attempt errors (mapped at the boundary, judge.client; never escape a comparison) -------
 
 
@@ -141,6 +147,10 @@ class JudgeAttemptError(Exception):
     # failure belongs to the replica (its deadline, its certificate), not to the request.
     retry_elsewhere: bool = False
     replica: str | None = None  # the fleet replica (its label) the attempt went to, if any
+    # False: the request never reached a server (its connection could not be opened: refused,
+    # reset while connecting, a name that does not resolve). Such a call is no attempt of its
+    # comparison when the judge waits out outages (`ReplicaReporting.watched`).
+    reached: bool = True
 
     def describe(self) -> str:
         """`{ErrorType}: {message}` exactly as D14 fixes it (message cut at 1000 chars)."""
@@ -152,10 +162,12 @@ class JudgeTransportError(JudgeAttemptError):
 
     retryable = True
 
-    def __init__(self, type_name: str, message: str) -> None:
-        # type_name and whether it is retried: judge.client.TRANSPORT_ERRORS, the one table
+    def __init__(self, type_name: str, message: str, *, reached: bool = True) -> None:
+        # type_name, whether it is retried and whether the request reached a server:
+        # judge.client.TRANSPORT_ERRORS, the one table
         super().__init__(message)
         self.type_name = type_name
+        self.reached = reached
 
 
 class JudgeHTTPError(JudgeAttemptError):
@@ -307,4 +319,38 @@ class ReplicaReporting(Protocol):
     def held_back_for(self) -> float | None:
         """Seconds until a replica may take a call again when every one the next attempt could
         go to is holding back after a `Retry-After`; None when one can take it now."""
+        ...
+
+    @property
+    def watched(self) -> bool:
+        """Its probe loops run (`keep_watch`): a call that reaches no replica is then no
+        attempt, and comparisons wait out an outage (`wait_reachable`)."""
+        ...
+
+    async def keep_watch(self) -> None:
+        """Probe the replicas that cannot be reached until they answer; runs until cancelled
+        (the engine runs it in its nursery)."""
+        ...
+
+    async def wait_reachable(self) -> None:
+        """Return once a replica can be reached (at once when one can, or when not watched)."""
+        ...
+
+    def unreachable_for(self) -> float | None:
+        """Seconds since no replica could be reached, or None when one can."""
+        ...
+
+    def unreachable_seconds(self) -> float:
+        """Seconds, in all, during which no replica could be reached."""
+        ...
+
+
+@runtime_checkable
+class Probing(Protocol):
+    """A judge that can tell whether its server is up without a judge call (`HttpJudge`:
+    `GET {base_url}/models`)."""
+
+    async def probe(self) -> str | None:
+        """None when the server answered; else why not, on one line. Has no deadline of its
+        own: the caller bounds it."""
         ...
