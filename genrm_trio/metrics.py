@@ -79,6 +79,46 @@ class ReplicaCounters(Protocol):
     def latency_count(self) -> int: ...
     @property
     def latency_sum_s(self) -> float: ...
+    @property
+    def input_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def reasoning_tokens(self) -> int: ...
+    @property
+    def answers_unread(self) -> str | None: ...
+    @property
+    def prompts_unread(self) -> int: ...
+
+
+class JudgeReachability(Protocol):
+    """What the outage series read of the judge (`judge.fleet.JudgeFleet`)."""
+
+    def unreachable_for(self) -> float | None: ...
+    def unreachable_seconds(self) -> float: ...
+
+
+@final
+class _ReachabilityCollector(Collector):
+    """Whether the judge can be reached, read at scrape time; 0 without a judge that says."""
+
+    def __init__(self) -> None:
+        self.source: JudgeReachability | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        source = self.source
+        down = source is not None and source.unreachable_for() is not None
+        seconds = 0.0 if source is None else source.unreachable_seconds()
+        yield GaugeMetricFamily(
+            "genrm_trio_judge_unreachable",
+            "1 while no judge replica can be reached (comparisons wait for one), else 0",
+            value=1.0 if down else 0.0,
+        )
+        yield CounterMetricFamily(
+            "genrm_trio_judge_unreachable_seconds",
+            "Seconds during which no judge replica could be reached",
+            value=seconds,
+        )
 
 
 @final
@@ -127,8 +167,33 @@ class _ReplicaCollector(Collector):
             "Duration of finished judge attempts, per replica",
             labels=["replica"],
         )
+        input_tokens = CounterMetricFamily(
+            "genrm_trio_judge_replica_input_tokens",
+            "Prompt (input) tokens the judge reported, per replica",
+            labels=["replica"],
+        )
+        output_tokens = CounterMetricFamily(
+            "genrm_trio_judge_replica_output_tokens",
+            "Output tokens the judge reported (reasoning included), per replica",
+            labels=["replica"],
+        )
+        reasoning_tokens = CounterMetricFamily(
+            "genrm_trio_judge_replica_reasoning_tokens",
+            "Of the output tokens, reasoning tokens, where the judge's API reports them",
+            labels=["replica"],
+        )
+        unread = CounterMetricFamily(
+            "genrm_trio_judge_replica_answers_unread_prompts",
+            "Prompts whose comparisons' prompt tokens showed that the judge does not read the "
+            "answers (judge.api pointed the wrong way), per replica",
+            labels=["replica"],
+        )
         for s in stats:
             label = [s.replica]
+            input_tokens.add_metric(label, s.input_tokens)
+            output_tokens.add_metric(label, s.output_tokens)
+            reasoning_tokens.add_metric(label, s.reasoning_tokens)
+            unread.add_metric(label, s.prompts_unread)
             calls.add_metric(label, s.calls)
             failures.add_metric(label, s.failures)
             ejections.add_metric(label, s.ejections)
@@ -137,6 +202,7 @@ class _ReplicaCollector(Collector):
             ejected.add_metric(label, 1.0 if s.ejected else 0.0)
             latency.add_metric(label, s.latency_count, s.latency_sum_s)
         yield from (calls, failures, ejections, stalls, in_flight, ejected, latency)
+        yield from (input_tokens, output_tokens, reasoning_tokens, unread)
 
 
 @final
@@ -168,6 +234,12 @@ class Metrics:
         self.judge_budget_escalations = Counter(
             "genrm_trio_judge_budget_escalations",
             "Judge attempts started with an escalated output budget (judge.budget_escalation)",
+            registry=r,
+        )
+        self.judge_comparisons = Counter(
+            "genrm_trio_judge_comparisons",
+            "Comparisons the judge finished (a verdict, the default fallback, or a judge error): "
+            "the denominator of judge tokens per comparison",
             registry=r,
         )
         self.judge_inflight = Gauge(
@@ -258,10 +330,17 @@ class Metrics:
         ProcessCollector(registry=r)
         self._replicas = _ReplicaCollector()
         r.register(self._replicas)
+        self._reachability = _ReachabilityCollector()
+        r.register(self._reachability)
 
     def watch_replicas(self, source: Callable[[], Sequence[ReplicaCounters]] | None) -> None:
         """Expose a judge fleet's per-replica counters (label `replica`); None stops it."""
         self._replicas.source = source
+
+    def watch_judge(self, source: JudgeReachability | None) -> None:
+        """Expose whether the judge can be reached (`genrm_trio_judge_unreachable`, and its
+        seconds); None stops it (both read 0)."""
+        self._reachability.source = source
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""

@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from genrm_trio.client import AsyncGenRMClient, Masked, Scored
+from genrm_trio.client import AsyncGenRMClient, GroupSettings, Masked, Scored
 
 __all__ = ["API_KEY_ENV", "group_rm", "post_process_rewards"]
 
@@ -39,6 +39,8 @@ _GROUP_NORMALISED = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
 _STD_NORMALISED = ("grpo", "gspo", "cispo")
 _EPSILON = 1e-6  # slime's
 _MASKED = "genrm_masked"  # the metadata key of a masked sample: its reason
+# each server's GET /group_settings, read once per process rather than once per group
+_SETTINGS: dict[str, GroupSettings] = {}
 
 
 async def group_rm(args: Any, samples: Sequence[Any], **kwargs: Any) -> list[float]:
@@ -48,10 +50,13 @@ async def group_rm(args: Any, samples: Sequence[Any], **kwargs: Any) -> list[flo
     prompts = {repr(sample.prompt) for sample in samples}
     if len(prompts) != 1:
         raise ValueError(f"group_rm: a group of {len(samples)} samples with different prompts")
-    async with AsyncGenRMClient(args.rm_url, api_key=os.environ.get(API_KEY_ENV) or None) as client:
+    api_key = os.environ.get(API_KEY_ENV) or None
+    settings = _SETTINGS.get(args.rm_url)
+    async with AsyncGenRMClient(args.rm_url, api_key=api_key, group_settings=settings) as client:
         results = await client.score_group_results(
             samples[0].prompt, [sample.response for sample in samples]
         )
+        _SETTINGS[args.rm_url] = await client.group_settings()
     scored = [result.reward for result in results if type(result) is Scored]
     mean = sum(scored) / len(scored) if scored else 0.0
     rewards: list[float] = []

@@ -223,10 +223,11 @@ def genrm_reward(
     run_id: str | None = None,
 ) -> GenRMReward:
     """TRL's reward function: GenRM pairwise rewards from the genrm-trio server at
-    `base_url`, None for a masked completion. `timeout`: the bound of one batch's wait (default:
-    the server's deadlines plus a margin); `principle`: sent with every group; `name`: the name
-    in TRL's logs; `run_id`: the same on every process of a multi-process run (default: new,
-    and shared through torch.distributed)."""
+    `base_url`, None for a masked completion. `timeout`: the bound of each group's wait, and
+    so of the batch's, whose groups wait at once (default: the server's deadlines plus a
+    margin); `principle`: sent with every group; `name`: the name in TRL's logs; `run_id`: the
+    same on every process of a multi-process run (default: new, and shared through
+    torch.distributed)."""
     return GenRMReward(
         base_url,
         api_key=api_key,

@@ -55,6 +55,7 @@ class FakeEngine:
     compare_outcome: Callable[[CompareInput], Awaitable[CompareResult]] | None = None
     cohorts: list[CohortView] = field(default_factory=list)
     replicas: list[ReplicaStats] = field(default_factory=list)
+    unreachable: str | None = None  # what judge_unreachable says (/readyz)
     metrics: Metrics = field(default_factory=Metrics)
     verified: list[VerifyInput] = field(default_factory=list)
     compared: list[CompareInput] = field(default_factory=list)
@@ -80,3 +81,6 @@ class FakeEngine:
 
     def judge_replicas(self) -> list[ReplicaStats]:
         return list(self.replicas)
+
+    def judge_unreachable(self) -> str | None:
+        return self.unreachable

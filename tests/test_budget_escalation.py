@@ -48,6 +48,13 @@ APIS = ["responses", "chat_completions"]
 BUDGET_KEY = {"responses": "max_output_tokens", "chat_completions": "max_tokens"}
 
 
+# how each API's cut reply is named in the exhaustion WARNING
+CUT_WORDS = {
+    "responses": "response is incomplete (reason=max_output_tokens)",
+    "chat_completions": "finish_reason=length (the reply reached max_tokens)",
+}
+
+
 def exhausted(api: str, tokens: int | None = None) -> Reply:
     """A reply cut off by the output budget, as each API says it (usage = `tokens`)."""
     if api == "responses":
@@ -223,7 +230,7 @@ async def test_escalation_stops_at_the_cap_and_keeps_the_attempt_count(
         if r.getMessage().startswith("GenRM output budget ex")
     ] == [
         f"GenRM output budget exhausted for pair (3, 7) (attempt {n}/5, max_output_tokens={b}): "
-        "response is incomplete (reason=max_output_tokens) and contains no verdict"
+        f"{CUT_WORDS[api]} and contains no verdict"
         for n, b in zip(range(1, 6), [1341, 2682, 4000, 4000, 4000], strict=True)
     ]
     assert r.metric("genrm_trio_judge_budget_escalations_total") == 2
@@ -565,3 +572,69 @@ async def test_budget_escalation_benchmark_counts(autojump_clock: trio.testing.M
     assert 0.0 < on.escalated_comparison_share < 1.0
     assert on.attempts_per_comparison < off.attempts_per_comparison
     assert [v["scenario"] for v in bench.verdicts([off, on])] == ["validation-A3"]
+
+
+# --- how a cut reply and a strict chat template are named (issue 28 item 4) -----------------------
+
+
+async def test_a_chat_reply_cut_after_its_verdict_is_named_for_what_it_is(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reply cut at the budget is never a completed answer, even holding a verdict; the words
+    say which it was."""
+    verdict = '{"score_1": 4, "score_2": 2, "ranking": 2}'
+    holding = raw(
+        {"choices": [{"message": {"content": verdict + " and so"}, "finish_reason": "length"}]}
+    )
+    r = rig("chat_completions", holding, exhausted("chat_completions"), retries=1)
+    with caplog.at_level(logging.WARNING, "genrm_trio.judge"), trio.fail_after(BOUND):
+        error = await r.fail((3, 7))
+    assert error.message == (
+        "Judge returned no completed answer after 2 attempts (2 of them exhausted "
+        "max_output_tokens=1341: 1 cut after writing a verdict, which a reply cut at the budget "
+        "does not count as, 1 without emitting one; raise the budget or constrain the judge's "
+        "reasoning)"
+    )
+    assert [rec.getMessage() for rec in caplog.records] == [
+        "GenRM output budget exhausted for pair (3, 7) (attempt 1/2, max_output_tokens=1341): "
+        "finish_reason=length (the reply reached max_tokens) and holds a verdict, which a reply "
+        "cut at the budget does not count as",
+        "GenRM output budget exhausted for pair (3, 7) (attempt 2/2, max_output_tokens=1341): "
+        "finish_reason=length (the reply reached max_tokens) and contains no verdict",
+    ]
+
+
+@pytest.mark.parametrize("api", ["chat_completions", "openai_responses", "genrm_model"])
+async def test_an_http_500_hints_at_the_chat_template_where_custom_roles_are_sent(
+    autojump_clock: trio.testing.MockClock, api: str
+) -> None:
+    r = rig(api, http(500, b'{"detail": "unknown role: principle"}'), retries=0)
+    with trio.fail_after(BOUND):
+        error = await r.fail()
+    path = "/v1/chat/completions" if api == "chat_completions" else "/v1/responses"
+    reason = 'JudgeHTTPError: HTTP 500; response={"detail": "unknown role: principle"}'
+    if api != "genrm_model":  # Gym's genrm_model server builds the prompt itself
+        reason += (
+            "; hint: the judge's chat template must accept the roles principle, response_1 and "
+            f"response_2, which judge.api {api} sends"
+        )
+    assert (
+        error.message == f"GenRM judge judge.test:8000 {path} pair=(0, 1) deadline=0.2s: {reason}"
+    )
+
+
+async def test_a_reply_that_is_not_json_names_its_content_type_and_first_bytes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """What a server that streams unless told `"stream": false` answers."""
+    stream = b'data: {"type": "response.created"}\n\n' * 4
+    r = rig("openai_responses", Reply(200, stream, ("content-type: text/event-stream",)))
+    with trio.fail_after(BOUND):
+        error = await r.fail()
+    assert error.message == (
+        "GenRM judge judge.test:8000 /v1/responses pair=(0, 1) deadline=0.2s: JSONDecodeError: "
+        "Expecting value: line 1 column 1 (char 0) (the reply is not JSON: content-type "
+        'text/event-stream, 144 bytes, first \'data: {"type": "response.created"}\\n\\ndata: '
+        '{"type": "response.created"}\\n\\ndata: {"\'…)'
+    )
+    assert r.script.calls == 1  # not retried (D14)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -37,12 +39,14 @@ ONE_WORKER = (
 )
 D12_DEFAULT_LINE = (
     "judge_request_timeout_s (1800.0s) >= cohort_evaluation_timeout_s (1800.0s): a hung judge "
-    "call fails the whole group instead of masking one comparison"
+    "call fails the whole group instead of masking one comparison; set judge_request_timeout_s: "
+    "300 (its 4 attempts then fit in the group's deadline) or evaluation_deadline_policy: "
+    "mask_pending"
 )
 D37_LINE = (
     "masked rows carry a placeholder reward 0.0; the trainer must exclude them (NeMo RL: "
-    "env.should_mask_flagged_samples: true and a masked-reward policy or mask_sample_rules that "
-    "exclude failure_kind judge_failed)"
+    "env.should_mask_flagged_samples: true and grpo.masked_reward_policy: exclude_infra, or "
+    "exclude; the default include counts the 0.0)"
 )
 DEADLINES = (
     "cohort_collection_timeout_s",
@@ -164,6 +168,7 @@ def test_judge_defaults() -> None:
         "eject_after_failures": 3,
         "eject_backoff_s": 5.0,
         "replica_stall_s": None,
+        "outage_probe_s": 5.0,
         "keepalive_expiry_s": 4.0,
         "max_response_bytes": 33554432,
         "ca_file": None,
@@ -732,12 +737,45 @@ def test_startup_warnings_d12_when_judge_deadline_is_not_shorter(
             "cohort_evaluation_timeout_s": group,
         }
     )
+    fits = group / 6  # 4 attempts, and room for their retry sleeps
     assert s.startup_warnings() == [
         f"judge_request_timeout_s ({float(judge)}s) >= cohort_evaluation_timeout_s "
         f"({float(group)}s): a hung judge call fails the whole group instead of masking one "
-        "comparison",
+        f"comparison; set judge_request_timeout_s: {fits:g} (its 4 attempts then fit in the "
+        "group's deadline) or evaluation_deadline_policy: mask_pending",
         D37_LINE,
     ]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"num_rollouts_per_prompt": 16},
+        {"num_rollouts_per_prompt": 4, "cohort_evaluation_timeout_s": 3, "genrm_parse_retries": 0},
+        {"num_rollouts_per_prompt": 16, "comparisons_per_rollout": 6},
+        {"comparison_strategy": "all_pairs", "comparisons_per_rollout": 6},
+    ],
+)
+def test_each_startup_warning_names_a_setting_that_silences_it(config: dict[str, Any]) -> None:
+    """Every fix a warning names (`set KEY: VALUE`, `or KEY: VALUE`, `e.g. KEY: VALUE`, `remove
+    the key`) makes
+    that warning go, and the trainer line names the README's setting."""
+    s = load(config)
+    for line in s.startup_warnings():
+        if line == D37_LINE:
+            continue
+        fixes = re.findall(r"(?:set|or|e\.g\.) ([a-z_.]+): ([\w.]+)", line)
+        assert fixes or "remove the key" in line, line
+        for key, value in fixes:
+            fixed = load({**config, key: yaml.safe_load(value)})
+            assert line.split(":")[0] not in " ".join(fixed.startup_warnings()), (key, value)
+        if "remove the key" in line:
+            key = line.split(" ")[0]
+            removed = load({k: v for k, v in config.items() if k != key})
+            assert not any(w.startswith(key) for w in removed.startup_warnings()), line
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    [policy] = re.findall(r"masked_reward_policy: (\w+)", readme)
+    assert f"grpo.masked_reward_policy: {policy}" in D37_LINE
 
 
 # --- unknown keys, nested mappings, interpolation, overrides -------------------------------------

@@ -150,7 +150,11 @@ def test_startup_warning_texts_are_documented() -> None:
     text = DOC.read_text(encoding="utf-8")
     d12, d37 = Settings(num_rollouts_per_prompt=16).startup_warnings()
     assert d37 in text
-    template = d12.replace("1800.0", "{a}", 1).replace("1800.0", "{b}", 1)
+    template = (
+        d12.replace("1800.0", "{a}", 1)
+        .replace("1800.0", "{b}", 1)
+        .replace("timeout_s: 300 (its 4 attempts", "timeout_s: {b / (A + 2)} (its {A} attempts")
+    )
     assert template in text
     n1, _ = Settings().startup_warnings()  # N = 1: no judging, so no deadline line
     assert n1.replace("(3.0)", "({default_score})") in text

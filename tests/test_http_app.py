@@ -3,6 +3,7 @@ docs/http-api.md."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -536,9 +537,48 @@ async def test_judge_replicas_route() -> None:
             "latency_count": 8,
             "latency_mean_s": 0.25,
             "last_error": "ConnectError: [Errno 111] Connection refused",
+            "input_tokens": 0,
+            "output_tokens": 0,
+            "reasoning_tokens": 0,
+            "answers_unread": None,
+            "prompts_unread": 0,
         }
     ]
     assert (await call(app_for(FakeEngine()), "/judge/replicas", method="GET"))[:2] == (200, [])
+
+
+async def test_readyz_is_503_while_the_judge_does_not_read_the_answers() -> None:
+    reading = ReplicaStats("a:1", "http://a:1/v1", 4, 0, 0, False, 0, 0, 0, None, 1.0, 4, None)
+    unread = dataclasses.replace(
+        reading, replica="b:2", answers_unread="equal prompt tokens", prompts_unread=1
+    )
+    assert (await call(app_for(FakeEngine(replicas=[reading])), "/readyz", method="GET"))[:2] == (
+        200,
+        {"status": "ok"},
+    )
+    status, reply, _ = await call(
+        app_for(FakeEngine(replicas=[reading, unread])), "/readyz", method="GET"
+    )
+    assert status == 503
+    assert reply == {
+        "status": "not ready",
+        "reason": "the judge does not read the answers (replica b:2): equal prompt tokens. "
+        "Fix: judge.api genrm_model sends the answers in metadata, which only Gym's genrm_model "
+        "server shows the model; for vLLM or any other OpenAI-compatible server set judge.api: "
+        "chat_completions (or openai_responses)",
+    }
+    # the other health routes stay 200: the process is alive
+    health = await call(app_for(FakeEngine(replicas=[unread])), "/healthz", method="GET")
+    assert health[:2] == (200, {"status": "ok"})
+
+
+async def test_readyz_is_503_while_no_judge_replica_can_be_reached() -> None:
+    why = "judge unreachable for 17s: no judge replica can be reached"
+    status, reply, _ = await call(app_for(FakeEngine(unreachable=why)), "/readyz", method="GET")
+    assert (status, reply) == (503, {"status": "not ready", "reason": why})
+    for path in ("/", "/health", "/healthz", "/livez"):  # alive all the same
+        health = await call(app_for(FakeEngine(unreachable=why)), path, method="GET")
+        assert health[:2] == (200, {"status": "ok"})
 
 
 async def test_openapi_route() -> None:

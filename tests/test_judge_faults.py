@@ -86,9 +86,12 @@ async def read_head(stream: trio.abc.Stream, body_bytes: int) -> tuple[int, int]
         buffer += data
     head, _, body = buffer.partition(b"\r\n\r\n")
     length = next(
-        int(line.partition(b":")[2])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
+        (
+            int(line.partition(b":")[2])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,  # a GET (the fleet's probe of a replica it took out)
     )
     got = len(body)
     while got < min(body_bytes, length):

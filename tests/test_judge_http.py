@@ -49,7 +49,7 @@ from genrm_trio.judge.base import (
 )
 from genrm_trio.judge.client import TRANSPORT_ERRORS, HttpJudge, make_http_judge, parse_retry_after
 from genrm_trio.judge.http1 import ResponseTooLarge
-from genrm_trio.judge.pool import CertificateError, KeepAlivePool
+from genrm_trio.judge.pool import CertificateError, KeepAlivePool, UnreachableError
 from genrm_trio.testing.network import (
     MemoryNetwork,
     Request,
@@ -593,6 +593,11 @@ class _FailingBackend:
         return _Failing(self.error)
 
 
+class _RefusingBackend:
+    async def connect_tcp(self, host: str, port: int) -> trio.abc.Stream:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+
 @pytest.mark.parametrize(
     ("exc", "name", "retryable"),
     [
@@ -629,14 +634,29 @@ def test_the_table_names_a_judge_error_for_every_failure_of_the_pool() -> None:
     kinds = [kind for kind, *_ in TRANSPORT_ERRORS]
     for i, kind in enumerate(kinds):
         assert not any(issubclass(kind, earlier) for earlier in kinds[:i]), kind
-    assert {name for _, name, _, _ in TRANSPORT_ERRORS} == {
+    assert {name for _, name, *_ in TRANSPORT_ERRORS} == {
         "ConnectError", "ReadError", "WriteError", "RemoteProtocolError", "ResponseTooLarge",
         "DecodingError", "LocalProtocolError",
     }  # fmt: skip
     # A failure of the replica, not of the request, is retried elsewhere in a fleet.
-    assert [kind for kind, _, retry, elsewhere in TRANSPORT_ERRORS if elsewhere and not retry] == [
-        CertificateError
-    ]
+    assert [
+        kind for kind, _, retry, elsewhere, _ in TRANSPORT_ERRORS if elsewhere and not retry
+    ] == [CertificateError]
+    # Only a connection that could not be opened leaves the request unsent (an outage).
+    assert [kind for kind, *_, reached in TRANSPORT_ERRORS if not reached] == [UnreachableError]
+
+
+async def test_a_refused_connection_never_reached_a_server() -> None:
+    refused = make_http_judge(settings(), backend=_RefusingBackend())
+    with trio.fail_after(5), pytest.raises(JudgeTransportError) as info:
+        await refused.attempt(CALL)
+    assert (info.value.type_name, info.value.retryable, info.value.reached) == (
+        "ConnectError",
+        True,
+        False,
+    )
+    assert info.value.describe() == "ConnectError: [Errno 111] Connection refused"
+    assert await refused.probe() == info.value.describe()  # GET /models fails the same way
 
 
 async def test_an_asgi_judge_over_the_in_memory_network() -> None:

@@ -202,7 +202,7 @@ def test_too_little_headroom_warns_once_with_the_numbers(
         f"leaves less than the {needed} descriptors a full server may need ({hard * 16} waiting "
         f"/verify requests: server.max_active_cohorts={hard} x num_rollouts_per_prompt=16; 256 "
         f"judge connections: judge.max_concurrency; {FD_RESERVE} reserve): raise the limit "
-        "(ulimit -n) or lower server.max_active_cohorts"
+        f"(ulimit -n {needed}) or lower server.max_active_cohorts"
     ) in warning
 
 
@@ -263,8 +263,8 @@ def test_the_default_admission_limit_is_fitted_to_the_descriptors(
     assert [r.getMessage() for r in caplog.records] == [
         "server.max_active_cohorts: 1228, what the open-file limit 20000 allows (30 open now, "
         "256 judge connections, 64 reserve, 16 descriptors per group of num_rollouts_per_prompt);"
-        " the default 4096 would need 65856: raise the limit (ulimit -n) to admit more, or set "
-        "the key"
+        " the default 4096 would need 65856: raise the limit (ulimit -n 65856) to admit more, or "
+        "set the key"
     ]
     fitted = serve_module.with_admission(settings, found)
     assert fitted.server.max_active_cohorts == 1228

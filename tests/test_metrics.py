@@ -210,6 +210,11 @@ class _Replica:
     ejected: bool = False
     latency_count: int = 2
     latency_sum_s: float = 0.5
+    input_tokens: int = 300
+    output_tokens: int = 20
+    reasoning_tokens: int = 4
+    answers_unread: str | None = None
+    prompts_unread: int = 0
 
 
 def _documented_series() -> dict[str, frozenset[str]]:

@@ -44,6 +44,11 @@ class _Replica:
     ejected: bool = False
     latency_count: int = 1
     latency_sum_s: float = 0.5
+    input_tokens: int = 300
+    output_tokens: int = 20
+    reasoning_tokens: int = 0
+    answers_unread: str | None = None
+    prompts_unread: int = 0
 
 
 def exported() -> dict[str, dict[str, set[str]]]:
@@ -145,6 +150,8 @@ def test_the_exported_names_include_what_the_panels_need() -> None:
         "genrm_trio_judge_replica_ejected",
         "genrm_trio_judge_replica_stalls_total",
         "genrm_trio_judge_replica_ejections_total",
+        "genrm_trio_judge_unreachable",
+        "genrm_trio_judge_unreachable_seconds_total",
         "genrm_trio_active_cohorts",
         "genrm_trio_deadline_failures_total",
         "process_cpu_seconds_total",
@@ -278,6 +285,7 @@ def test_the_rules_cover_what_needs_a_person() -> None:
         "GenRMTrioJudgeFailing",
         "GenRMTrioReplicaEjected",
         "GenRMTrioAllReplicasEjected",
+        "GenRMTrioJudgeUnreachable",
         "GenRMTrioReplicaStalled",
         "GenRMTrioJudgeQueueGrowing",
         "GenRMTrioDeadlineFailures",

@@ -239,7 +239,7 @@ def test_d_under_other_strategies_is_a_warning(strategy: str) -> None:
     assert (
         f"comparisons_per_rollout (8) is ignored under comparison_strategy: {strategy} "
         "(circular: 2 a pass, all_pairs: N - 1, fixed_baseline: 1); it sets d of "
-        "comparison_strategy: regular"
+        "comparison_strategy: regular: remove the key, or set comparison_strategy: regular"
     ) in s.startup_warnings()
     unset = settings_from_mapping({"comparison_strategy": strategy, "num_rollouts_per_prompt": 16})
     assert not any("comparisons_per_rollout" in line for line in unset.startup_warnings())

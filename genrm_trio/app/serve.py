@@ -327,7 +327,7 @@ def check_fd_headroom(settings: Settings) -> FdHeadroom:
             "server.max_active_cohorts: %d, what the open-file limit %d allows (%d open now, "
             "%d judge connections, %d reserve, %d descriptors per group of "
             "num_rollouts_per_prompt); the default %d would need %d: raise the limit "
-            "(ulimit -n) to admit more, or set the key",
+            "(ulimit -n %d) to admit more, or set the key",
             fitted,
             soft,
             open_now,
@@ -335,6 +335,7 @@ def check_fd_headroom(settings: Settings) -> FdHeadroom:
             FD_RESERVE,
             settings.num_rollouts_per_prompt,
             settings.server.max_active_cohorts,
+            needed,
             needed,
         )
         return dataclasses.replace(result, max_active_cohorts=fitted)
@@ -344,7 +345,7 @@ def check_fd_headroom(settings: Settings) -> FdHeadroom:
             "open-file limit %d (hard limit %s, %d open now) leaves less than the %d descriptors "
             "a full server may need (%d waiting /verify requests: server.max_active_cohorts=%d x "
             "num_rollouts_per_prompt=%d; %d judge connections: judge.max_concurrency; %d "
-            "reserve): raise the limit (ulimit -n) or lower server.max_active_cohorts",
+            "reserve): raise the limit (ulimit -n %d) or lower server.max_active_cohorts",
             soft,
             "unlimited" if hard == infinity else hard,
             open_now,
@@ -354,6 +355,7 @@ def check_fd_headroom(settings: Settings) -> FdHeadroom:
             settings.num_rollouts_per_prompt,
             settings.judge.max_concurrency,
             FD_RESERVE,
+            needed,
         )
     return result
 

@@ -44,6 +44,8 @@ _ROLLOUTS = "genrm_trio_cohort_rollouts_total"
 _MASKED = "genrm_trio_masked_rollouts_total"
 _FAILED_COMPARISONS = "genrm_trio_failed_comparisons_total"
 _CALLS = "genrm_trio_judge_calls_total"
+_TOKENS_IN = "genrm_trio_judge_replica_input_tokens_total"
+_TOKENS_OUT = "genrm_trio_judge_replica_output_tokens_total"
 _ATTEMPT = "genrm_trio_judge_attempt_seconds"
 _QUEUE_WAIT = "genrm_trio_judge_queue_wait_seconds"
 _GROUP_LATENCY = "genrm_trio_group_latency_seconds"
@@ -354,6 +356,12 @@ def _summary(window: _Window, *, down: bool) -> RenderableType:
         _rate(window.rate(_EAGER)),
     )
     table.add_row(
+        "judge tokens in",
+        _rate(window.rate(_TOKENS_IN)),
+        "judge tokens out",
+        _rate(window.rate(_TOKENS_OUT)),
+    )
+    table.add_row(
         "judge in flight",
         _count(s.value("genrm_trio_judge_inflight")),
         "judge queued",
@@ -417,7 +425,19 @@ def _replicas(replicas: Sequence[Mapping[str, Any]]) -> RenderableType:
             _latency(mean if isinstance(mean, float | int) else None),
             last_error[:ERROR_CHARS],
         )
-    return table
+    unread = [r for r in replicas if r.get("answers_unread")]
+    if not unread:
+        return table
+    # the worst a reward server can do: verdicts about answers the judge never read
+    warnings = [
+        Text(
+            f"THE JUDGE DOES NOT READ THE ANSWERS ({r.get('replica', '?')}): "
+            f"{r['answers_unread']}; check judge.api (GET /readyz says how to fix it)",
+            style="bold red",
+        )
+        for r in unread
+    ]
+    return Group(table, *warnings)
 
 
 def _cohorts(cohorts: Sequence[Mapping[str, Any]], rows: int) -> RenderableType:

@@ -217,6 +217,8 @@ class JudgeSettings(_Strict):
     eject_backoff_s: float = 5.0
     # Off by default: the right value depends on the judge's longest call (docs/operations.md).
     replica_stall_s: float | None = None
+    # The longest wait between two probes of a judge replica that cannot be reached.
+    outage_probe_s: float = 5.0
     keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S
     max_response_bytes: int = Field(default=MAX_RESPONSE_BYTES, ge=1024)
     ca_file: str | None = None
@@ -248,7 +250,7 @@ class JudgeSettings(_Strict):
     def _api_alias(cls, value: object) -> object:
         return JUDGE_API_ALIASES.get(value, value) if isinstance(value, str) else value
 
-    @field_validator("eject_backoff_s", "keepalive_expiry_s")
+    @field_validator("eject_backoff_s", "keepalive_expiry_s", "outage_probe_s")
     @classmethod
     def _positive_seconds(cls, value: float) -> float:
         return _finite("value", value, positive=True)
@@ -527,17 +529,23 @@ class Settings(_Strict):
                 f"num_rollouts_per_prompt is {self.num_rollouts_per_prompt}: every /verify is "
                 f"answered at once with default_score ({self.default_score}) and no judge call; "
                 "set num_rollouts_per_prompt (serve --num-rollouts-per-prompt N) to the "
-                "rollouts per prompt the trainer sends"
+                "rollouts per prompt the trainer sends (NeMo RL: grpo.num_generations_per_prompt, "
+                "e.g. num_rollouts_per_prompt: 16)"
             )
         elif (
             self.evaluation_deadline_policy == "fail_group"
             and self.judge_request_timeout_s >= self.cohort_evaluation_timeout_s
         ):
-            # under mask_pending a hung call masks its own comparison at the group deadline
+            # under mask_pending a hung call masks its own comparison at the group deadline;
+            # the value named lets every attempt of a comparison run out within the group's
+            # deadline (1800 s and 4 attempts: 300 s, the example of docs/configuration.md)
+            fits = self.cohort_evaluation_timeout_s / (self.attempts + 2)
             lines.append(
                 f"judge_request_timeout_s ({self.judge_request_timeout_s}s) >= "
                 f"cohort_evaluation_timeout_s ({self.cohort_evaluation_timeout_s}s): a hung judge "
-                "call fails the whole group instead of masking one comparison"
+                "call fails the whole group instead of masking one comparison; set "
+                f"judge_request_timeout_s: {fits:g} (its {self.attempts} attempts then fit in the "
+                "group's deadline) or evaluation_deadline_policy: mask_pending"
             )
         if (
             "comparisons_per_rollout" in self.model_fields_set
@@ -547,11 +555,12 @@ class Settings(_Strict):
             lines.append(
                 f"comparisons_per_rollout ({self.comparisons_per_rollout}) is ignored under "
                 f"comparison_strategy: {self.comparison_strategy} (circular: 2 a pass, "
-                "all_pairs: N - 1, fixed_baseline: 1); it sets d of comparison_strategy: regular"
+                "all_pairs: N - 1, fixed_baseline: 1); it sets d of comparison_strategy: regular: "
+                "remove the key, or set comparison_strategy: regular"
             )
         lines.append(
             "masked rows carry a placeholder reward 0.0; the trainer must exclude them "
-            "(NeMo RL: env.should_mask_flagged_samples: true and a masked-reward policy or "
-            "mask_sample_rules that exclude failure_kind judge_failed)"
+            "(NeMo RL: env.should_mask_flagged_samples: true and grpo.masked_reward_policy: "
+            "exclude_infra, or exclude; the default include counts the 0.0)"
         )
         return lines

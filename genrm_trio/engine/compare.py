@@ -38,7 +38,7 @@ from genrm_trio.engine.evaluation import (
 from genrm_trio.engine.keys import RUBRIC_REQUIRED
 from genrm_trio.engine.offload import score_off_loop
 from genrm_trio.judge.attempts import Comparator
-from genrm_trio.judge.base import JudgeError
+from genrm_trio.judge.base import JudgeError, unreachable_note
 from genrm_trio.judge.queue import QueueTicket
 from genrm_trio.metrics import Metrics
 
@@ -132,7 +132,8 @@ class Comparisons:
             if self._closed:
                 raise CompareFailed(SHUTTING_DOWN)
             self.metrics.deadline_failures.labels("compare").inc()
-            raise CompareFailed(f"GenRM compare deadline exceeded after {timeout}s")
+            why = unreachable_note(self._comparator.unreachable_for())
+            raise CompareFailed(f"GenRM compare deadline exceeded after {timeout}s{why}")
         try:
             if scored_off_loop(n, len(plan)):  # a large batch: a worker thread, one at a time
                 result = await score_off_loop(

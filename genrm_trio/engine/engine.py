@@ -157,6 +157,9 @@ class Engine:
         self._fleet = judge if isinstance(judge, ReplicaReporting) else None
         if self._fleet is not None:
             metrics.watch_replicas(self._fleet.replica_stats)
+            metrics.watch_judge(self._fleet)
+            # its probe loops: a judge that cannot be reached is waited for (judge/fleet.py)
+            nursery.start_soon(self._fleet.keep_watch)
         self._registry = Registry(settings, metrics)
         self._lock = trio.Lock()
         self._closed = False
@@ -175,6 +178,14 @@ class Engine:
     def active_cohorts(self) -> list[CohortView]:
         """Collecting and judging cohorts, oldest first (``GET /cohorts``, docs/http-api.md)."""
         return self._registry.views(trio.current_time())
+
+    def judge_unreachable(self) -> str | None:
+        """Why the judge cannot be used now (no replica can be reached), or None; `/readyz`
+        answers 503 with it."""
+        gone = self._comparator.unreachable_for()
+        if gone is None:
+            return None
+        return f"judge unreachable for {gone:.0f}s: no judge replica can be reached"
 
     def judge_replicas(self) -> list[ReplicaStats]:
         """Per-replica counters of the judge (``GET /judge/replicas``): one per base URL, a single

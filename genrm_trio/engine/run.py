@@ -38,7 +38,7 @@ from genrm_trio.engine.offload import score_off_loop
 from genrm_trio.engine.readiness import Readiness, ReadinessIndex
 from genrm_trio.engine.registry import KEY_LOG_LIMIT
 from genrm_trio.judge.attempts import Comparator
-from genrm_trio.judge.base import JudgeCall, JudgeError, Usage, one_line
+from genrm_trio.judge.base import JudgeCall, JudgeError, Usage, one_line, unreachable_note
 from genrm_trio.judge.queue import JudgeQueue, QueueGroup, QueueTicket
 from genrm_trio.metrics import Metrics
 
@@ -264,9 +264,13 @@ class GroupRunner:
         s = self.settings
         timeout = s.cohort_evaluation_timeout_s
         if deadline:
+            # comparisons that waited for a judge that could not be reached say so
+            why = unreachable_note(self._comparator.unreachable_for())
             if s.evaluation_deadline_policy == "fail_group":
                 self.metrics.deadline_failures.labels("evaluation").inc()
-                cohort.fail("judge", f"GenRM cohort evaluation deadline exceeded after {timeout}s")
+                cohort.fail(
+                    "judge", f"GenRM cohort evaluation deadline exceeded after {timeout}s{why}"
+                )
                 return
             for c in evaluation.pending():  # mask_pending (docs/differences.md, D12)
                 planned = evaluation.plan[c]
@@ -276,7 +280,7 @@ class GroupRunner:
                     evaluation,
                     c,
                     f"GenRM comparison {planned.pair} (judge {planned.k}) was still running at "
-                    f"the group deadline ({timeout}s) and was cancelled",
+                    f"the group deadline ({timeout}s) and was cancelled{why}",
                     None,
                 )
         if scored_off_loop(len(evaluation.judge_texts), len(evaluation.plan)):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from quart import Response, request
@@ -53,6 +53,7 @@ from genrm_trio.http.schema import (
     parse_verify,
     validate,
 )
+from genrm_trio.judge.answers import unread_fix
 from genrm_trio.judge.base import ReplicaStats
 from genrm_trio.metrics import Metrics
 
@@ -80,6 +81,10 @@ class EngineLike(RecordsEngine, Protocol):
 
     def judge_replicas(self) -> list[ReplicaStats]: ...
 
+    def judge_unreachable(self) -> str | None:
+        """Why the judge cannot be reached now, or None (`/readyz`)."""
+        ...
+
 
 def _reply(status: int, payload: object, headers: Mapping[str, str] | None = None) -> Response:
     """A Quart reply with a JSON payload."""
@@ -96,6 +101,18 @@ def replica_view(stats: ReplicaStats) -> dict[str, object]:
         stats.latency_sum_s / stats.latency_count if stats.latency_count else None
     )
     return view
+
+
+def not_ready_reason(replicas: Sequence[ReplicaStats], api: str) -> str | None:
+    """Why `GET /readyz` answers 503, or None: a judge replica whose prompt tokens show that
+    the judge does not read the answers (judge/answers.py), with the fix for `judge.api`."""
+    for stats in replicas:
+        if stats.answers_unread is not None:
+            return (
+                f"the judge does not read the answers (replica {stats.replica}): "
+                f"{stats.answers_unread}. Fix: {unread_fix(api)}"
+            )
+    return None
 
 
 def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
@@ -232,8 +249,19 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
     async def health() -> Response:
         return Response(_OK, status=200, content_type=_JSON)
 
+    async def ready() -> Response:
+        # not ready while the judge does not read the answers, or while no judge replica can
+        # be reached (comparisons wait for it): a load balancer may route around it
+        reason = not_ready_reason(engine.judge_replicas(), settings.judge.api)
+        if reason is None:
+            reason = engine.judge_unreachable()
+        if reason is None:
+            return Response(_OK, status=200, content_type=_JSON)
+        return _reply(503, {"status": "not ready", "reason": reason})
+
     for path in sorted(PUBLIC_PATHS):
-        app.add_url_rule(path, f"health{path}", health, methods=["GET"])
+        handler = ready if path == "/readyz" else health
+        app.add_url_rule(path, f"health{path}", handler, methods=["GET"])
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -11,6 +11,7 @@ docs/configuration.md, "Judge requests and replies".
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping
@@ -48,6 +49,8 @@ class JudgeApi(Protocol):
 
     name: ClassVar[JudgeApiName]
     path: ClassVar[str]
+    # whether the model's chat template sees the roles principle, response_1 and response_2
+    custom_roles: ClassVar[bool]
 
     def body(self, call: JudgeCall) -> dict[str, Any]:
         """The JSON body of one attempt of `call`."""
@@ -79,6 +82,28 @@ def _count(value: object) -> int | None:
     if isinstance(value, float) and math.isfinite(value):
         return int(value)
     return None
+
+
+def _reasoning(reply: Mapping[str, Any]) -> int | None:
+    """Reasoning tokens where the reply reports them: Responses
+    `usage.output_tokens_details.reasoning_tokens`, chat
+    `usage.completion_tokens_details.reasoning_tokens`."""
+    usage = reply.get("usage")
+    if not isinstance(usage, Mapping):
+        return None
+    for key in ("output_tokens_details", "completion_tokens_details"):
+        details = usage.get(key)
+        if isinstance(details, Mapping):
+            return _count(details.get("reasoning_tokens"))
+    return None
+
+
+def _reply(
+    status: ReplyStatus, text: str, tokens: tuple[int | None, int | None], reply: Mapping[str, Any]
+) -> JudgeReply:
+    tokens_in, tokens_out = tokens
+    reasoning = _reasoning(reply) if tokens_out is not None else None
+    return JudgeReply(status, text, tokens_in, tokens_out, reasoning)
 
 
 def _usage(reply: Mapping[str, Any]) -> tuple[int | None, int | None]:
@@ -139,17 +164,18 @@ def interpret_responses(reply: object) -> JudgeReply:
     """Classify one decoded Responses reply."""
     if not isinstance(reply, dict):
         return JudgeReply(ReplyStatus.UNUSABLE, "", None, None)
-    tokens_in, tokens_out = _usage(reply)
+    tokens = _usage(reply)
     status = reply.get("status") or "completed"
     if status == "completed":
         text = answer_text(reply)
         if text.strip():
-            return JudgeReply(ReplyStatus.COMPLETED, text, tokens_in, tokens_out)
+            return _reply(ReplyStatus.COMPLETED, text, tokens, reply)
     elif status == "incomplete":
         details = reply.get("incomplete_details")
         if isinstance(details, dict) and details.get("reason") == "max_output_tokens":
-            return JudgeReply(ReplyStatus.BUDGET_EXHAUSTED, "", tokens_in, tokens_out)
-    return JudgeReply(ReplyStatus.UNUSABLE, "", tokens_in, tokens_out)
+            cut = _reply(ReplyStatus.BUDGET_EXHAUSTED, "", tokens, reply)
+            return dataclasses.replace(cut, partial=answer_text(reply))
+    return _reply(ReplyStatus.UNUSABLE, "", tokens, reply)
 
 
 @final
@@ -161,6 +187,7 @@ class GenRMModelApi:
 
     name: ClassVar[JudgeApiName] = "genrm_model"
     path: ClassVar[str] = "/responses"
+    custom_roles: ClassVar[bool] = False
 
     def __init__(self, create_params: Mapping[str, Any]) -> None:
         self._params: Final = copy.deepcopy(dict(create_params))
@@ -193,6 +220,7 @@ class OpenAIResponsesApi:
 
     name: ClassVar[JudgeApiName] = "openai_responses"
     path: ClassVar[str] = "/responses"
+    custom_roles: ClassVar[bool] = True
 
     def __init__(self, create_params: Mapping[str, Any]) -> None:
         self._params: Final = copy.deepcopy(dict(create_params))
@@ -280,20 +308,23 @@ def interpret_chat(reply: object) -> JudgeReply:
     """Classify one decoded chat-completions reply."""
     if not isinstance(reply, dict):
         return JudgeReply(ReplyStatus.UNUSABLE, "", None, None)
-    tokens_in, tokens_out = _usage(reply)
+    tokens = _usage(reply)
     choices = reply.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices else None
     if not isinstance(choice, dict):
-        return JudgeReply(ReplyStatus.UNUSABLE, "", tokens_in, tokens_out)
+        return _reply(ReplyStatus.UNUSABLE, "", tokens, reply)
     finish = choice.get("finish_reason")
+    message = choice.get("message")
+    text = message.get("content") if isinstance(message, dict) else None
     if finish == "length":
-        return JudgeReply(ReplyStatus.BUDGET_EXHAUSTED, "", tokens_in, tokens_out)
-    if finish in (None, "stop"):
-        message = choice.get("message")
-        text = message.get("content") if isinstance(message, dict) else None
-        if isinstance(text, str) and text.strip():
-            return JudgeReply(ReplyStatus.COMPLETED, text, tokens_in, tokens_out)
-    return JudgeReply(ReplyStatus.UNUSABLE, "", tokens_in, tokens_out)
+        cut = _reply(ReplyStatus.BUDGET_EXHAUSTED, "", tokens, reply)
+        partial = text if isinstance(text, str) else ""
+        return dataclasses.replace(
+            cut, cut_by="finish_reason=length (the reply reached max_tokens)", partial=partial
+        )
+    if finish in (None, "stop") and isinstance(text, str) and text.strip():
+        return _reply(ReplyStatus.COMPLETED, text, tokens, reply)
+    return _reply(ReplyStatus.UNUSABLE, "", tokens, reply)
 
 
 @final
@@ -305,6 +336,7 @@ class ChatCompletionsApi:
 
     name: ClassVar[JudgeApiName] = "chat_completions"
     path: ClassVar[str] = "/chat/completions"
+    custom_roles: ClassVar[bool] = True
 
     def __init__(self, create_params: Mapping[str, Any]) -> None:
         chat, instructions, dropped = chat_params(copy.deepcopy(dict(create_params)))

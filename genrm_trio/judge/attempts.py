@@ -83,6 +83,7 @@ class ComparatorStatistics:
     fallbacks: int  # comparisons that ended in the default-score fallback
     failures: int  # comparisons that ended in a JudgeError
     escalations: int  # attempts started with an escalated output budget
+    unreached: int  # calls that reached no judge server (no attempts: the judge was down)
 
 
 def _outcome(error: JudgeAttemptError) -> tuple[str, str]:
@@ -98,6 +99,10 @@ def _outcome(error: JudgeAttemptError) -> tuple[str, str]:
     if isinstance(error, JudgeTransportError):
         return "transport_error", "transport"
     return "transport_error", "transport"
+
+
+class _JudgeDown(Exception):
+    """No judge replica can be reached now: the call waits for one (`Comparator._reach`)."""
 
 
 @final
@@ -145,6 +150,7 @@ class Comparator:
         self._fallbacks = 0
         self._failures = 0
         self._escalations = 0
+        self._unreached = 0
 
     @property
     def limiter(self) -> JudgeQueue:
@@ -163,9 +169,38 @@ class Comparator:
             fallbacks=self._fallbacks,
             failures=self._failures,
             escalations=self._escalations,
+            unreached=self._unreached,
         )
 
     # --- one attempt ----------------------------------------------------------------------
+
+    async def _reach(self, call: JudgeCall, ticket: QueueTicket) -> JudgeReply:
+        """One attempt that reached a judge server. While a watched fleet has no replica that
+        can be reached it waits, holding no slot, for the fleet's probes to find one (bounded
+        only by the caller's deadlines); a call whose connection could not be opened is no
+        attempt: it is sent again, elsewhere or once the judge is back (docs/reliability.md,
+        "A judge restart")."""
+        fleet = self._fleet
+        while True:
+            if fleet is not None:
+                await fleet.wait_reachable()
+            try:
+                return await self._attempt(call, ticket)
+            except _JudgeDown:
+                continue  # it went down while this call waited for its slot: not sent
+            except JudgeAttemptError as error:
+                if error.reached or fleet is None or not fleet.watched:
+                    raise
+                self._unreached += 1
+                log.debug("judge call not sent (%s); not an attempt", one_line(error.describe()))
+                call = dataclasses.replace(
+                    call, avoid_replica=error.replica, ticket=AttemptTicket(call.ticket)
+                )
+
+    def unreachable_for(self) -> float | None:
+        """Seconds since no judge replica could be reached, or None (a judge that is not a
+        fleet is never known to be unreachable)."""
+        return None if self._fleet is None else self._fleet.unreachable_for()
 
     async def _attempt(self, call: JudgeCall, ticket: QueueTicket) -> JudgeReply:
         """One judge call holding a concurrency slot, under the per-attempt deadline."""
@@ -178,6 +213,9 @@ class Comparator:
             self._queued -= 1
             metrics.judge_queued.dec()
         try:
+            fleet = self._fleet
+            if fleet is not None and fleet.watched and fleet.unreachable_for() is not None:
+                raise _JudgeDown
             return await self._timed_attempt(call)
         finally:
             self._limiter.release()
@@ -271,10 +309,12 @@ class Comparator:
             result = await self._compare(call, pair, judge_pass, expected_rubric_ids, place)
         except JudgeError:
             self._failures += 1
+            self._metrics.judge_comparisons.inc()
             raise
         finally:
             self._active -= 1
         self._done += 1
+        self._metrics.judge_comparisons.inc()
         return result
 
     async def _compare(
@@ -290,6 +330,7 @@ class Comparator:
         tokens_in = tokens_out = 0
         usage_seen = False
         budget_hits = 0
+        cut_verdicts = 0  # of those, replies cut after they had written a verdict
         completed_seen = False
         retry_after: float | None = None
         avoid: str | None = None  # the replica whose failure caused this retry (failover)
@@ -341,7 +382,7 @@ class Comparator:
                 )
                 previous = attempt_call.ticket
             try:
-                reply = await self._attempt(attempt_call, ticket)
+                reply = await self._reach(attempt_call, ticket)
             except JudgeAttemptError as error:
                 retryable = error.retryable or (error.retry_elsewhere and self._elsewhere)
                 if retryable and n < total:
@@ -368,14 +409,21 @@ class Comparator:
 
             if reply.status is ReplyStatus.BUDGET_EXHAUSTED:
                 budget_hits += 1
+                # A cut reply is never a completed answer (the reference's rule), even when it
+                # holds a verdict; the line says which it was.
+                holds = self._holds_verdict(reply.partial)
+                cut_verdicts += holds
                 log.warning(
                     "GenRM output budget exhausted for pair %s (attempt %d/%d, "
-                    "max_output_tokens=%s): response is incomplete (reason=max_output_tokens) "
-                    "and contains no verdict",
+                    "max_output_tokens=%s): %s and %s",
                     pair,
                     n,
                     total,
                     budget if budget is not None else self._budget_tokens,
+                    reply.cut_by or "response is incomplete (reason=max_output_tokens)",
+                    "holds a verdict, which a reply cut at the budget does not count as"
+                    if holds
+                    else "contains no verdict",
                 )
                 cause = "budget"
                 if self._escalation is not None and budget is not None and n < total:
@@ -449,11 +497,36 @@ class Comparator:
             tried = f"={self._budget_tokens}"
             if escalations:
                 tried = f" from {start} up to {budget}"
+            if cut_verdicts:
+                cuts = (
+                    f": {cut_verdicts} cut after writing a verdict, which a reply cut at the "
+                    "budget does not count as"
+                )
+                if budget_hits > cut_verdicts:
+                    cuts += f", {budget_hits - cut_verdicts} without emitting one"
+            else:
+                cuts = " without emitting a verdict"
             message += (
-                f" ({budget_hits} of them exhausted max_output_tokens{tried} "
-                "without emitting a verdict; raise the budget or constrain the judge's reasoning)"
+                f" ({budget_hits} of them exhausted max_output_tokens{tried}{cuts}; raise the "
+                "budget or constrain the judge's reasoning)"
             )
         raise JudgeError(message, usage=usage(), attempts=total, escalations=escalations)
+
+    def _holds_verdict(self, text: str) -> bool:
+        """Whether a cut reply's text parses as an overall verdict."""
+        if not text.strip():
+            return False
+        settings = self._settings
+        try:
+            parse_overall(
+                text,
+                default_score=settings.default_score,
+                default_ranking=settings.default_ranking,
+                validate_range=settings.validate_verdict_range,
+            )
+        except VerdictParseError:
+            return False
+        return True
 
     def _retry(self, cause: str, pair: tuple[int, int], judge_pass: int, n: int, why: str) -> None:
         self._retries += 1

@@ -89,6 +89,14 @@ class JudgeReply:
     text: str  # the answer text (concatenated output_text / message content); "" when unusable
     input_tokens: int | None  # usage, when both counts were numbers (not booleans)
     output_tokens: int | None
+    # of output_tokens, the reasoning ones, where the API reports them (Responses
+    # `output_tokens_details`, chat `completion_tokens_details`)
+    reasoning_tokens: int | None = None
+    # A budget-exhausted reply: what the API called the cut when it is not the Responses
+    # `incomplete_details.reason=max_output_tokens` (chat: "finish_reason=length"), and the text
+    # it was cut in (it may hold a verdict, which a cut reply still does not count as)
+    cut_by: str | None = None
+    partial: str = ""
 
 
 class Judge(Protocol):
@@ -120,6 +128,12 @@ def one_line(text: str, limit: int = 1000) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+def unreachable_note(seconds: float | None) -> str:
+    """What a deadline failure adds while no judge replica can be reached (`seconds` since
+    then; None: one can)."""
+    return "" if seconds is None else f" (judge unreachable for {seconds:.0f}s)"
+
+
 # --- per-attempt errors (mapped at the boundary, judge.client; never escape a comparison) -------
 
 
@@ -133,6 +147,10 @@ class JudgeAttemptError(Exception):
     # failure belongs to the replica (its deadline, its certificate), not to the request.
     retry_elsewhere: bool = False
     replica: str | None = None  # the fleet replica (its label) the attempt went to, if any
+    # False: the request never reached a server (its connection could not be opened: refused,
+    # reset while connecting, a name that does not resolve). Such a call is no attempt of its
+    # comparison when the judge waits out outages (`ReplicaReporting.watched`).
+    reached: bool = True
 
     def describe(self) -> str:
         """`{ErrorType}: {message}` exactly as D14 fixes it (message cut at 1000 chars)."""
@@ -144,10 +162,12 @@ class JudgeTransportError(JudgeAttemptError):
 
     retryable = True
 
-    def __init__(self, type_name: str, message: str) -> None:
-        # type_name and whether it is retried: judge.client.TRANSPORT_ERRORS, the one table
+    def __init__(self, type_name: str, message: str, *, reached: bool = True) -> None:
+        # type_name, whether it is retried and whether the request reached a server:
+        # judge.client.TRANSPORT_ERRORS, the one table
         super().__init__(message)
         self.type_name = type_name
+        self.reached = reached
 
 
 class JudgeHTTPError(JudgeAttemptError):
@@ -161,11 +181,14 @@ class JudgeHTTPError(JudgeAttemptError):
         self.body = body[:1000]  # only the excerpt is ever shown
         self.retry_after = retry_after  # seconds, parsed from Retry-After when present
         self.retryable = status in (408, 429) or 500 <= status <= 599
+        self.hint: str | None = None  # what the client suspects, said after the reply
 
     def describe(self) -> str:
         text = f"{self.type_name}: HTTP {self.status}"
         if self.body:
             text += f"; response={self.body.decode('utf-8', errors='replace')}"
+        if self.hint:
+            text += f"; hint: {self.hint}"
         return text
 
 
@@ -266,6 +289,14 @@ class ReplicaStats:
     latency_sum_s: float  # summed over finished (not cancelled) attempts
     latency_count: int
     last_error: str | None  # `describe()` of the last retryable failure, cut at 200 characters
+    # usage the replica reported, summed over its replies (reasoning: where the API reports it)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    # judge.answers.AnswerCheck: why its prompt tokens show that the model does not read the
+    # answers (None: no sign of it), and how many prompts showed it
+    answers_unread: str | None = None
+    prompts_unread: int = 0
 
 
 @runtime_checkable
@@ -288,4 +319,38 @@ class ReplicaReporting(Protocol):
     def held_back_for(self) -> float | None:
         """Seconds until a replica may take a call again when every one the next attempt could
         go to is holding back after a `Retry-After`; None when one can take it now."""
+        ...
+
+    @property
+    def watched(self) -> bool:
+        """Its probe loops run (`keep_watch`): a call that reaches no replica is then no
+        attempt, and comparisons wait out an outage (`wait_reachable`)."""
+        ...
+
+    async def keep_watch(self) -> None:
+        """Probe the replicas that cannot be reached until they answer; runs until cancelled
+        (the engine runs it in its nursery)."""
+        ...
+
+    async def wait_reachable(self) -> None:
+        """Return once a replica can be reached (at once when one can, or when not watched)."""
+        ...
+
+    def unreachable_for(self) -> float | None:
+        """Seconds since no replica could be reached, or None when one can."""
+        ...
+
+    def unreachable_seconds(self) -> float:
+        """Seconds, in all, during which no replica could be reached."""
+        ...
+
+
+@runtime_checkable
+class Probing(Protocol):
+    """A judge that can tell whether its server is up without a judge call (`HttpJudge`:
+    `GET {base_url}/models`)."""
+
+    async def probe(self) -> str | None:
+        """None when the server answered; else why not, on one line. Has no deadline of its
+        own: the caller bounds it."""
         ...

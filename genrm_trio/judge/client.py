@@ -36,6 +36,7 @@ from genrm_trio.judge.pool import (
     CertificateError,
     KeepAlivePool,
     StaleConnectionError,
+    UnreachableError,
     judge_pool,
 )
 
@@ -47,22 +48,26 @@ __all__ = [
     "transport_error",
 ]
 
-TRANSPORT_ERRORS: Final[tuple[tuple[type[httpx.HTTPError], str, bool, bool], ...]] = (
+TRANSPORT_ERRORS: Final[tuple[tuple[type[httpx.HTTPError], str, bool, bool, bool], ...]] = (
     # (what the pool raised, the {ErrorType} of the judge error, retried against the same
-    #  judge, retried on another replica of a fleet); the first row that matches wins.
-    (CertificateError, "ConnectError", False, True),  # this replica's certificate
-    (httpx.ConnectError, "ConnectError", True, True),
-    (httpx.ReadError, "ReadError", True, True),
-    (httpx.WriteError, "WriteError", True, True),
-    (httpx.RemoteProtocolError, "RemoteProtocolError", True, True),
-    (ResponseTooLarge, "ResponseTooLarge", False, False),  # the same request, the same reply
-    (httpx.DecodingError, "DecodingError", False, False),
-    (httpx.LocalProtocolError, "LocalProtocolError", False, False),  # a client bug
+    #  judge, retried on another replica of a fleet, the request reached a server); the first
+    #  row that matches wins.
+    (CertificateError, "ConnectError", False, True, True),  # this replica's certificate
+    (UnreachableError, "ConnectError", True, True, False),  # no TCP connection: not sent
+    (httpx.ConnectError, "ConnectError", True, True, True),  # a TLS handshake that broke
+    (httpx.ReadError, "ReadError", True, True, True),
+    (httpx.WriteError, "WriteError", True, True, True),
+    (httpx.RemoteProtocolError, "RemoteProtocolError", True, True, True),
+    (ResponseTooLarge, "ResponseTooLarge", False, False, True),  # the same request and reply
+    (httpx.DecodingError, "DecodingError", False, False, True),
+    (httpx.LocalProtocolError, "LocalProtocolError", False, False, True),  # a client bug
 )
 """Every failure of an exchange, as a judge error (docs/differences.md, D14): the connect, read
 and write failures and a connection closed before a complete response are transient; a reply too
 large or in an encoding that does not decode, and a request the client refuses to write, would
-be the same again. A certificate the judge's TLS trust rejects would be too, at that replica."""
+be the same again. A certificate the judge's TLS trust rejects would be too, at that replica.
+A connection that could not be opened never carried the request: the judge is unreachable, and
+a fleet that waits out outages does not count it as an attempt (docs/reliability.md)."""
 
 _BEARER: Final = re.compile(rb"(?i)(bearer\s+)[^\s;,\"'()\[\]]+")
 
@@ -100,20 +105,26 @@ def _raw_header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
 
 def transport_error(exc: httpx.HTTPError) -> JudgeTransportError:
     """`exc`, raised by the pool, as the judge error `TRANSPORT_ERRORS` says it is."""
-    name, retryable, elsewhere = next(
+    name, retryable, elsewhere, reached = next(
         (
-            (name, retry, other)
-            for kind, name, retry, other in TRANSPORT_ERRORS
+            (name, retry, other, reached)
+            for kind, name, retry, other, reached in TRANSPORT_ERRORS
             if isinstance(exc, kind)
         ),
         # not one the pool raises: a bug, reported under its own name and not retried
-        (type(exc).__name__, False, False),
+        (type(exc).__name__, False, False, True),
     )
-    error = JudgeTransportError(name, str(exc) or name)
+    error = JudgeTransportError(name, str(exc) or name, reached=reached)
     error.retryable = retryable
     error.retry_elsewhere = elsewhere
     return error
 
+
+ROLES_HINT: Final = (
+    "the judge's chat template must accept the roles principle, response_1 and response_2, "
+    "which judge.api {api} sends"
+)
+"""Said after an HTTP 500 to an API that sends those roles (docs/configuration.md)."""
 
 _FIRST_BYTES: Final = 80
 """How much of a reply that is not JSON its failure reason quotes."""
@@ -154,6 +165,7 @@ class HttpJudge:
         api: JudgeApi,
         pool: KeepAlivePool,
         token: str | None = None,
+        probe_url: str | None = None,
     ) -> None:
         parsed = httpx.URL(url)
         self._url = str(parsed)
@@ -177,6 +189,13 @@ class HttpJudge:
         if token is not None:
             headers.append((b"authorization", b"Bearer " + token.encode("latin-1")))
         self._header_list: Final = headers
+        # GET {base_url}/models, as the start-up probe (judge.probe) sends it
+        self._probe_request: OutgoingRequest | None = None
+        if probe_url is not None:
+            models = httpx.URL(probe_url)
+            probe_headers = [(b"host", models.netloc), (b"accept", b"application/json")]
+            probe_headers += [h for h in headers if h[0] in (b"accept-encoding", b"authorization")]
+            self._probe_request = (b"GET", models.raw_path, probe_headers, b"")
         self._closed = False
         self._in_flight = 0
 
@@ -226,9 +245,25 @@ class HttpJudge:
             self._in_flight -= 1
         if not 200 <= status <= 299:
             retry_after = parse_retry_after(_raw_header(headers, b"retry-after"))
-            raise JudgeHTTPError(status, self._redact(body), retry_after)
+            error = JudgeHTTPError(status, self._redact(body), retry_after)
+            if status == 500 and self._api.custom_roles:
+                # what a chat template that rejects unknown roles answers (transformers, vLLM)
+                error.hint = ROLES_HINT.format(api=self._api.name)
+            raise error
         content_type = _raw_header(headers, b"content-type")
         return self._api.interpret(_decode_json(body, content_type, self._redact))
+
+    async def probe(self) -> str | None:
+        """`GET {base_url}/models`: None when the server answered with a status below 500 (it
+        is up, whether or not it lists models), else why not (judge.base.Probing). No deadline
+        of its own: the caller bounds it."""
+        if self._probe_request is None:
+            return None  # nothing to probe with: as good as an answer
+        try:
+            status, _, _ = await self._pool.exchange(self._probe_request)
+        except httpx.HTTPError as exc:
+            return transport_error(exc).describe()
+        return None if status < 500 else f"HTTP {status}"
 
     def _request(self, call: JudgeCall) -> list[OutgoingRequest]:
         """`call`'s POST in a one-item list the pool empties once it is sent, so that no frame
@@ -278,4 +313,5 @@ def make_http_judge(
         api=judge_api(judge.api, settings.judge_create_params),
         pool=judge_pool(base_url, judge, backend=backend),
         token=token,
+        probe_url=base_url.rstrip("/") + "/models",
     )

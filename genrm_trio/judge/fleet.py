@@ -59,6 +59,7 @@ from typing import Final, final
 import trio
 
 from genrm_trio.config import ConfigError, Settings, endpoint_of
+from genrm_trio.judge.answers import AnswerCheck, unread_fix
 from genrm_trio.judge.base import (
     AttemptTicket,
     Judge,
@@ -68,23 +69,30 @@ from genrm_trio.judge.base import (
     JudgeReply,
     JudgeStalled,
     JudgeTransportError,
+    Probing,
     ReplicaStats,
     one_line,
 )
 from genrm_trio.judge.client import make_http_judge
 from genrm_trio.judge.network import NetworkBackend
+from genrm_trio.judge.probe import PROBE_LIMIT_S
 
 log = logging.getLogger("genrm_trio.judge")
 
-__all__ = ["EJECT_BACKOFF_MAX_S", "JudgeFleet", "make_judge"]
+__all__ = ["EJECT_BACKOFF_MAX_S", "OUTAGE_PROBE_FIRST_S", "JudgeFleet", "make_judge"]
 
 EJECT_BACKOFF_MAX_S: Final = 60.0
 """The longest back-off of an ejected replica whose trial attempts keep failing."""
+
+OUTAGE_PROBE_FIRST_S: Final = 0.5
+"""The first probe of a replica that cannot be reached comes this long after it went (or
+`judge.outage_probe_s` if shorter); each failed probe doubles the wait, up to that setting."""
 
 
 @final
 class _Replica:
     __slots__ = (
+        "answers",
         "armed",
         "attempts",
         "backoff",
@@ -98,16 +106,21 @@ class _Replica:
         "hold_until",
         "in_flight",
         "index",
+        "input_tokens",
         "judge",
         "label",
         "last_error",
         "last_failure",
         "latency_count",
         "latency_sum",
+        "output_tokens",
+        "probing",
         "quiet_since",
+        "reasoning_tokens",
         "stalling",
         "stalls",
         "streak",
+        "unreachable",
         "url",
         "watch",
     )
@@ -123,6 +136,8 @@ class _Replica:
         self.consecutive = 0
         self.streak = 0  # which run of consecutive failures `consecutive` counts
         self.ejected = False
+        self.unreachable = False  # out because a call could not reach it (probed until it can)
+        self.probing = False  # its probe loop runs
         self.ejections = 0
         self.ejected_at = 0.0
         self.eject_until = 0.0
@@ -139,6 +154,11 @@ class _Replica:
         self.attempts: set[trio.CancelScope] = set()  # the scopes of its attempts in flight
         self.watch: trio.CancelScope | None = None  # the one carrying the stall deadline
         self.stalling = False  # a stall was declared; its attempts are being cancelled
+        # usage it reported, and whether its prompt tokens show the answers read (answers.py)
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.reasoning_tokens = 0
+        self.answers = AnswerCheck()
 
 
 def replica_labels(urls: Sequence[str]) -> list[str]:
@@ -168,6 +188,8 @@ class JudgeFleet:
         eject_after_failures: int = 3,
         eject_backoff_s: float = 5.0,
         stall_after_s: float | None = None,
+        outage_probe_s: float = 5.0,
+        api: str | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("a judge fleet needs at least one replica")
@@ -181,11 +203,18 @@ class JudgeFleet:
         self._threshold = eject_after_failures
         self._backoff = eject_backoff_s
         self._stall_after = stall_after_s
+        self._api = api  # `judge.api`, named in the "does not read the answers" line
         self._next = 0  # where the round robin starts looking
         self._lot = trio.lowlevel.ParkingLot()
         self._path = replicas[0][1].path
         self._endpoint = ",".join(labels)
         self._closed = False
+        # the outage (module docstring): no replica in service
+        self._probe_max = outage_probe_s
+        self._watch: trio.Nursery | None = None  # where the probe loops run (keep_watch)
+        self._down_since: float | None = None
+        self._down_total = 0.0  # seconds of outages that are over
+        self._back_event = trio.Event()  # set when an outage ends (a new one per outage)
 
     def __repr__(self) -> str:
         return f"JudgeFleet({[replica.url for replica in self._replicas]!r})"
@@ -316,7 +345,9 @@ class JudgeFleet:
             # An HTTP status is an answer; a broken or refused connection is not (no evidence
             # that the replicas are serving, which a stall of another one needs).
             self._finished(replica, started, answered=not isinstance(error, JudgeTransportError))
-            if error.retryable or error.retry_elsewhere:
+            if not error.reached:
+                self._unreachable(replica, trial, error)
+            elif error.retryable or error.retry_elsewhere:
                 if isinstance(error, JudgeHTTPError) and error.status >= 500:
                     self._server_error(replica, trial, error, call.ticket)
                 else:
@@ -333,7 +364,27 @@ class JudgeFleet:
             raise
         self._finished(replica, started, answered=True)
         self._answered(replica, trial)
+        self._usage(replica, call, reply)
         return reply
+
+    def _usage(self, replica: _Replica, call: JudgeCall, reply: JudgeReply) -> None:
+        """Count the usage `replica` reported, and check from its prompt tokens that the judge
+        reads the answers (judge/answers.py): one ERROR, the first time it shows it does not."""
+        if reply.input_tokens is None or reply.output_tokens is None:
+            return
+        replica.input_tokens += reply.input_tokens
+        replica.output_tokens += reply.output_tokens
+        if reply.reasoning_tokens is not None:
+            replica.reasoning_tokens += reply.reasoning_tokens
+        answers = (call.response_1, call.response_2)
+        reason = replica.answers.observe(call.history, call.principle, answers, reply.input_tokens)
+        if reason is not None:
+            log.error(
+                "the judge does not read the answers (replica %s): %s. Fix: %s",
+                replica.label,
+                reason,
+                unread_fix(self._api),
+            )
 
     async def _watched(self, replica: _Replica, call: JudgeCall) -> JudgeReply:
         """`replica.judge.attempt(call)` in a cancel scope the replica's stall cancels."""
@@ -421,6 +472,7 @@ class JudgeFleet:
             sum(1 for r in self._replicas if not r.ejected),
             len(self._replicas),
         )
+        self._check_outage(replica, now)
 
     def _timed_out(self, replica: _Replica, trial: bool, error: JudgeAttemptError) -> None:
         """The Comparator: this attempt's own deadline ended it; the replica took all of it."""
@@ -434,13 +486,147 @@ class JudgeFleet:
             self._back(replica, "a trial attempt" if trial else "an attempt")
 
     def _back(self, replica: _Replica, what: str) -> None:
+        now = trio.current_time()
         replica.ejected = False
-        log.warning(
-            "judge replica %s is back after %.1fs out (it answered %s)",
+        replica.unreachable = False
+        if self._down_since is None:
+            log.warning(
+                "judge replica %s is back after %.1fs out (it answered %s)",
+                replica.label,
+                now - replica.ejected_at,
+                what,
+            )
+            return
+        gone = now - self._down_since
+        self._down_total += gone
+        self._down_since = None
+        self._back_event.set()
+        log.info(
+            "judge is back after %.1fs unreachable (replica %s answered %s)",
+            gone,
             replica.label,
-            trio.current_time() - replica.ejected_at,
             what,
         )
+
+    # --- outages: no replica can be reached ---------------------------------------------------
+
+    def _unreachable(self, replica: _Replica, trial: bool, error: JudgeAttemptError) -> None:
+        """A call could not reach `replica` (its connection could not be opened): it is out at
+        once, and probed until it can be reached (or a trial reaches it)."""
+        now = trio.current_time()
+        self._noted(replica, error)
+        replica.consecutive += 1
+        replica.last_failure = now
+        replica.unreachable = True
+        if replica.ejected:
+            if trial:  # as any failed trial: stay out, twice as long
+                replica.backoff = min(max(EJECT_BACKOFF_MAX_S, self._backoff), replica.backoff * 2)
+                replica.eject_until = now + replica.backoff
+        else:
+            self._eject(replica, now)
+            serving = sum(1 for r in self._replicas if not r.ejected)
+            if serving:  # else the outage's own line says it
+                log.warning(
+                    "judge replica %s cannot be reached (%s); out until a probe or a trial "
+                    "reaches it; %d of %d replicas in service",
+                    replica.label,
+                    one_line(error.describe(), 200),
+                    serving,
+                    len(self._replicas),
+                )
+            self._check_outage(replica, now)
+        self._probe_soon(replica)
+
+    def _check_outage(self, replica: _Replica, now: float) -> None:
+        """After `replica` was taken out: when no replica is left in service, the judge is
+        unreachable from now on (one WARNING), and every replica is probed."""
+        if self._down_since is not None or any(not r.ejected for r in self._replicas):
+            return
+        self._down_since = now
+        self._back_event = trio.Event()
+        log.warning(
+            "judge unreachable: no replica can be reached (%s: %s); %s",
+            replica.label,
+            one_line(replica.last_error or "taken out", 200),
+            "comparisons wait for it within their deadlines; probing GET /models"
+            if self._watch is not None
+            else "calls still go to the least recently failed replica",
+        )
+        for other in self._replicas:
+            self._probe_soon(other)
+
+    def _probe_soon(self, replica: _Replica) -> None:
+        if self._watch is not None and not replica.probing:
+            replica.probing = True
+            self._watch.start_soon(self._probe_loop, replica)
+
+    async def _probe_loop(self, replica: _Replica) -> None:
+        """The one probe loop of `replica`: while it is out because it could not be reached, or
+        while no replica can be reached, probe it with a doubling wait; an answer brings it back
+        (and the judge, if it was unreachable)."""
+        wait = min(OUTAGE_PROBE_FIRST_S, self._probe_max)
+        try:
+            while self._wants_probe(replica):
+                await trio.sleep(wait)
+                if not self._wants_probe(replica):
+                    return  # a trial reached it meanwhile, or the others are back
+                problem = await self._probe(replica)
+                if problem is None:
+                    replica.consecutive = 0
+                    replica.streak += 1
+                    self._back(replica, "a probe")
+                    return
+                log.debug("judge replica %s probe failed: %s", replica.label, problem)
+                wait = min(2.0 * wait, self._probe_max)
+        finally:
+            replica.probing = False
+
+    def _wants_probe(self, replica: _Replica) -> bool:
+        return replica.ejected and (replica.unreachable or self._down_since is not None)
+
+    async def _probe(self, replica: _Replica) -> str | None:
+        """None when `replica` answered its probe; else why not. A judge that cannot be probed
+        (not `Probing`) counts as answering: its next call tells."""
+        judge = replica.judge
+        if not isinstance(judge, Probing):
+            return None
+        problem: str | None = f"no reply within {PROBE_LIMIT_S:g}s"
+        with trio.move_on_after(PROBE_LIMIT_S):
+            problem = await judge.probe()
+        return problem
+
+    @property
+    def watched(self) -> bool:
+        return self._watch is not None
+
+    async def keep_watch(self) -> None:
+        """Run the probe loops (docs/reliability.md, "A judge restart") until cancelled; the
+        engine runs it in its nursery. Unwatched, a fleet sends calls to the least recently
+        failed replica during an outage instead of making them wait. Returns at once when
+        another caller watches it already."""
+        if self._watch is not None:
+            return  # one watcher at a time: the first keeps it
+        async with trio.open_nursery() as nursery:
+            self._watch = nursery
+            try:
+                for replica in self._replicas:
+                    if self._wants_probe(replica):
+                        self._probe_soon(replica)
+                await trio.sleep_forever()
+            finally:
+                self._watch = None
+
+    async def wait_reachable(self) -> None:
+        while self._down_since is not None and self._watch is not None:
+            await self._back_event.wait()
+
+    def unreachable_for(self) -> float | None:
+        if self._down_since is None:
+            return None
+        return trio.current_time() - self._down_since
+
+    def unreachable_seconds(self) -> float:
+        return self._down_total + (self.unreachable_for() or 0.0)
 
     def _server_error(
         self,
@@ -511,6 +697,7 @@ class JudgeFleet:
                 sum(1 for r in self._replicas if not r.ejected),
                 len(self._replicas),
             )
+            self._check_outage(replica, now)
 
     def _eject(self, replica: _Replica, now: float) -> None:
         replica.ejected = True
@@ -538,6 +725,11 @@ class JudgeFleet:
                 latency_sum_s=r.latency_sum,
                 latency_count=r.latency_count,
                 last_error=r.last_error,
+                input_tokens=r.input_tokens,
+                output_tokens=r.output_tokens,
+                reasoning_tokens=r.reasoning_tokens,
+                answers_unread=r.answers.finding,
+                prompts_unread=r.answers.prompts_unread,
             )
             for r in self._replicas
         ]
@@ -569,4 +761,6 @@ def make_judge(settings: Settings, *, backend: NetworkBackend | None = None) -> 
         eject_after_failures=judge.eject_after_failures,
         eject_backoff_s=judge.eject_backoff_s,
         stall_after_s=judge.replica_stall_s,
+        outage_probe_s=judge.outage_probe_s,
+        api=judge.api,
     )

@@ -44,6 +44,7 @@ __all__ = [
     "CertificateError",
     "KeepAlivePool",
     "StaleConnectionError",
+    "UnreachableError",
     "decode_content",
     "judge_pool",
 ]
@@ -112,6 +113,11 @@ class StaleConnectionError(httpx.RemoteProtocolError):
     new connection (`KeepAlivePool.exchange(..., fresh=True)`); nothing was answered."""
 
 
+class UnreachableError(httpx.ConnectError):
+    """The TCP connection could not be opened (refused, reset or unreachable while connecting, a
+    name that does not resolve): the request never reached a server."""
+
+
 class CertificateError(httpx.ConnectError):
     """The TLS handshake failed on the server's certificate (`CERTIFICATE_VERIFY_FAILED`): the
     same judge would fail the same way again, so it is not retried."""
@@ -177,7 +183,7 @@ class KeepAlivePool:
         try:
             stream = await self._backend.connect_tcp(self._host, self._port)
         except OSError as exc:
-            raise httpx.ConnectError(connect_failure(exc)) from exc
+            raise UnreachableError(connect_failure(exc)) from exc
         if self._ssl_context is None:
             return Http1Connection(stream, self._max_body)
         tls = trio.SSLStream(
