@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import select
 import signal
 import socket
@@ -115,6 +116,29 @@ def test_shipped_config_is_gyms_with_the_block_renamed() -> None:
     assert block["genrm_responses_create_params"]["max_output_tokens"] == 16384
     agent = data["genrm_simple_agent"]["responses_api_agents"]["simple_agent"]
     assert agent["resources_server"] == {"type": "resources_servers", "name": INSTANCE}
+
+
+def test_shipped_config_comments_match_genrm_trio() -> None:
+    """Gym's comments, kept where they hold, say what genrm-trio does where they did not."""
+    from typing import get_args
+
+    from genrm_trio.config import AggregatorMethod, ComparisonStrategy
+
+    lines = (SERVER_DIR / "configs" / "genrm_trio.yaml").read_text().splitlines()
+    text = "\n".join(lines)
+    comments = "\n".join(line for line in lines if line.lstrip().startswith("#"))
+    # every aggregator and strategy genrm-trio takes is named where the key is explained
+    for value in (*get_args(AggregatorMethod), *get_args(ComparisonStrategy)):
+        assert f'"{value}"' in comments, value
+    assert "currently supported" not in comments
+    assert "majority" not in comments.replace("no majority vote", "")
+    # where a comment says a block is above or below, it is
+    block_at = lines.index("genrm_model:")
+    for number, line in enumerate(lines):
+        found = re.search(r'"genrm_model" block (above|below)', line)
+        if found:
+            assert (found.group(1) == "below") == (number < block_at), line
+    assert "Includes connection retries and queue wait" not in text
 
 
 def test_shipped_config_loads_with_serve_and_needs_a_judge_url(tmp_path: Path) -> None:
