@@ -8,7 +8,9 @@ recording proxy (tests/real_judge.py), and a real `genrm-trio serve` process.
 - Gym's `genrm_model` protocol pointed at it is found at the first group (ERROR, metric,
   `/judge/replicas`, `/readyz` 503); without `"stream": false` the failure names the stream;
 - a judge that runs to its output budget escalates it on `finish_reason: length`;
-- a chat template that rejects the GenRM roles fails with the hint.
+- a chat template that rejects the GenRM roles fails with the hint;
+- the judge (a single one, and both replicas of a fleet) killed with `kill -9` while groups are
+  in flight and restarted: no rollout masked.
 
 Skipped without the ML packages, failed instead under GENRM_TRIO_REQUIRE_ML=1 (CI's 3.11 leg).
 Bounded: tiny models, 16-token budgets, one small group each.
@@ -16,6 +18,7 @@ Bounded: tiny models, 16-token budgets, one small group each.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -83,11 +86,13 @@ def config(api: str, model: TinyModel, **extra: Any) -> dict[str, Any]:
     return settings
 
 
-async def serve(tmp_path: Path, judge: str, settings: dict[str, Any]) -> Proc:
-    """`genrm-trio serve` with its judge at `judge` (the recording proxy, or the server)."""
+async def serve(tmp_path: Path, judge: str, settings: dict[str, Any], *more: str) -> Proc:
+    """`genrm-trio serve` with its judge at `judge` (the recording proxy, or the server itself),
+    and `more` replicas of a fleet."""
+    extra = [flag for url in more for flag in ("--judge-url", f"{url}/v1")]
 
     def start() -> Proc:
-        return start_server(tmp_path, settings, judge_url=f"{judge}/v1")
+        return start_server(tmp_path, settings, judge_url=f"{judge}/v1", extra=extra)
 
     return await trio.to_thread.run_sync(start)
 
@@ -273,12 +278,13 @@ async def test_a_strict_chat_template_fails_with_the_hint(
         ), reason
 
 
+@pytest.mark.parametrize("replicas", [1, 2], ids=["one judge", "a fleet of two"])
 async def test_a_judge_killed_and_restarted_mid_step_masks_nothing(
-    tmp_path: Path, models: dict[str, TinyModel]
+    tmp_path: Path, models: dict[str, TinyModel], replicas: int
 ) -> None:
-    """`kill -9` of the judge while groups are in flight, back a few seconds later (issue 28 item
-    2): the comparisons wait for it (bounded by the group deadline, 300 s here) instead of
-    spending their attempts, and no rollout is masked."""
+    """`kill -9` of the judge (every replica of a fleet) while groups are in flight, back a few
+    seconds later (issue 28 item 2): the comparisons wait for it (bounded by the group deadline,
+    300 s here) instead of spending their attempts, and no rollout is masked."""
     settings = config(
         "chat_completions",
         models["verdict"],
@@ -291,8 +297,12 @@ async def test_a_judge_killed_and_restarted_mid_step_masks_nothing(
         },
     )
     groups = 6
-    with transformers_serve(models["verdict"].path, tmp_path, "killed") as judge:
-        server = await serve(tmp_path, judge.url, settings)
+    with contextlib.ExitStack() as stack:
+        judges = [
+            stack.enter_context(transformers_serve(models["verdict"].path, tmp_path, f"j{i}"))
+            for i in range(replicas)
+        ]
+        server = await serve(tmp_path, judges[0].url, settings, *(j.url for j in judges[1:]))
         try:
             async with client(timeout=400.0) as http:
                 replies: dict[int, list[Any]] = {}
@@ -304,10 +314,12 @@ async def test_a_judge_killed_and_restarted_mid_step_masks_nothing(
 
                 async def outage() -> None:
                     await trio.sleep(1.0)
-                    judge.kill()  # kill -9, as a crash or an OOM would
+                    for judge in judges:
+                        judge.kill()  # kill -9, as a crash or an OOM would
                     await trio.sleep(4.0)
                     down.append((await http.get(f"{server.url}/readyz")).status_code)
-                    await trio.to_thread.run_sync(judge.start)  # the same port, a new process
+                    for judge in judges:  # the same port, a new process
+                        await trio.to_thread.run_sync(judge.start)
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(outage)
