@@ -83,9 +83,11 @@ def config(api: str, model: TinyModel, **extra: Any) -> dict[str, Any]:
     return settings
 
 
-async def serve(tmp_path: Path, proxy: RecordingProxy, settings: dict[str, Any]) -> Proc:
+async def serve(tmp_path: Path, judge: str, settings: dict[str, Any]) -> Proc:
+    """`genrm-trio serve` with its judge at `judge` (the recording proxy, or the server)."""
+
     def start() -> Proc:
-        return start_server(tmp_path, settings, judge_url=f"{proxy.url}/v1")
+        return start_server(tmp_path, settings, judge_url=f"{judge}/v1")
 
     return await trio.to_thread.run_sync(start)
 
@@ -111,7 +113,7 @@ async def test_a_plain_server_reads_the_answers_and_usage_is_the_metrics(
     tmp_path: Path, models: dict[str, TinyModel], verdict_server: ServeProcess, api: str
 ) -> None:
     with recording_proxy(verdict_server.url) as proxy:
-        server = await serve(tmp_path, proxy, config(api, models["verdict"]))
+        server = await serve(tmp_path, proxy.url, config(api, models["verdict"]))
         try:
             async with client() as http:
                 for reply in await group(http, server, "g-" + api):
@@ -153,7 +155,7 @@ async def test_gyms_protocol_at_a_plain_server_is_found_at_the_first_group(
     settings = config("genrm_model", models["verdict"])
     settings["genrm_responses_create_params"]["stream"] = False
     with recording_proxy(verdict_server.url) as proxy:
-        server = await serve(tmp_path, proxy, settings)
+        server = await serve(tmp_path, proxy.url, settings)
         try:
             async with client() as http:
                 for reply in await group(http, server, "g-gym"):
@@ -185,7 +187,7 @@ async def test_a_streamed_reply_names_its_content_type(
 ) -> None:
     settings = config("genrm_model", models["verdict"], num_rollouts_per_prompt=2)
     with recording_proxy(verdict_server.url) as proxy:
-        server = await serve(tmp_path, proxy, settings)
+        server = await serve(tmp_path, proxy.url, settings)
         try:
             async with client() as http:
                 replies, _ = await run_group(http, server.url, bodies("g-sse", ANSWERS[:2]))
@@ -219,7 +221,7 @@ async def test_output_budget_exhaustion_escalates_on_finish_reason_length(
         transformers_serve(models["budget"].path, tmp_path, "budget") as judge,
         recording_proxy(judge.url) as proxy,
     ):
-        server = await serve(tmp_path, proxy, settings)
+        server = await serve(tmp_path, proxy.url, settings)
         try:
             async with client() as http:
                 replies, _ = await run_group(http, server.url, bodies("g-budget", ANSWERS[:2]))
@@ -253,7 +255,7 @@ async def test_a_strict_chat_template_fails_with_the_hint(
         transformers_serve(models["strict"].path, tmp_path, "strict") as judge,
         recording_proxy(judge.url) as proxy,
     ):
-        server = await serve(tmp_path, proxy, settings)
+        server = await serve(tmp_path, proxy.url, settings)
         try:
             async with client() as http:
                 replies, _ = await run_group(http, server.url, bodies("g-strict", ANSWERS[:2]))
@@ -269,3 +271,60 @@ async def test_a_strict_chat_template_fails_with_the_hint(
             "hint: the judge's chat template must accept the roles principle, response_1 and "
             "response_2, which judge.api chat_completions sends"
         ), reason
+
+
+async def test_a_judge_killed_and_restarted_mid_step_masks_nothing(
+    tmp_path: Path, models: dict[str, TinyModel]
+) -> None:
+    """`kill -9` of the judge while groups are in flight, back a few seconds later (issue 28 item
+    2): the comparisons wait for it (bounded by the group deadline, 300 s here) instead of
+    spending their attempts, and no rollout is masked."""
+    settings = config(
+        "chat_completions",
+        models["verdict"],
+        cohort_evaluation_timeout_s=300,
+        genrm_parse_retries=3,
+        judge={
+            "api": "chat_completions",
+            "model": str(models["verdict"].path),
+            "outage_probe_s": 1.0,
+        },
+    )
+    groups = 6
+    with transformers_serve(models["verdict"].path, tmp_path, "killed") as judge:
+        server = await serve(tmp_path, judge.url, settings)
+        try:
+            async with client(timeout=400.0) as http:
+                replies: dict[int, list[Any]] = {}
+                down: list[int] = []
+
+                async def one(g: int) -> None:
+                    await trio.sleep(0.5 * g)  # groups keep arriving through the outage
+                    replies[g] = await group(http, server, f"g-kill-{g}")
+
+                async def outage() -> None:
+                    await trio.sleep(1.0)
+                    judge.kill()  # kill -9, as a crash or an OOM would
+                    await trio.sleep(4.0)
+                    down.append((await http.get(f"{server.url}/readyz")).status_code)
+                    await trio.to_thread.run_sync(judge.start)  # the same port, a new process
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(outage)
+                    for g in range(groups):
+                        nursery.start_soon(one, g)
+                samples = await metrics(http, server.url)
+                ready = await http.get(f"{server.url}/readyz")
+        finally:
+            server.stop()
+            server.close()
+    for g in range(groups):
+        for reply in replies[g]:
+            assert_scored(reply)
+    masked = [v for k, v in samples.items() if k.startswith("genrm_trio_masked_rollouts_total")]
+    assert masked and sum(masked) == 0
+    assert down == [503] and ready.status_code == 200
+    assert samples["genrm_trio_judge_unreachable_seconds_total"] > 0
+    log = server.log()
+    assert "judge unreachable: no replica can be reached" in log
+    assert "judge is back after" in log
