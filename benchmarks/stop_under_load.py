@@ -211,7 +211,8 @@ def _config(path: Path, args: argparse.Namespace, judge_port: int) -> Path:
             "temperature": 0.6,
             "top_p": 0.95,
         },
-        "judge": {"base_url": f"http://{LOOPBACK}:{judge_port}/v1"},
+        # `responses`: Gym's protocol by its earlier name, which older --serve-command read too
+        "judge": {"base_url": f"http://{LOOPBACK}:{judge_port}/v1", "api": "responses"},
     }
     path.write_text(yaml.safe_dump(config))
     return path

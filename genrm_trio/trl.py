@@ -47,6 +47,7 @@ from genrm_trio.client import (
     GroupSizeError,
     Prompt,
     RolloutResult,
+    one_error,
     rewards_of,
 )
 
@@ -207,9 +208,12 @@ class GenRMReward:
                 for (position, _), result in zip(group.members, scored, strict=True):
                     results[position] = result
 
-            async with anyio.create_task_group() as tasks:
-                for group in groups:
-                    tasks.start_soon(one, group)
+            try:
+                async with anyio.create_task_group() as tasks:
+                    for group in groups:
+                        tasks.start_soon(one, group)
+            except BaseExceptionGroup as failed:  # the client's typed error, not a group
+                raise one_error(failed) from failed
         return [result for result in results if result is not None]
 
 

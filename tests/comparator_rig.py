@@ -103,7 +103,7 @@ class Rig:
     def assert_idle(self) -> None:
         stats = self.comparator.statistics()
         assert (stats.in_flight, stats.queued, stats.comparisons_active) == (0, 0, 0)
-        assert self.comparator.limiter.borrowed_tokens == 0
+        assert self.comparator.queue.borrowed_tokens == 0
         assert self.judge.in_flight == 0
         assert self.metric("genrm_trio_judge_inflight") == 0
         assert self.metric("genrm_trio_judge_queued") == 0

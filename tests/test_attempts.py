@@ -692,7 +692,7 @@ async def test_slot_is_released_before_the_retry_sleep(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(rig.compare)
             await trio.sleep(1)  # the comparison is sleeping before its retry
-            assert rig.comparator.limiter.borrowed_tokens == 0
+            assert rig.comparator.queue.borrowed_tokens == 0
             assert rig.comparator.statistics().in_flight == 0
     assert rig.script.times == [start, start + 10]
 
@@ -750,7 +750,7 @@ async def test_cancel_mid_attempt_over_a_real_socket_closes_the_connection() -> 
                 calls.cancel_scope.cancel()
             await closed.wait()
         assert (judge.open_connections, judge.in_flight) == (0, 0)
-        assert comparator.limiter.borrowed_tokens == 0
+        assert comparator.queue.borrowed_tokens == 0
         assert comparator.statistics().in_flight == 0
         await judge.aclose()
         nursery.cancel_scope.cancel()

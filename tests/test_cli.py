@@ -280,6 +280,19 @@ def test_judge_url_once_is_a_url_and_repeated_is_a_fleet() -> None:
     assert two.judge.base_urls == ("http://a:1/v1", "http://b:2/v1")
 
 
+def test_a_judge_base_url_in_a_file_needs_its_api(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("judge:\n  base_url: http://127.0.0.1:8000/v1\n")
+    assert main(["serve", "--config", str(config)]) == 2
+    assert _one_line(capsys.readouterr().err) == (
+        f"genrm-trio: config error: {config}: judge.api: required with judge.base_url: "
+        "chat_completions or openai_responses for vLLM or any OpenAI-compatible server, "
+        "genrm_model behind Gym's genrm_model server"
+    )
+
+
 def test_judge_url_takes_the_api_of_the_config_file(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("judge:\n  api: openai_responses\n")

@@ -95,7 +95,7 @@ async def test_calls_an_ejected_replica_cannot_take_wait_in_the_queue_by_priorit
     )
     metrics = Metrics()
     comparator = Comparator(judge, settings(cap=1, replicas=2, timeout_s=1.5), metrics)
-    queue = comparator.limiter
+    queue = comparator.queue
     with pytest.raises(JudgeTransportError):
         await judge.attempt(CALL)  # round robin: a first; it refuses and is out
     assert [s.ejected for s in judge.replica_stats()] == [True, False]
@@ -154,4 +154,98 @@ async def test_a_replica_back_in_service_gives_its_slots_back(
     assert flaky.starts == [0.0, 5.0]
     assert sorted(ends) == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 6.0]
     assert [s.ejected for s in judge.replica_stats()] == [False, False]
-    assert comparator.limiter.statistics().in_use == 0
+    assert comparator.queue.statistics().in_use == 0
+
+
+class Restarting(Replica):
+    """A replica whose refusals never reach it (its port is closed), with a probe."""
+
+    async def attempt(self, call: JudgeCall) -> JudgeReply:
+        if self.refuses:
+            self.starts.append(trio.current_time())
+            await trio.lowlevel.checkpoint()
+            raise JudgeTransportError("ConnectError", "Connection refused", reached=False)
+        return await super().attempt(call)
+
+    async def probe(self) -> str | None:
+        await trio.lowlevel.checkpoint()
+        return "ConnectError: Connection refused" if self.refuses else None
+
+
+async def test_a_replica_back_from_its_probe_gets_a_waiting_call_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """One call at most per replica. `a` is down: the first comparison's call is refused (no
+    attempt) and goes to `b` (0-10); the second waits in the queue, as `b` is full. `a` is
+    restarted at 1 and its probe at 1.5 finds it: the fleet tells the queue, which hands the
+    waiting call its slot at 1.5, not when `b` releases its own at 10."""
+    down, busy = Restarting("a", latency=1.0, refuses=True), Replica("b", latency=10.0)
+    judge = JudgeFleet(
+        [("http://a:8000/v1", down), ("http://b:8000/v1", busy)],
+        max_in_flight_per_replica=1,
+        eject_backoff_s=100.0,
+        outage_probe_s=5.0,
+    )
+    comparator = Comparator(judge, settings(cap=1, replicas=2, timeout_s=30.0), Metrics())
+    ends: dict[str, float] = {}
+
+    async def comparison(name: str, at: float) -> None:
+        await trio.sleep_until(at)
+        result = await comparator.compare(CALL, pair=(0, 1), judge_pass=0)
+        assert result.attempts == 1
+        ends[name] = trio.current_time()
+
+    async def restart() -> None:
+        await trio.sleep_until(1.0)
+        down.refuses = False
+
+    async with trio.open_nursery() as watch:
+        watch.start_soon(judge.keep_watch)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(comparison, "first", 0.0)
+            nursery.start_soon(comparison, "second", 0.1)
+            nursery.start_soon(restart)
+        watch.cancel_scope.cancel()
+    assert down.starts == [0.0, 1.5]
+    assert busy.starts == [0.0]
+    assert ends == {"first": 10.0, "second": 2.5}
+    assert comparator.queue.statistics().in_use == 0
+
+
+def test_a_release_without_a_slot_held_raises() -> None:
+    from genrm_trio.judge.queue import JudgeQueue
+
+    queue = JudgeQueue(2, Metrics())
+    with pytest.raises(RuntimeError, match=r"release\(\) without a slot held"):
+        queue.release()
+    assert queue.statistics().in_use == 0
+
+
+async def test_the_queue_is_the_one_count_of_attempts_in_flight_and_queued(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """open_engine's queue, handed to the comparator: its statistics, the comparator's and the
+    two gauges read the same counts."""
+    from genrm_trio.judge.queue import judge_queue
+
+    slow = Replica("a", latency=5.0)
+    judge = JudgeFleet([("http://a:8000/v1", slow)], max_in_flight_per_replica=1)
+    metrics = Metrics()
+    config = settings(cap=1, replicas=1, timeout_s=30.0)
+    queue = judge_queue(judge, config, metrics)
+    comparator = Comparator(judge, config, metrics, queue=queue)
+    assert comparator.queue is queue
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(lambda: comparator.compare(CALL, pair=(0, 1), judge_pass=0))
+        await trio.sleep(1.0)
+        gauges = [
+            metrics.registry.get_sample_value(name)
+            for name in ("genrm_trio_judge_inflight", "genrm_trio_judge_queued")
+        ]
+        stats = comparator.statistics()
+        assert (queue.statistics().in_use, queue.statistics().waiting) == (1, 2)
+        assert (stats.in_flight, stats.queued) == (1, 2)
+        assert gauges == [1.0, 2.0]
+    assert trio.current_time() == 15.0
+    assert metrics.registry.get_sample_value("genrm_trio_judge_inflight") == 0.0

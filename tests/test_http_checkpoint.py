@@ -30,8 +30,10 @@ from genrm_trio.app.checkpoint_cli import add_checkpoint_arguments, checkpoint_u
 from genrm_trio.app.compose import durable_engine
 from genrm_trio.app.serve import bind_socket, serve_app
 from genrm_trio.config import Settings
+from genrm_trio.domain.checkpoint import RestoreReport, report_body
 from genrm_trio.engine.engine import Engine, open_engine
 from genrm_trio.http.app import create_app
+from genrm_trio.http.openapi import openapi_document
 
 N = 4
 TOKEN = "checkpoint-token"
@@ -392,3 +394,14 @@ def _verify_group(url: str) -> list[tuple[int, Any]]:
 
         with concurrent.futures.ThreadPoolExecutor(N) as pool:
             return list(pool.map(one, range(N)))
+
+
+def test_the_restore_reply_has_exactly_the_schemas_keys() -> None:
+    """`POST /checkpoint`'s reply (`report_body`) and the `RestoreReply` schema agree."""
+    doc = openapi_document(title="t", version="1", auth=False)
+    schema = doc["components"]["schemas"]["RestoreReply"]
+    reply = doc["paths"]["/checkpoint"]["post"]["responses"]["200"]["content"]
+    assert reply["application/json"]["schema"] == {"$ref": "#/components/schemas/RestoreReply"}
+    body = report_body(RestoreReport(1, 2, 3, [{"key": "k", "reason": "different record"}], 4))
+    assert set(body) == set(schema["properties"]) == set(schema["required"])
+    assert body["superseded"] == 4

@@ -257,5 +257,5 @@ def test_the_comparator_queue_has_the_fleets_real_capacity() -> None:
             judge["max_concurrency_per_replica"] = per_replica
         config = settings_from_mapping({"judge": judge})
         comparator = Comparator(SimJudge(), config, Metrics())
-        assert comparator.limiter.total_tokens == total
+        assert comparator.queue.total_tokens == total
         assert comparator.statistics().max_concurrency == total

@@ -184,9 +184,10 @@ async def test_the_direct_path_is_the_engine(autojump_clock: trio.testing.MockCl
     """Groups through open_engine with the in-process SimJudge (judgment mode plus the same
     failures) give exactly the rows of score_cohort and the rewards of the fast path."""
     bench = load_benchmark()
-    graphs = [g for g in bench.GRAPHS if g.name in ("circular-J1", "all_pairs-J1-alternate")]
+    names = ("circular-J1", "regular-d6", "all_pairs-J1-alternate")
+    graphs = [g for g in bench.GRAPHS if g.name in names]
     checked = await bench.check_engine(2, 0, ("comparative", "pointwise"), graphs, rate=0.15)
-    assert checked == 2 * 2 * 2 * 4
+    assert checked == 2 * 2 * 3 * 4
 
 
 def test_cells_count_what_they_say() -> None:

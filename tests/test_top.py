@@ -557,3 +557,30 @@ def test_on_a_terminal_top_redraws_in_place_and_restores_the_screen(watched: Wat
             popen.wait(15)
         popen.stderr.close()
         os.close(leader)
+
+
+def test_judge_tokens_per_second_and_a_judge_that_does_not_read_the_answers() -> None:
+    def tokens(at: float, tokens_in: float, tokens_out: float) -> Snapshot:
+        lines = [
+            "# TYPE genrm_trio_judge_replica_input_tokens counter",
+            f'genrm_trio_judge_replica_input_tokens_total{{replica="a:8000"}} {tokens_in}',
+            f'genrm_trio_judge_replica_input_tokens_total{{replica="b:8000"}} {tokens_in}',
+            "# TYPE genrm_trio_judge_replica_output_tokens counter",
+            f'genrm_trio_judge_replica_output_tokens_total{{replica="a:8000"}} {tokens_out}',
+            "# TYPE process_start_time_seconds gauge",
+            "process_start_time_seconds 1000",
+            "",
+        ]
+        unread = replica("b:8000", answers_unread="equal prompt tokens", prompts_unread=2)
+        return Snapshot(at, parse_metrics("\n".join(lines)), [], [replica("a:8000"), unread])
+
+    watcher = Watcher("http://x")
+    watcher.update(tokens(0.0, 1000, 100), 1e6)
+    shown = text(watcher.update(tokens(5.0, 3500, 600), 1e6 + 5), width=200)
+    assert "judge tokens in   1000.00/s" in shown  # (2 x 2500) tokens in 5 s, both replicas
+    assert "judge tokens out    100.00/s" in shown
+    assert (
+        "THE JUDGE DOES NOT READ THE ANSWERS (b:8000): equal prompt tokens; check judge.api "
+        "(GET /readyz says how to fix it)"
+    ) in shown
+    assert "a:8000): " not in shown

@@ -192,16 +192,21 @@ def _serve_settings(args: argparse.Namespace) -> Settings:
             f"serve needs a judge: {unresolved}give --judge-url URL, set judge.base_url in the "
             "config file, or use --judge sim for simulated rewards",
         )
-    if args.judge_url is not None and "api" not in settings.judge.model_fields_set:
+    if not sim and "api" not in settings.judge.model_fields_set:
         # No default is right for every server: Gym's protocol sent to a plain server judges
-        # answers the model never sees (docs/configuration.md, "Which judge.api").
-        raise ConfigError(
-            FLAGS_FILE,
-            "--judge-api",
-            "--judge-url needs --judge-api (or judge.api in the config file): chat_completions "
-            "or openai_responses for vLLM or any OpenAI-compatible server, genrm_model behind "
-            "Gym's genrm_model server",
+        # answers the model never sees (docs/configuration.md, "Which judge.api"). A Gym
+        # config's genrm_model_server reference sets it (config/sources.py).
+        choices = (
+            "chat_completions or openai_responses for vLLM or any OpenAI-compatible server, "
+            "genrm_model behind Gym's genrm_model server"
         )
+        if args.judge_url is not None:
+            raise ConfigError(
+                FLAGS_FILE,
+                "--judge-api",
+                f"--judge-url needs --judge-api (or judge.api in the config file): {choices}",
+            )
+        raise ConfigError(file, "judge.api", f"required with judge.base_url: {choices}")
     if settings.state_path is not None:
         parent = Path(settings.state_path).expanduser().absolute().parent
         if not parent.is_dir():

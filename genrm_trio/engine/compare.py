@@ -39,7 +39,7 @@ from genrm_trio.engine.keys import RUBRIC_REQUIRED
 from genrm_trio.engine.offload import score_off_loop
 from genrm_trio.judge.attempts import Comparator
 from genrm_trio.judge.base import JudgeError, unreachable_note
-from genrm_trio.judge.queue import QueueTicket
+from genrm_trio.judge.queue import JudgeQueue, QueueTicket
 from genrm_trio.metrics import Metrics
 
 __all__ = ["Comparisons"]
@@ -52,10 +52,13 @@ log = logging.getLogger("genrm_trio.engine")
 class Comparisons:
     """The `/compare` batches of one engine (see the module docstring)."""
 
-    def __init__(self, settings: Settings, comparator: Comparator, metrics: Metrics) -> None:
+    def __init__(
+        self, settings: Settings, comparator: Comparator, queue: JudgeQueue, metrics: Metrics
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
         self._comparator = comparator
+        self._queue = queue  # the engine's judge queue: a batch is one complete group there
         self._closed = False
         self._compare_scopes: set[trio.CancelScope] = set()
         self._scoring_thread = trio.CapacityLimiter(1)  # large batches are scored one at a time
@@ -103,7 +106,7 @@ class Comparisons:
         self._compare_scopes.add(scope)
         # The batch is one complete group in the judge queue; each comparison's place is taken
         # here, in plan order (its task may start in any order).
-        queue = self._comparator.limiter
+        queue = self._queue
         batch = queue.group(complete=True)
         try:
             with scope:

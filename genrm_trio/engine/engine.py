@@ -61,6 +61,7 @@ from genrm_trio.engine.restore import apply_restore, plan_restore
 from genrm_trio.engine.run import GroupRunner
 from genrm_trio.judge.attempts import Comparator, ComparatorStatistics
 from genrm_trio.judge.base import Judge, ReplicaReporting, ReplicaStats
+from genrm_trio.judge.queue import JudgeQueue, judge_queue
 from genrm_trio.metrics import Metrics
 from genrm_trio.store.errors import CommitTimeout
 from genrm_trio.store.protocol import CohortStore, Commit, QueuedCohortStore, queued
@@ -142,6 +143,7 @@ class Engine:
         metrics: Metrics,
         store: CohortStore | None,
         nursery: trio.Nursery,
+        queue: JudgeQueue,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -152,8 +154,10 @@ class Engine:
         # Cohorts whose `open` record is queued but not yet committed: set by the creator.
         self._opening: dict[Cohort, trio.Event] = {}
         self._nursery = nursery
-        self._comparator = Comparator(judge, settings, metrics)
-        self._queue = self._comparator.limiter  # the critical-path judge queue (judge/queue.py)
+        # the critical-path judge queue (judge/queue.py), open_engine's: one owner, shared by
+        # the comparator (every attempt's slot), the group runs and /compare (their places)
+        self._queue = queue
+        self._comparator = Comparator(judge, settings, metrics, queue=queue)
         self._fleet = judge if isinstance(judge, ReplicaReporting) else None
         if self._fleet is not None:
             metrics.watch_replicas(self._fleet.replica_stats)
@@ -166,7 +170,7 @@ class Engine:
         self._running = 0
         self._idle = trio.Event()
         self._idle.set()
-        self._compares = Comparisons(settings, self._comparator, metrics)
+        self._compares = Comparisons(settings, self._comparator, queue, metrics)
         self._runner = GroupRunner(settings, metrics, self._comparator, self._queue)
 
     # --- public surface ---------------------------------------------------------------------
@@ -552,8 +556,10 @@ async def open_engine(
 
     The judge is not closed: it belongs to the caller.
     """
+    metrics = metrics or Metrics()
+    queue = judge_queue(judge, settings, metrics)  # the judge queue's one owner
     async with trio.open_nursery() as nursery:
-        engine = Engine(settings, judge, metrics or Metrics(), store, nursery)
+        engine = Engine(settings, judge, metrics, store, nursery, queue)
         try:
             yield engine
         finally:

@@ -10,6 +10,7 @@ from typing import Any, Literal, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, create_model
 from pydantic.json_schema import models_json_schema
 
+from genrm_trio.domain.checkpoint import RestoreReport
 from genrm_trio.domain.model import CohortView
 from genrm_trio.http.asgi import PUBLIC_PATHS
 from genrm_trio.http.rows import FAILSAFE_REASON_LIMIT
@@ -168,6 +169,12 @@ _COHORT_FIELDS: dict[str, Any] = {
 }
 CohortInfo: type[BaseModel] = create_model("CohortInfo", **_COHORT_FIELDS)
 
+# `POST /checkpoint` replies `domain/checkpoint.py`'s `report_body`: every `RestoreReport` field.
+_RESTORE_FIELDS: dict[str, Any] = {
+    name: (hint, ...) for name, hint in get_type_hints(RestoreReport).items()
+}
+RestoreReply: type[BaseModel] = create_model("RestoreReply", **_RESTORE_FIELDS)
+
 # `GET /judge/replicas` renders `http/app.py`'s `replica_view`: every `ReplicaStats` field and the
 # mean latency; derived from the dataclass the same way.
 _REPLICA_FIELDS: dict[str, Any] = {
@@ -201,6 +208,7 @@ _SCHEMA_MODELS: tuple[tuple[type[BaseModel], Literal["validation", "serializatio
     (HealthResponse, "serialization"),
     (CohortInfo, "serialization"),
     (JudgeReplica, "serialization"),
+    (RestoreReply, "serialization"),
 )
 
 
@@ -306,16 +314,21 @@ def openapi_document(*, title: str, version: str, auth: bool) -> dict[str, Any]:
         "/checkpoint": {
             "get": get("Checkpoint v1 export of terminal cohorts and watermarks", _OBJECT)["get"],
             "post": {
-                "summary": "Merge a checkpoint v1 body (added, unchanged, watermarks, conflicts)",
+                "summary": (
+                    "Merge a checkpoint v1 body (added, unchanged, watermarks, superseded, "
+                    "conflicts)"
+                ),
                 "requestBody": {
                     "required": True,
                     "content": {"application/json": {"schema": _OBJECT}},
                 },
                 "responses": {
-                    "200": {
-                        "description": "OK",
-                        "content": {"application/json": {"schema": _OBJECT}},
-                    },
+                    "200": _reply("OK", ref(RestoreReply)),
+                    "413": too_large,
+                    "422": _reply(
+                        "An invalid checkpoint: nothing applied", ref(ValidationErrorReply)
+                    ),
+                    "503": plain,
                     **common,
                 },
             },

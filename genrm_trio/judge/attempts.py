@@ -53,7 +53,7 @@ from genrm_trio.judge.base import (
     Usage,
     one_line,
 )
-from genrm_trio.judge.queue import JudgeQueue, QueueTicket
+from genrm_trio.judge.queue import JudgeQueue, QueueTicket, judge_queue
 from genrm_trio.metrics import Metrics
 
 log = logging.getLogger("genrm_trio.judge")
@@ -115,8 +115,11 @@ class Comparator:
         settings: Settings,
         metrics: Metrics,
         *,
+        queue: JudgeQueue | None = None,
         rng: random.Random | None = None,
     ) -> None:
+        """`queue`: the judge queue every attempt takes a slot of, which `open_engine` builds
+        and shares (None: one of its own, `judge_queue`, for a comparator used alone)."""
         self._judge = judge
         # A fleet: attempts carry tickets, and with several replicas a failure of the replica
         # (not of the request) is worth another attempt elsewhere.
@@ -125,12 +128,7 @@ class Comparator:
         self._settings = settings
         self._metrics = metrics
         self._rng = rng if rng is not None else random.Random()
-        self._limiter = JudgeQueue(
-            settings.judge.total_concurrency,
-            metrics,
-            # a fleet with replicas out places fewer: the rest wait here, not inside the fleet
-            capacity=None if self._fleet is None else self._fleet.capacity,
-        )
+        self._queue = queue if queue is not None else judge_queue(judge, settings, metrics)
         self._timeout = settings.judge_request_timeout_s
         self._attempts = settings.attempts
         params = settings.judge_create_params
@@ -141,8 +139,6 @@ class Comparator:
         self._defaults = Verdict(
             settings.default_score, settings.default_score, settings.default_ranking
         )
-        self._in_flight = 0
-        self._queued = 0
         self._active = 0
         self._calls = 0
         self._retries = 0
@@ -153,15 +149,16 @@ class Comparator:
         self._unreached = 0
 
     @property
-    def limiter(self) -> JudgeQueue:
+    def queue(self) -> JudgeQueue:
         """The `judge.max_concurrency` slots every attempt takes one of (judge/queue.py)."""
-        return self._limiter
+        return self._queue
 
     def statistics(self) -> ComparatorStatistics:
+        queue = self._queue.statistics()
         return ComparatorStatistics(
-            max_concurrency=int(self._limiter.total_tokens),
-            in_flight=self._in_flight,
-            queued=self._queued,
+            max_concurrency=queue.total,
+            in_flight=queue.in_use,
+            queued=queue.waiting,
             comparisons_active=self._active,
             calls=self._calls,
             retries=self._retries,
@@ -204,29 +201,20 @@ class Comparator:
 
     async def _attempt(self, call: JudgeCall, ticket: QueueTicket) -> JudgeReply:
         """One judge call holding a concurrency slot, under the per-attempt deadline."""
-        metrics = self._metrics
-        self._queued += 1
-        metrics.judge_queued.inc()
-        try:
-            await self._limiter.acquire(ticket)  # by priority: complete groups first
-        finally:
-            self._queued -= 1
-            metrics.judge_queued.dec()
+        await self._queue.acquire(ticket)  # by priority: complete groups first
         try:
             fleet = self._fleet
             if fleet is not None and fleet.watched and fleet.unreachable_for() is not None:
                 raise _JudgeDown
             return await self._timed_attempt(call)
         finally:
-            self._limiter.release()
+            self._queue.release()
 
     async def _timed_attempt(self, call: JudgeCall) -> JudgeReply:
         """The attempt itself (its slot held), under `judge_request_timeout_s`."""
         metrics = self._metrics
         started = trio.current_time()
-        self._in_flight += 1
         self._calls += 1
-        metrics.judge_inflight.inc()
         try:
             with trio.fail_after(self._timeout):
                 reply = await self._judge.attempt(call)
@@ -244,8 +232,6 @@ class Comparator:
             metrics.judge_calls.labels(outcome=reply.status.value).inc()
             return reply
         finally:
-            self._in_flight -= 1
-            metrics.judge_inflight.dec()
             metrics.judge_attempt_seconds.observe(trio.current_time() - started)
 
     # --- pacing ---------------------------------------------------------------------------
@@ -305,7 +291,7 @@ class Comparator:
             raise ValueError("score_source=rubric_mean requires expected_rubric_ids")
         self._active += 1
         try:
-            place = ticket if ticket is not None else self._limiter.ticket()
+            place = ticket if ticket is not None else self._queue.ticket()
             result = await self._compare(call, pair, judge_pass, expected_rubric_ids, place)
         except JudgeError:
             self._failures += 1

@@ -316,6 +316,10 @@ class ReplicaReporting(Protocol):
         own. The judge queue hands out no more slots than this."""
         ...
 
+    def watch_capacity(self, changed: Callable[[], None]) -> None:
+        """Call `changed` whenever `capacity()` may have grown (a replica back in service)."""
+        ...
+
     def held_back_for(self) -> float | None:
         """Seconds until a replica may take a call again when every one the next attempt could
         go to is holding back after a `Retry-After`; None when one can take it now."""

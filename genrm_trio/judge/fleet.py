@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Final, final
 
@@ -215,6 +215,7 @@ class JudgeFleet:
         self._down_since: float | None = None
         self._down_total = 0.0  # seconds of outages that are over
         self._back_event = trio.Event()  # set when an outage ends (a new one per outage)
+        self._capacity_watchers: list[Callable[[], None]] = []  # the judge queue's
 
     def __repr__(self) -> str:
         return f"JudgeFleet({[replica.url for replica in self._replicas]!r})"
@@ -301,6 +302,10 @@ class JudgeFleet:
         if not serving:
             return cap * len(self._replicas)
         return cap * serving + trials
+
+    def watch_capacity(self, changed: Callable[[], None]) -> None:
+        """Call `changed` when a replica is back in service: its slots are usable at once."""
+        self._capacity_watchers.append(changed)
 
     def held_back_for(self) -> float | None:
         """Seconds until a replica may take a call again when every one an attempt could go to
@@ -489,6 +494,8 @@ class JudgeFleet:
         now = trio.current_time()
         replica.ejected = False
         replica.unreachable = False
+        for changed in self._capacity_watchers:
+            changed()
         if self._down_since is None:
             log.warning(
                 "judge replica %s is back after %.1fs out (it answered %s)",

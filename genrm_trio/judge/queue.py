@@ -30,6 +30,12 @@ Waiting for a slot is never a failed attempt (D13). A cancelled waiter leaves th
 handed to a waiter that is cancelled in the same moment is passed on. Two heaps with lazy deletion
 make a grant O(log n); promoted and cancelled entries are compacted away when they outnumber the
 live ones.
+
+The queue has one owner: `open_engine` builds it (`judge_queue`) and hands it to the
+`Comparator`, the group runs and `/compare`. It is the one count of the judge attempts in flight
+(slots held) and queued (waiting), which `genrm_trio_judge_inflight` and `genrm_trio_judge_queued`
+read. A fleet tells it when its capacity changes (a replica back in service), so the slots it
+adds are handed out at once rather than at the next release.
 """
 
 from __future__ import annotations
@@ -42,9 +48,18 @@ from typing import Final, Literal, final
 
 import trio
 
+from genrm_trio.config import Settings
+from genrm_trio.judge.base import Judge, ReplicaReporting
 from genrm_trio.metrics import Metrics
 
-__all__ = ["JudgeQueue", "Priority", "QueueGroup", "QueueStatistics", "QueueTicket"]
+__all__ = [
+    "JudgeQueue",
+    "Priority",
+    "QueueGroup",
+    "QueueStatistics",
+    "QueueTicket",
+    "judge_queue",
+]
 
 Priority = Literal["complete", "collecting"]
 
@@ -160,6 +175,9 @@ class JudgeQueue:
         self._live = {"complete": 0, "collecting": 0}
         self._granted = {"complete": 0, "collecting": 0}
         self._promotions = 0
+        # the one count of attempts in flight and queued: the gauges read it at scrape time
+        metrics.judge_inflight.set_function(lambda: self._in_use)
+        metrics.judge_queued.set_function(lambda: self._live["complete"] + self._live["collecting"])
 
     # --- places -----------------------------------------------------------------------------
 
@@ -229,8 +247,16 @@ class JudgeQueue:
 
     def release(self) -> None:
         """Give the slot back: to the best waiting attempts the capacity admits, else to the
-        pool."""
+        pool. Raises RuntimeError when no slot is held (a release without its acquire), as
+        trio's `CapacityLimiter` does."""
+        if self._in_use <= 0:
+            raise RuntimeError("JudgeQueue.release() without a slot held")
         self._in_use -= 1
+        self._grant()
+
+    def capacity_changed(self) -> None:
+        """The judge can place more (or fewer) attempts now (a fleet's replica back in
+        service): hand out what it admits at once."""
         self._grant()
 
     def _grant(self) -> None:
@@ -309,3 +335,18 @@ class JudgeQueue:
         if len(self._complete) > 2 * live["complete"] + _COMPACT_SLACK:
             self._complete = [e for e in self._complete if e[3].priority == "complete"]
             heapq.heapify(self._complete)
+
+
+def judge_queue(judge: Judge, settings: Settings, metrics: Metrics) -> JudgeQueue:
+    """The judge queue of `judge`: `settings.judge.total_concurrency` slots; a fleet also tells
+    it how many it can place now (`capacity`) and when that changes (`watch_capacity`)."""
+    fleet = judge if isinstance(judge, ReplicaReporting) else None
+    queue = JudgeQueue(
+        settings.judge.total_concurrency,
+        metrics,
+        # a fleet with replicas out places fewer: the rest wait here, not inside the fleet
+        capacity=None if fleet is None else fleet.capacity,
+    )
+    if fleet is not None:
+        fleet.watch_capacity(queue.capacity_changed)
+    return queue
