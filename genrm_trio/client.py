@@ -365,11 +365,15 @@ class AsyncGenRMClient:
         send its part; the indices must be distinct across callers and in
         `[0, num_rollouts_per_prompt)`."""
         settings = await self.group_settings()
+        seen: set[int] = set()
         for index, _ in members:
             if type(index) is not int or not 0 <= index < settings.num_rollouts_per_prompt:
                 raise GroupSizeError(
                     f"rollout index {index!r} outside [0, {settings.num_rollouts_per_prompt})"
                 )
+            if index in seen:  # the server would answer the second as the first one's retry
+                raise GroupSizeError(f"rollout index {index} twice in one call (nothing was sent)")
+            seen.add(index)
         timeout = self.timeout if self.timeout is not None else settings.group_timeout_s()
         results: list[RolloutResult | None] = [None] * len(members)
 

@@ -347,6 +347,21 @@ async def test_the_default_timeout_is_the_servers_deadlines_and_a_margin(
     assert trio.current_time() - started == SETTINGS.group_timeout_s() == 80.0
 
 
+async def test_members_with_a_bad_or_repeated_index_are_refused_before_anything_is_sent() -> None:
+    sent: list[httpx.Request] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json=row(json.loads(request.content), 0.5))
+
+    async with mock_client(handler) as client:
+        with pytest.raises(GroupSizeError, match=r"rollout index 1 twice in one call"):
+            await client.score_members(PROMPT, [(1, "a"), (1, "b")], group_id="g")
+        with pytest.raises(GroupSizeError, match=rf"rollout index {N} outside \[0, {N}\)"):
+            await client.score_members(PROMPT, [(0, "a"), (N, "b")], group_id="g")
+    assert sent == []
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="timeout must be a positive number"):
         GenRMClient("http://x", timeout=0)
