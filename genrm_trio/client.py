@@ -371,7 +371,7 @@ class AsyncGenRMClient:
                 raise GroupSizeError(
                     f"rollout index {index!r} outside [0, {settings.num_rollouts_per_prompt})"
                 )
-            if index in seen:  # the server would answer the second as the first one's retry
+            if index in seen:  # the server would refuse the second (409) or take it for a retry
                 raise GroupSizeError(f"rollout index {index} twice in one call (nothing was sent)")
             seen.add(index)
         timeout = self.timeout if self.timeout is not None else settings.group_timeout_s()
