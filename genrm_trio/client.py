@@ -319,8 +319,14 @@ class AsyncGenRMClient:
     async def group_settings(self) -> GroupSettings:
         """The server's group settings (`GET /group_settings`), fetched once."""
         if self._settings is None:
-            with anyio.fail_after(CONNECT_TIMEOUT_S * 3):
-                response = await self._request("GET", "/group_settings")
+            bound = CONNECT_TIMEOUT_S * 3
+            try:
+                with anyio.fail_after(bound):
+                    response = await self._request("GET", "/group_settings")
+            except TimeoutError:
+                raise GenRMTimeout(
+                    f"GET /group_settings: no answer within {bound:g} s from {self.base_url}"
+                ) from None
             if response.status_code != 200:
                 raise GenRMRequestError(response.status_code, _detail(response))
             self._settings = GroupSettings.from_json(_json(response, "GET /group_settings"))

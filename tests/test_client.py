@@ -362,6 +362,22 @@ async def test_members_with_a_bad_or_repeated_index_are_refused_before_anything_
     assert sent == []
 
 
+async def test_group_settings_that_never_come_are_a_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await trio.sleep_forever()
+        raise AssertionError  # pragma: no cover
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    async with AsyncGenRMClient("http://genrm", http=http) as client:
+        started = trio.current_time()
+        with pytest.raises(GenRMTimeout, match=r"GET /group_settings: no answer within 30 s"):
+            await client.score_group(PROMPT, answers("x"))
+    assert trio.current_time() - started == 30.0
+    await http.aclose()
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="timeout must be a positive number"):
         GenRMClient("http://x", timeout=0)
