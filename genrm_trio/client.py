@@ -319,8 +319,14 @@ class AsyncGenRMClient:
     async def group_settings(self) -> GroupSettings:
         """The server's group settings (`GET /group_settings`), fetched once."""
         if self._settings is None:
-            with anyio.fail_after(CONNECT_TIMEOUT_S * 3):
-                response = await self._request("GET", "/group_settings")
+            bound = CONNECT_TIMEOUT_S * 3
+            try:
+                with anyio.fail_after(bound):
+                    response = await self._request("GET", "/group_settings")
+            except TimeoutError:
+                raise GenRMTimeout(
+                    f"GET /group_settings: no answer within {bound:g} s from {self.base_url}"
+                ) from None
             if response.status_code != 200:
                 raise GenRMRequestError(response.status_code, _detail(response))
             self._settings = GroupSettings.from_json(_json(response, "GET /group_settings"))
@@ -365,11 +371,15 @@ class AsyncGenRMClient:
         send its part; the indices must be distinct across callers and in
         `[0, num_rollouts_per_prompt)`."""
         settings = await self.group_settings()
+        seen: set[int] = set()
         for index, _ in members:
             if type(index) is not int or not 0 <= index < settings.num_rollouts_per_prompt:
                 raise GroupSizeError(
                     f"rollout index {index!r} outside [0, {settings.num_rollouts_per_prompt})"
                 )
+            if index in seen:  # the server would refuse the second (409) or take it for a retry
+                raise GroupSizeError(f"rollout index {index} twice in one call (nothing was sent)")
+            seen.add(index)
         timeout = self.timeout if self.timeout is not None else settings.group_timeout_s()
         results: list[RolloutResult | None] = [None] * len(members)
 

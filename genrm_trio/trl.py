@@ -116,7 +116,12 @@ def _distributed() -> tuple[int, int]:
 def _broadcast_run_id() -> str:
     """A run id from process 0, the same on every process (a collective: every process calls
     it, as they call reward functions, in lockstep)."""
-    dist = sys.modules["torch.distributed"]
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "genrm_reward: several processes but no torch.distributed process group to share a "
+            "run id through: pass run_id=..., the same on every process"
+        )
     value = [uuid.uuid4().hex]
     dist.broadcast_object_list(value, src=0)
     return str(value[0])

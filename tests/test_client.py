@@ -347,6 +347,37 @@ async def test_the_default_timeout_is_the_servers_deadlines_and_a_margin(
     assert trio.current_time() - started == SETTINGS.group_timeout_s() == 80.0
 
 
+async def test_members_with_a_bad_or_repeated_index_are_refused_before_anything_is_sent() -> None:
+    sent: list[httpx.Request] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json=row(json.loads(request.content), 0.5))
+
+    async with mock_client(handler) as client:
+        with pytest.raises(GroupSizeError, match=r"rollout index 1 twice in one call"):
+            await client.score_members(PROMPT, [(1, "a"), (1, "b")], group_id="g")
+        with pytest.raises(GroupSizeError, match=rf"rollout index {N} outside \[0, {N}\)"):
+            await client.score_members(PROMPT, [(0, "a"), (N, "b")], group_id="g")
+    assert sent == []
+
+
+async def test_group_settings_that_never_come_are_a_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await trio.sleep_forever()
+        raise AssertionError  # pragma: no cover
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    async with AsyncGenRMClient("http://genrm", http=http) as client:
+        started = trio.current_time()
+        with pytest.raises(GenRMTimeout, match=r"GET /group_settings: no answer within 30 s"):
+            await client.score_group(PROMPT, answers("x"))
+    assert trio.current_time() - started == 30.0
+    await http.aclose()
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="timeout must be a positive number"):
         GenRMClient("http://x", timeout=0)

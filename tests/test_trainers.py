@@ -125,6 +125,14 @@ def test_trl_raises_the_clients_error_not_an_exception_group() -> None:
         reward(prompts=[PROMPT] * N + [OTHER] * N, completions=answers("a") + answers("b"))
 
 
+def test_trl_processes_without_a_process_group_need_a_run_id() -> None:
+    reward = genrm_reward("http://127.0.0.1:1")
+    reward.process_index, reward.num_processes = 0, 2  # set by hand, as a launcher might
+    with pytest.raises(RuntimeError, match=r"pass run_id=\.\.\., the same on every process"):
+        reward(prompts=[PROMPT] * 2, completions=answers("x")[:2])
+    assert reward.calls == 0  # nothing was sent
+
+
 def test_masked_by_gives_the_whole_row_none(server: Server) -> None:
     genrm = genrm_reward(server.url)
 
