@@ -2,11 +2,11 @@
 None, masked) per completion out (docs/trainers.md, "The client").
 
 Each group is sent as the server's `/verify` protocol expects it: one `POST /verify` per
-completion, all at once, under a fresh `_ng_group_id` with each member's `_ng_rollout_index`,
-so the server's group barrier, partial masking and every other server-side feature apply. The
-group size must be the server's `num_rollouts_per_prompt`, which the client reads once from
-`GET /group_settings` and checks before it sends anything (a short group would wait out the
-server's collection deadline).
+completion, all at once, under a fresh `_ng_group_id` (its only `_ng_group_attempt`, 0) with
+each member's `_ng_rollout_index`, so the server's group barrier, partial masking and every
+other server-side feature apply. The group size must be the server's `num_rollouts_per_prompt`,
+which the client reads once from `GET /group_settings` and checks before it sends anything (a
+short group would wait out the server's collection deadline).
 
 What a group gives:
 
@@ -220,6 +220,9 @@ def verify_body(
             ],
         },
         "_ng_group_id": group_id,
+        # a group id is used once, so this is its only attempt; sent, since a request without
+        # it is a legacy request to the server (which logs a warning for those)
+        "_ng_group_attempt": 0,
         "_ng_rollout_index": rollout_index,
     }
     if principle is not None:

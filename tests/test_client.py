@@ -63,6 +63,8 @@ async def test_a_whole_group_gets_the_servers_rewards_under_trio(server: Server)
         results = await client.score_group_results(PROMPT, completions)  # a new group
     assert rewards == await compare_rewards(server.url, completions)
     assert [r.reward for r in results if type(r) is Scored] == rewards
+    # every request names its attempt: the server logs no legacy (attempt-less) request
+    assert "group attempt omitted" not in server.serve.log()
     assert len(set(rewards)) > 1  # the judge told the answers apart
     for index, result in enumerate(results):
         assert type(result) is Scored
@@ -188,6 +190,7 @@ async def test_requests_carry_one_fresh_group_id_and_each_members_index() -> Non
     for group in (first, second):
         assert len({body["_ng_group_id"] for body in group}) == 1
         assert sorted(body["_ng_rollout_index"] for body in group) == list(range(N))
+        assert {body["_ng_group_attempt"] for body in group} == {0}
     assert {body["principle"] for body in first} == {"be brief"}
     assert all("principle" not in body for body in second)
     assert first[0]["responses_create_params"] == {"input": [{"role": "user", "content": PROMPT}]}
