@@ -12,8 +12,15 @@ free ports: the box is shared) and Ray's temp directory. Then:
   shipped `genrm_trio.yaml` and `sim_models.yaml`) in their terminals, until ready;
 - `collect`: expect 32 rows with genrm-trio's rewards (not all equal within a group), an empty
   sidecar, 32 judge calls (circular: 16 per group) and 32 policy calls;
+- `top`: `genrm-trio top --once` at the URL Gym's head server lists for genrm-trio shows it
+  serving, its judge replica and its masked rollouts;
+- Ctrl-C in the judge's terminal, `judge-partial` (the comparisons of the policy's answer
+  `(variant 3)` fail), `collect-partial`: expect, in each group, 13 scored rows and the 3 rollouts
+  of the two failed comparisons in the sidecar as `judge_failed`, and 76 judge calls;
 - Ctrl-C in the judge's terminal, `judge-failing` (every judge call fails), `collect-failing`:
-  expect no scored row and every rollout in the `_failures.jsonl` sidecar as `judge_failed`;
+  expect no scored row, every rollout in the `_failures.jsonl` sidecar as `judge_failed`, 384
+  judge calls, and the log lines the page describes (Gym's `upstream_request_failed` lines, the
+  collector's traceback ending in `None of the 32 dispatched rollouts produced a result`);
 - Ctrl-C in Gym's terminal: genrm-trio is timed from it (the process group's SIGINT, then
   Gym's own, then Gym's SIGKILL 1 s later); fails if it took 1 s or more, if Gym had to kill it,
   or if it took the two SIGINTs for two stops.
@@ -320,7 +327,19 @@ def ensure_gym_venv(venv: Path, log_dir: Path, timeout_s: float) -> float:
 # The documented trial: docs/operations.md, "A GPU-free trial". Each step is the fenced bash block
 # after an HTML comment `<!-- gym-trial:NAME -->`; this script runs them as written.
 DOC = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
-STEPS = ("install", "env", "links", "judge", "gym", "collect", "judge-failing", "collect-failing")
+STEPS = (
+    "install",
+    "env",
+    "links",
+    "judge",
+    "gym",
+    "collect",
+    "top",
+    "judge-partial",
+    "collect-partial",
+    "judge-failing",
+    "collect-failing",
+)
 _STEP = re.compile(
     r"^(?P<indent>[ \t]*)<!-- gym-trial:(?P<name>[\w-]+) -->\n(?P=indent)```bash\n(?P<body>.*?)"
     r"^(?P=indent)```$",
@@ -440,6 +459,40 @@ def check_ok(rows: list[dict[str, Any]], failures: list[dict[str, Any]], calls: 
     # circular, one judge pass: 16 comparisons per group, all through genrm-trio
     if calls != TASKS * REPEATS:
         problems.append(f"expected {TASKS * REPEATS} judge calls (circular), got {calls}")
+    return problems
+
+
+# Step 7's fault: every comparison with the policy's answer "(variant 3)" fails, on every try.
+PARTIAL_MASKED = 3  # per group: the rollout with it and its two neighbours in the circle
+PARTIAL_FAILED = 2  # comparisons per group
+# genrm-trio's 4 attempts of a failed comparison (the shipped genrm_parse_retries: 3), each tried
+# 3 times by Gym's genrm_model server (its openai_model client)
+GENRM_ATTEMPTS = 4
+GYM_TRIES = 3
+CALLS_PER_FAILED_COMPARISON = GENRM_ATTEMPTS * GYM_TRIES
+
+
+def check_partial(
+    rows: list[dict[str, Any]], failures: list[dict[str, Any]], calls: int
+) -> list[str]:
+    problems = []
+    scored = Counter(r.get("_ng_task_index") for r in rows)
+    masked = Counter(r.get("_ng_task_index") for r in failures)
+    if sorted(scored.values()) != [REPEATS - PARTIAL_MASKED] * TASKS:
+        problems.append(f"expected {REPEATS - PARTIAL_MASKED} scored rows a group: {scored}")
+    if sorted(masked.values()) != [PARTIAL_MASKED] * TASKS:
+        problems.append(f"expected {PARTIAL_MASKED} masked rows a group: {masked}")
+    if any(r.get("mask_sample") for r in rows):
+        problems.append("mask_sample true on a row in the main output")
+    if any(
+        r.get("_ng_failure_class") != "judge_failed" or r.get("mask_sample") is not True
+        for r in failures
+    ):
+        problems.append("a sidecar row that is not judge_failed with mask_sample true")
+    failed = TASKS * PARTIAL_FAILED
+    expected = (TASKS * REPEATS - failed) + failed * CALLS_PER_FAILED_COMPARISON
+    if calls != expected:
+        problems.append(f"expected {expected} judge calls, got {calls}")
     return problems
 
 
@@ -591,18 +644,63 @@ class Trial:
         lines.extend(phase.summary())
         ok &= not phase.problems
 
-        # Step 7: Ctrl-C the judge, serve one failing every call on the same port.
+        # genrm-trio top, at the URL Gym's head server gives for it
+        _, _, output = self.run_step("top")
+        shown = [
+            f"{word}: {word in output}"
+            for word in ("● serving", "Judge replicas", "masked rollouts", "No active cohorts")
+        ]
+        lines.append(f"top --once under Gym: {', '.join(shown)}")
+        if not all(word.endswith("True") for word in shown):
+            ok = False
+            lines.append(f"  FAIL top's frame: {output[-1500:]}")
+
+        # Step 7: Ctrl-C the judge, serve one failing the pairs of one answer on the same port.
         self.ctrl_c("judge")
+        self.open_terminal("judge-partial", r"^listening on http://", 30.0)
+        rows, failures, seconds, calls, _ = self.collect(
+            "collect-partial", "partial/rollouts.jsonl"
+        )
+        phase = PhaseResult("partial (variant 3)", rows, failures, seconds, calls, [], 0)
+        phase.problems = check_partial(rows, failures, calls)
+        lines.extend(phase.summary())
+        ok &= not phase.problems
+
+        # Its all-fail variant: every call fails.
+        self.ctrl_c("judge-partial")
         self.open_terminal("judge-failing", r"^listening on http://", 30.0)
+        mark = len(gym.lines)
         rows, failures, seconds, calls, output = self.collect(
             "collect-failing", "failing/rollouts.jsonl"
         )
         phase = PhaseResult("failing judge (http_500)", rows, failures, seconds, calls, [], 0)
         phase.problems = check_failing(rows, failures)
+        if calls != TASKS * REPEATS * CALLS_PER_FAILED_COMPARISON:
+            phase.problems.append(
+                f"expected {TASKS * REPEATS * CALLS_PER_FAILED_COMPARISON} judge calls, got {calls}"
+            )
         # Gym 0.7.0 ends a collection in which no rollout produced a result with exit 1, after
         # writing the sidecar; the documented step says so instead of failing.
-        if "None of the" not in output or "no rollout was scored" not in output:
+        if "None of the 32 dispatched rollouts produced a result" not in output:
             phase.problems.append("gym eval run did not end as the docs say (exit 1, nothing)")
+        if "Traceback" not in output or "no rollout was scored" not in output:
+            phase.problems.append("the collector's traceback or the step's echo is missing")
+        during = [line for _, line in gym.lines[mark:]]
+        attempts = TASKS * REPEATS * GENRM_ATTEMPTS
+        upstream = sum("upstream_request_failed" in line for line in during)
+        retries = sum("model_retry" in line for line in during)
+        failed_groups = sum(
+            "disposition=failed" in line and "kind=judge" in line for line in during
+        )
+        lines.append(
+            f"  terminal 2 during it: {len(during)} lines, {upstream} upstream_request_failed, "
+            f"{retries} model_retry, {failed_groups} 'disposition=failed ... kind=judge'"
+        )
+        if (upstream, retries, failed_groups) != (attempts, attempts * (GYM_TRIES - 1), TASKS):
+            phase.problems.append("terminal 2's lines differ from what the page says")
+        final = "None of the 32 dispatched rollouts produced a result {'judge_failed': 32}"
+        if final not in output:
+            phase.problems.append(f"the collector did not end with {final!r}")
         lines.extend(phase.summary())
         ok &= not phase.problems
 

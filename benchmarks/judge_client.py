@@ -12,7 +12,7 @@ CPU (other processes), so a rate below ideal can be told apart from a busy machi
         [--replicas 1,2,4]
 
 `--replicas K,...` repeats the table for a judge fleet of K delay servers (each its own
-process; `judge.base_url` a list of K URLs; K = 1 is a plain string, one `HttpJudge`); "server
+process; `judge.base_url` a list of K URLs; K = 1 is a plain string: a fleet of one); "server
 CPU" is then summed over the K servers.
 """
 

@@ -9,7 +9,9 @@ on the loop, and while it runs in a worker thread (`engine/offload.py`'s `score_
 the engine does for large groups: the collector paused meanwhile), with the loop thread's own
 CPU time meanwhile. The gap is wall-clock time on a shared machine: an upper bound, noisy.
 `--gc-off` runs with the collector disabled throughout, to see how much of a gap is CPython's
-garbage collector (it pauses every thread).
+garbage collector (it pauses every thread). `--engine` instead sends one group through
+`open_engine` with an instant simulated judge and reports its wall time and the loop's largest
+gap, scoring and everything else included.
 Verdicts are deterministic (a seeded latent quality per member and a rounded noisy ranking
 per comparison), every comparison succeeds, one judge pass.
 
@@ -31,7 +33,7 @@ from typing import Any
 
 import trio
 
-from genrm_trio import Settings
+from genrm_trio import Settings, open_engine
 from genrm_trio.domain.scoring import (
     JudgedComparison,
     PairObservations,
@@ -44,9 +46,10 @@ from genrm_trio.domain.verdict import Verdict
 from genrm_trio.engine.evaluation import Evaluation, MemberText, score_cohort
 from genrm_trio.engine.offload import score_off_loop
 from genrm_trio.judge.base import ComparisonResult, Usage
+from genrm_trio.testing import SimConfig, SimJudge
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import git_commit
+from bench_common import git_commit, verify_input
 
 
 def judged(n: int, strategy: str, degree: int, seed: int = 0) -> list[JudgedComparison]:
@@ -126,6 +129,44 @@ async def _largest_gap(work: Callable[[], object], threaded: bool) -> tuple[floa
     return max(gaps), loop_cpu
 
 
+async def _engine_gap(n: int, strategy: str, degree: int) -> tuple[float, float]:
+    """One group through `open_engine` with an instant simulated judge (every rollout sent at
+    once): the group's wall time and the longest gap of a 1 ms heartbeat meanwhile."""
+    settings = Settings.model_validate(
+        {
+            "num_rollouts_per_prompt": n,
+            "comparison_strategy": strategy,
+            "comparisons_per_rollout": degree,
+            "aggregator_method": "bradley_terry",
+            "cohort_collection_timeout_s": 600.0,
+            "cohort_evaluation_timeout_s": 600.0,
+            "judge_request_timeout_s": 300.0,
+            "judge": {"max_concurrency": 1_000_000},
+        }
+    )
+    gaps: list[float] = []
+    done = trio.Event()
+
+    async def heartbeat() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await trio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    judge = SimJudge(SimConfig(latency_s=0.0, record_calls=False))
+    async with open_engine(settings, judge) as engine, trio.open_nursery() as nursery:
+        nursery.start_soon(heartbeat)
+        start = time.perf_counter()
+        async with trio.open_nursery() as group:
+            for i in range(n):
+                group.start_soon(engine.verify, verify_input(0, i, "Which answer is better?"))
+        elapsed = time.perf_counter() - start
+        done.set()
+    return elapsed, max(gaps)
+
+
 def measure(n: int, strategy: str, degree: int, repeat: int, loop: bool) -> dict[str, Any]:
     comparisons = judged(n, strategy, degree)
     pairs = pair_observations(comparisons)
@@ -168,12 +209,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--loop", action="store_true", help="also the event loop's largest gap")
     parser.add_argument(
+        "--engine",
+        action="store_true",
+        help="instead: one group through open_engine (instant judge), its time and loop gap",
+    )
+    parser.add_argument(
         "--gc-off", action="store_true", help="with the garbage collector off (gc.disable)"
     )
     parser.add_argument("--out")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.gc_off:
         gc.disable()
+    if args.engine:
+        print("| N | graph | group wall time | largest loop gap |")
+        print("|---|---|---|---|")
+        for n in args.sizes:
+            for strategy in ("regular", "all_pairs"):
+                elapsed, gap = trio.run(_engine_gap, n, strategy, args.degree)
+                print(f"| {n} | {strategy} | {elapsed:.2f} s | {gap * 1e3:.1f} ms |", flush=True)
+        return 0
     rows = []
     loop_columns = " loop's largest gap: inline | threaded | loop CPU, threaded |"
     print(

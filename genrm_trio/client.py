@@ -2,11 +2,11 @@
 None, masked) per completion out (docs/trainers.md, "The client").
 
 Each group is sent as the server's `/verify` protocol expects it: one `POST /verify` per
-completion, all at once, under a fresh `_ng_group_id` with each member's `_ng_rollout_index`,
-so the server's group barrier, partial masking and every other server-side feature apply. The
-group size must be the server's `num_rollouts_per_prompt`, which the client reads once from
-`GET /group_settings` and checks before it sends anything (a short group would wait out the
-server's collection deadline).
+completion, all at once, under a fresh `_ng_group_id` (its only `_ng_group_attempt`, 0) with
+each member's `_ng_rollout_index`, so the server's group barrier, partial masking and every
+other server-side feature apply. The group size must be the server's `num_rollouts_per_prompt`,
+which the client reads once from `GET /group_settings` and checks before it sends anything (a
+short group would wait out the server's collection deadline).
 
 What a group gives:
 
@@ -23,8 +23,9 @@ What a group gives:
 `AsyncGenRMClient` runs under trio and under asyncio (httpx and anyio serve both);
 `GenRMClient` is its blocking twin: each call runs the async client under `trio.run`.
 
-This module is a client of the HTTP API only: it imports no other genrm-trio module
-(`lint-imports` holds it to that; docs/architecture.md, "Layers").
+This module is a client of the HTTP API: of genrm-trio it imports only the pure exception-group
+walker `genrm_trio.domain.exceptions`, nothing of the service (`lint-imports` holds it to that;
+docs/architecture.md, "Layers").
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from typing import Any, Final, Literal, TypeVar, final
 import anyio
 import httpx
 import trio
+
+from genrm_trio.domain.exceptions import describe, leaves
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -55,6 +58,7 @@ __all__ = [
     "Prompt",
     "RolloutResult",
     "Scored",
+    "one_error",
     "rewards_of",
 ]
 
@@ -216,6 +220,9 @@ def verify_body(
             ],
         },
         "_ng_group_id": group_id,
+        # a group id is used once, so this is its only attempt; sent, since a request without
+        # it is a legacy request to the server (which logs a warning for those)
+        "_ng_group_attempt": 0,
         "_ng_rollout_index": rollout_index,
     }
     if principle is not None:
@@ -226,6 +233,16 @@ def verify_body(
 def new_group_id() -> str:
     """A fresh group id: never seen by the server, so a group never joins an older one."""
     return f"genrm-client-{uuid.uuid4().hex}"
+
+
+def _json(response: httpx.Response, route: str) -> object:
+    """A 200 reply's JSON; a body that is not JSON is the client's error, not a ValueError."""
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise GenRMError(
+            f"{route}: a {response.status_code} reply that is not JSON: {response.text[:200]!r}"
+        ) from exc
 
 
 def _detail(response: httpx.Response) -> object:
@@ -305,11 +322,17 @@ class AsyncGenRMClient:
     async def group_settings(self) -> GroupSettings:
         """The server's group settings (`GET /group_settings`), fetched once."""
         if self._settings is None:
-            with anyio.fail_after(CONNECT_TIMEOUT_S * 3):
-                response = await self._request("GET", "/group_settings")
+            bound = CONNECT_TIMEOUT_S * 3
+            try:
+                with anyio.fail_after(bound):
+                    response = await self._request("GET", "/group_settings")
+            except TimeoutError:
+                raise GenRMTimeout(
+                    f"GET /group_settings: no answer within {bound:g} s from {self.base_url}"
+                ) from None
             if response.status_code != 200:
                 raise GenRMRequestError(response.status_code, _detail(response))
-            self._settings = GroupSettings.from_json(response.json())
+            self._settings = GroupSettings.from_json(_json(response, "GET /group_settings"))
         return self._settings
 
     async def num_rollouts_per_prompt(self) -> int:
@@ -351,11 +374,15 @@ class AsyncGenRMClient:
         send its part; the indices must be distinct across callers and in
         `[0, num_rollouts_per_prompt)`."""
         settings = await self.group_settings()
+        seen: set[int] = set()
         for index, _ in members:
             if type(index) is not int or not 0 <= index < settings.num_rollouts_per_prompt:
                 raise GroupSizeError(
                     f"rollout index {index!r} outside [0, {settings.num_rollouts_per_prompt})"
                 )
+            if index in seen:  # the server would refuse the second (409) or take it for a retry
+                raise GroupSizeError(f"rollout index {index} twice in one call (nothing was sent)")
+            seen.add(index)
         timeout = self.timeout if self.timeout is not None else settings.group_timeout_s()
         results: list[RolloutResult | None] = [None] * len(members)
 
@@ -375,8 +402,8 @@ class AsyncGenRMClient:
                 f"group {group_id}: no answer within {timeout:g} s (the client's timeout)"
             ) from None
         except BaseExceptionGroup as group:
-            # one member's error stops the group; the first one says why
-            raise _first_error(group) from group
+            # one member's error stops the group (several, if they failed at once)
+            raise one_error(group) from group
         return [result for result in results if result is not None]
 
     async def _request(self, method: str, path: str, body: object = None) -> httpx.Response:
@@ -395,7 +422,7 @@ class AsyncGenRMClient:
             response = await self._request("POST", "/verify", body)
             status = response.status_code
             if status == 200:
-                return _row_result(response.json())
+                return _row_result(_json(response, "/verify"))
             detail = _detail(response)
             if status == 503:
                 wait = _retry_after_s(response)
@@ -408,12 +435,16 @@ class AsyncGenRMClient:
             raise GenRMRequestError(status, detail)
 
 
-def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The first leaf of an exception group (nested groups read through)."""
-    first = group.exceptions[0]
-    while isinstance(first, BaseExceptionGroup):
-        first = first.exceptions[0]
-    return first
+def one_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception to raise for a task group that failed: its first leaf, nested groups
+    read through, so a caller catches the client's typed errors (`GenRMUnavailable`, ...)
+    rather than a group. When the leaves say different things, the first gets a note naming
+    every one (a traceback shows it), so no member's error is lost."""
+    found = leaves(group)
+    distinct = dict.fromkeys(describe(leaf) for leaf in found)
+    if len(distinct) > 1:
+        found[0].add_note(f"{len(found)} errors: {'; '.join(distinct)}")
+    return found[0]
 
 
 _T = TypeVar("_T")

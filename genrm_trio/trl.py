@@ -47,6 +47,7 @@ from genrm_trio.client import (
     GroupSizeError,
     Prompt,
     RolloutResult,
+    one_error,
     rewards_of,
 )
 
@@ -115,7 +116,12 @@ def _distributed() -> tuple[int, int]:
 def _broadcast_run_id() -> str:
     """A run id from process 0, the same on every process (a collective: every process calls
     it, as they call reward functions, in lockstep)."""
-    dist = sys.modules["torch.distributed"]
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "genrm_reward: several processes but no torch.distributed process group to share a "
+            "run id through: pass run_id=..., the same on every process"
+        )
     value = [uuid.uuid4().hex]
     dist.broadcast_object_list(value, src=0)
     return str(value[0])
@@ -207,9 +213,12 @@ class GenRMReward:
                 for (position, _), result in zip(group.members, scored, strict=True):
                     results[position] = result
 
-            async with anyio.create_task_group() as tasks:
-                for group in groups:
-                    tasks.start_soon(one, group)
+            try:
+                async with anyio.create_task_group() as tasks:
+                    for group in groups:
+                        tasks.start_soon(one, group)
+            except BaseExceptionGroup as failed:  # the client's typed error, not a group
+                raise one_error(failed) from failed
         return [result for result in results if result is not None]
 
 

@@ -36,7 +36,14 @@ from typing import Any
 import anyio
 import trio
 
-from genrm_trio.client import AsyncGenRMClient, GroupSizeError, Masked, RolloutResult, Scored
+from genrm_trio.client import (
+    AsyncGenRMClient,
+    GroupSizeError,
+    Masked,
+    RolloutResult,
+    Scored,
+    one_error,
+)
 
 __all__ = ["compute_score", "group_positions", "impute_masked"]
 
@@ -106,9 +113,12 @@ async def _score(
             for position, reward in zip(positions, impute_masked(results), strict=True):
                 rewards[position] = reward
 
-        async with anyio.create_task_group() as tasks:
-            for prompt, positions in groups:
-                tasks.start_soon(one, prompt, positions)
+        try:
+            async with anyio.create_task_group() as tasks:
+                for prompt, positions in groups:
+                    tasks.start_soon(one, prompt, positions)
+        except BaseExceptionGroup as failed:  # the client's typed error, not a group
+            raise one_error(failed) from failed
     return [reward for reward in rewards if reward is not None]
 
 

@@ -19,6 +19,7 @@ from genrm_server import COLLECT_S, PROMPT, N, Server, answers, server
 from genrm_trio.client import (
     AsyncGenRMClient,
     GenRMClient,
+    GenRMError,
     GenRMRequestError,
     GenRMTimeout,
     GenRMUnavailable,
@@ -26,6 +27,7 @@ from genrm_trio.client import (
     GroupSizeError,
     Masked,
     Scored,
+    one_error,
     verify_body,
 )
 
@@ -61,6 +63,8 @@ async def test_a_whole_group_gets_the_servers_rewards_under_trio(server: Server)
         results = await client.score_group_results(PROMPT, completions)  # a new group
     assert rewards == await compare_rewards(server.url, completions)
     assert [r.reward for r in results if type(r) is Scored] == rewards
+    # every request names its attempt: the server logs no legacy (attempt-less) request
+    assert "group attempt omitted" not in server.serve.log()
     assert len(set(rewards)) > 1  # the judge told the answers apart
     for index, result in enumerate(results):
         assert type(result) is Scored
@@ -186,6 +190,7 @@ async def test_requests_carry_one_fresh_group_id_and_each_members_index() -> Non
     for group in (first, second):
         assert len({body["_ng_group_id"] for body in group}) == 1
         assert sorted(body["_ng_rollout_index"] for body in group) == list(range(N))
+        assert {body["_ng_group_attempt"] for body in group} == {0}
     assert {body["principle"] for body in first} == {"be brief"}
     assert all("principle" not in body for body in second)
     assert first[0]["responses_create_params"] == {"input": [{"role": "user", "content": PROMPT}]}
@@ -228,6 +233,56 @@ async def test_a_refused_request_raises_with_its_status(status: int, detail: str
         with pytest.raises(GenRMRequestError) as caught:
             await client.score_group(PROMPT, answers("x"))
     assert (caught.value.status, caught.value.detail) == (status, detail)
+
+
+async def test_members_failing_at_once_raise_the_first_error_naming_every_one() -> None:
+    arrived: list[int] = []
+    everyone_in = trio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        index = json.loads(request.content)["_ng_rollout_index"]
+        arrived.append(index)
+        if len(arrived) < N:
+            await everyone_in.wait()  # members 0 and 1 are refused at the same moment:
+        else:  # the last one in passes no checkpoint, where the first refusal would cancel it
+            everyone_in.set()
+        if index in (0, 1):
+            return httpx.Response(409 + 13 * index, json={"detail": f"refused {index}"})
+        return httpx.Response(200, json=row(json.loads(request.content), 0.5))
+
+    async with mock_client(handler) as client:
+        with pytest.raises(GenRMRequestError) as caught:  # the error itself, not a group
+            await client.score_group(PROMPT, answers("x"))
+    # trio wakes the members in either order: the first error is either refusal
+    assert (caught.value.status, caught.value.detail) in {(409, "refused 0"), (422, "refused 1")}
+    (note,) = caught.value.__notes__
+    assert note.startswith("2 errors: ")
+    assert set(note.removeprefix("2 errors: ").split("; ")) == {
+        "GenRMRequestError: genrm-trio answered 409: refused 0",
+        "GenRMRequestError: genrm-trio answered 422: refused 1",
+    }
+
+
+def test_one_error_reads_nested_groups_and_names_every_different_leaf() -> None:
+    unreachable = [GenRMUnavailable("genrm-trio at x unreachable") for _ in range(3)]
+    same = ExceptionGroup("g", [unreachable[0], ExceptionGroup("inner", unreachable[1:])])
+    assert one_error(same) is unreachable[0]
+    assert not hasattr(unreachable[0], "__notes__")  # the same error three times: no note
+    refused = GenRMRequestError(409, "superseded")
+    mixed = ExceptionGroup("g", [ExceptionGroup("inner", [refused]), GenRMTimeout("late")])
+    assert one_error(mixed) is refused
+    assert refused.__notes__ == [
+        "2 errors: GenRMRequestError: genrm-trio answered 409: superseded; GenRMTimeout: late"
+    ]
+
+
+async def test_a_reply_that_is_not_json_is_the_clients_error() -> None:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text="<html>proxy</html>")
+
+    async with mock_client(handler) as client:
+        with pytest.raises(GenRMError, match=r"/verify: a 200 reply that is not JSON: '<html>"):
+            await client.score_group(PROMPT, answers("x"))
 
 
 async def test_shutting_down_raises_and_a_group_failure_is_masked() -> None:
@@ -293,6 +348,37 @@ async def test_the_default_timeout_is_the_servers_deadlines_and_a_margin(
         with pytest.raises(GenRMTimeout):
             await client.score_group(PROMPT, answers("x"))
     assert trio.current_time() - started == SETTINGS.group_timeout_s() == 80.0
+
+
+async def test_members_with_a_bad_or_repeated_index_are_refused_before_anything_is_sent() -> None:
+    sent: list[httpx.Request] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json=row(json.loads(request.content), 0.5))
+
+    async with mock_client(handler) as client:
+        with pytest.raises(GroupSizeError, match=r"rollout index 1 twice in one call"):
+            await client.score_members(PROMPT, [(1, "a"), (1, "b")], group_id="g")
+        with pytest.raises(GroupSizeError, match=rf"rollout index {N} outside \[0, {N}\)"):
+            await client.score_members(PROMPT, [(0, "a"), (N, "b")], group_id="g")
+    assert sent == []
+
+
+async def test_group_settings_that_never_come_are_a_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await trio.sleep_forever()
+        raise AssertionError  # pragma: no cover
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    async with AsyncGenRMClient("http://genrm", http=http) as client:
+        started = trio.current_time()
+        with pytest.raises(GenRMTimeout, match=r"GET /group_settings: no answer within 30 s"):
+            await client.score_group(PROMPT, answers("x"))
+    assert trio.current_time() - started == 30.0
+    await http.aclose()
 
 
 def test_bad_arguments() -> None:

@@ -9,13 +9,14 @@ tests/test_engine_eager_properties.py; only the settings gain the two keys.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from eager_scenarios import run, scenarios
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from genrm_trio.config import AggregatorMethod, MaskPolicy
 from genrm_trio.domain.model import Masked, Scored
 from genrm_trio.domain.scoring import BT_LOG_LIKELIHOOD
 from genrm_trio.engine.evaluation import EAGER_RATE_KEY
@@ -24,8 +25,8 @@ from genrm_trio.engine.evaluation import EAGER_RATE_KEY
 @hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     scenarios(),
-    st.sampled_from(["pair", "component"]),
-    st.sampled_from(["simple_tiebreaker", "bradley_terry"]),
+    st.sampled_from(get_args(MaskPolicy)),  # every value the settings accept
+    st.sampled_from(get_args(AggregatorMethod)),
 )
 def test_eager_starts_give_the_same_reply_under_component_masking_and_bradley_terry(
     scenario: dict[str, Any], mask_policy: str, method: str

@@ -116,6 +116,9 @@ async def test_one_failed_comparison_under_each_mask_policy(
     assert sorted(masked(replies)) == masked_members
     assert len(scored(replies)) == N - len(masked_members)
     assert len(judge.calls) == 16
+    row = scored(replies)[2]  # the per-group rates count C = N·d/2·J = 16 comparisons
+    assert row["genrm_failed_comparison_rate_per_group"] == 1 / 16
+    assert row["genrm_masked_rollout_rate_per_group"] == len(masked_members) / N
 
 
 async def test_escalation_and_a_fleet(autojump_clock: MockClock) -> None:

@@ -50,6 +50,8 @@ def test_gym_stack(tmp_path: Path) -> None:
     assert result.returncode == 0, summary or result.stdout[-4000:] + result.stderr[-4000:]
     assert "ran the gym-trial blocks of" in summary
     assert "working judge: 32 rows, 0 masked; sidecar 0 rows" in summary
+    # step 7: two comparisons of each group fail, three of its rollouts are masked
+    assert "partial (variant 3): 26 rows, 0 masked; sidecar 6 rows {'judge_failed': 6}" in summary
     assert "sidecar 32 rows {'judge_failed': 32}" in summary
     # the script fails if Gym had to kill genrm-trio, or if it took the process group's SIGINT
     # and Gym's own for two stops; the time it took is in the summary

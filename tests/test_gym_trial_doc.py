@@ -22,6 +22,7 @@ from genrm_trio.app.cli import build_parser
 from genrm_trio.app.gym import gym_root
 
 ROOT = Path(__file__).resolve().parents[1]
+DOC_TEXT = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
 CONFIGS = gym_root() / "resources_servers" / "genrm_trio" / "configs"
 
 
@@ -113,9 +114,32 @@ def test_the_links_cover_every_server_gym_starts() -> None:
 
 
 def test_the_genrm_trio_commands_parse() -> None:
-    for step in ("judge", "judge-failing"):
+    for step in ("judge", "judge-partial", "judge-failing"):
         text = STEPS[step].replace('"$TRIO_VENV/bin/genrm-trio"', "genrm-trio")
         argv = shlex.split(text.replace('"$SIM_PORT"', "8000"))
         assert argv[0] == "genrm-trio"
         args = build_parser().parse_args(argv[1:])
         assert args.command == "sim-judge" and args.policy is True
+
+
+def test_step_7_fails_the_comparisons_of_one_answer_of_the_policy() -> None:
+    """The partial fault matches one of the 16 answers the policy stand-in gives a prompt (it
+    numbers them `(variant 0)` to `(variant 15)`), and no other: a rollout and its two
+    comparisons, in each group."""
+    from genrm_trio.testing.flags import parse_fault_rule
+    from genrm_trio.testing.policy import PolicyStandIn
+
+    text = STEPS["judge-partial"].replace('"$TRIO_VENV/bin/genrm-trio"', "genrm-trio")
+    argv = shlex.split(text.replace('"$SIM_PORT"', "8000"))
+    args = build_parser().parse_args(argv[1:])
+    [rule] = [parse_fault_rule(spec) for spec in args.fault]
+    assert (rule.fault, rule.position) == ("http_500", "either")
+    policy = PolicyStandIn()
+    answers = [policy.answer("a prompt") for _ in range(16)]
+    hit = [i for i, answer in enumerate(answers) if rule.match in answer]
+    assert hit == [3]
+    # the circle's comparisons with rollout 3: (2, 3) and (3, 4); their rollouts are masked
+    pairs = [(i, (i + 1) % 16) for i in range(16)]
+    failed = [pair for pair in pairs if rule.selects(answers[pair[0]], answers[pair[1]])]
+    assert failed == [(2, 3), (3, 4)]
+    assert "the 26 scored" in " ".join(DOC_TEXT.split()) and "the 6 masked" in DOC_TEXT

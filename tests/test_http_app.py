@@ -36,6 +36,7 @@ from genrm_trio.engine.engine import open_engine
 from genrm_trio.http.app import create_app, replica_view
 from genrm_trio.http.asgi import PUBLIC_PATHS, current_rollout_id
 from genrm_trio.http.openapi import openapi_document
+from genrm_trio.http.rows import failsafe_row
 from genrm_trio.judge.base import ReplicaStats
 from genrm_trio.testing import FaultRule, SimConfig, SimJudge
 
@@ -1015,6 +1016,17 @@ async def test_every_key_of_a_verify_row_is_in_the_openapi_schema() -> None:
                 assert required <= set(row) <= properties, set(row) ^ properties
                 if config is everything:
                     assert set(row) == properties
+
+
+def test_a_failsafe_row_has_exactly_the_schemas_keys() -> None:
+    """A masked member's row (`failsafe_row`, for a body of declared fields only) and the
+    `FailsafeRow` schema agree: a new request field, echoed by every failsafe row, fails here
+    until the schema lists it."""
+    schema = openapi_document(title="t", version="1", auth=False)["components"]["schemas"]
+    failsafe = schema["FailsafeRow"]
+    row = failsafe_row({"responses_create_params": {"input": []}, "response": {}}, "why")
+    assert set(row) == set(failsafe["properties"]), set(row) ^ set(failsafe["properties"])
+    assert set(failsafe["required"]) <= set(row)
 
 
 async def test_a_judge_replica_has_exactly_the_schemas_keys() -> None:

@@ -161,7 +161,11 @@ class TestFrontEnds:
     ) -> None:
         assert main(["sim-judge", "--judgment-bias", "0.2"]) == 2
         err = capsys.readouterr().err
-        assert "--judgment: --judgment-bias needs --judgment" in err
+        # a usage mistake: the command's usage line, then the error
+        assert err.startswith("usage: genrm-trio sim-judge [-h]")
+        assert (
+            err.splitlines()[-1] == "genrm-trio sim-judge: error: --judgment-bias needs --judgment"
+        )
 
 
 # --- the benchmark ------------------------------------------------------------------------------

@@ -832,6 +832,22 @@ async def test_an_unreadable_members_column_is_a_store_error(tmp_path: Path) -> 
             assert store.statistics().terminal_records == 1  # nothing dropped
 
 
+async def test_a_bad_row_of_a_long_key_is_named_cut(tmp_path: Path) -> None:
+    """The load error names a 10,000-character key as every text does (`shown_id`): cut."""
+    config = state(tmp_path)
+    long_key = explicit_key("g" * 10_000)
+    async with open_store(path_of(config), config) as store:
+        await store.commit_terminal(record(long_key))
+    with closing(sqlite3.connect(path_of(config))) as db:
+        db.execute("UPDATE cohorts SET members = '[1]'")
+        db.commit()
+    async with open_store(path_of(config), config) as store:
+        with pytest.raises(StoreError, match=r"characters\): members: ") as raised:
+            await store.load()
+    assert f"({len(long_key)} characters)" in str(raised.value)
+    assert len(str(raised.value)) < 1_300
+
+
 async def test_missing_directory_and_busy_file_are_store_errors(tmp_path: Path) -> None:
     assert "does not exist" in await open_fails(tmp_path / "no" / "state.db", settings())
     assert "cannot open" in await open_fails(tmp_path, settings())  # a directory

@@ -7,16 +7,28 @@ trainer installed; the real GRPO run is tests/test_grpo.py."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import statistics
 import threading
 from argparse import Namespace
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import pytest
 from genrm_server import FAIL, PROMPT, N, Server, answers, server
 
-from genrm_trio.client import GenRMClient, GroupSizeError, Masked, Scored
+import genrm_trio.verl
+from genrm_trio.client import (
+    AsyncGenRMClient,
+    GenRMClient,
+    GenRMRequestError,
+    GenRMUnavailable,
+    GroupSettings,
+    GroupSizeError,
+    Masked,
+    Scored,
+)
 from genrm_trio.slime import group_rm, post_process_rewards
 from genrm_trio.trl import BatchGroup, batch_groups, genrm_reward, masked_by
 from genrm_trio.verl import compute_score, group_positions
@@ -103,6 +115,24 @@ def test_trl_processes_sharing_a_group_are_joined_by_the_servers_barrier(server:
     assert got[0] + got[1] == reference(server, PROMPT, texts)
 
 
+def test_trl_raises_the_clients_error_not_an_exception_group() -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    reward = genrm_reward(f"http://127.0.0.1:{port}")
+    reward._settings = GroupSettings(N, 10.0, 10.0)  # known: the members' requests fail
+    with pytest.raises(GenRMUnavailable, match="unreachable: ConnectError"):
+        reward(prompts=[PROMPT] * N + [OTHER] * N, completions=answers("a") + answers("b"))
+
+
+def test_trl_processes_without_a_process_group_need_a_run_id() -> None:
+    reward = genrm_reward("http://127.0.0.1:1")
+    reward.process_index, reward.num_processes = 0, 2  # set by hand, as a launcher might
+    with pytest.raises(RuntimeError, match=r"pass run_id=\.\.\., the same on every process"):
+        reward(prompts=[PROMPT] * 2, completions=answers("x")[:2])
+    assert reward.calls == 0  # nothing was sent
+
+
 def test_masked_by_gives_the_whole_row_none(server: Server) -> None:
     genrm = genrm_reward(server.url)
 
@@ -166,6 +196,30 @@ def test_verl_batch_reward_function(server: Server) -> None:
     assert [s["genrm_masked"] for s in by_row[1]] == [1.0, 1.0, 0.0, 1.0]
     assert [s["score"] for s in by_row[1]] == [expected[2]] * N
     assert {s["genrm_scored_mean"] for s in by_row[1]} == {expected[2]}
+
+
+def test_verl_raises_the_clients_error_not_an_exception_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(409, json={"detail": "superseded"})
+
+    class Refused(AsyncGenRMClient):  # every /verify refused, for both groups of the batch
+        def __init__(self, base_url: str, **kwargs: Any) -> None:
+            http = httpx.AsyncClient(transport=httpx.MockTransport(refuse))
+            settings = GroupSettings(N, 10.0, 10.0)
+            super().__init__(base_url, http=http, group_settings=settings, **kwargs)
+
+    monkeypatch.setattr(genrm_trio.verl, "AsyncGenRMClient", Refused)
+    infos = [{"index": i // N, "question": (PROMPT, OTHER)[i // N]} for i in range(2 * N)]
+    with pytest.raises(GenRMRequestError, match="409: superseded"):
+        compute_score(
+            data_sources=["genrm"] * 2 * N,
+            solution_strs=answers("a") + answers("b"),
+            ground_truths=[None] * 2 * N,
+            extra_infos=infos,
+            base_url="http://genrm",
+        )
 
 
 # --- slime ----------------------------------------------------------------------------------------

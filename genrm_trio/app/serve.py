@@ -67,8 +67,8 @@ def tuned_gc() -> Iterator[None]:
     Every request allocates hundreds of containers (parsed JSON, hypercorn/h11/quart objects,
     trio tasks) that mostly die by reference counting, but at 700 allocations per young
     collection the collector ran every request or two and promoted in-flight request state to
-    the older generations, whose full scans then cost 100+ ms each: a third of the server's CPU
-    at 16 groups in flight (docs/benchmarks.md). Freezing what start-up loaded (modules,
+    the older generations, whose full scans are long (the figures: docs/benchmarks.md, "What
+    was changed, and what each change bought"). Freezing what start-up loaded (modules,
     settings) keeps it out of every later scan; larger thresholds make collections rarer.
     Cyclic garbage (trio exceptions and tracebacks) is still collected, in bigger batches. Enter
     it after importing what the process will run; the previous settings come back on exit.

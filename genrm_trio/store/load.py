@@ -96,16 +96,17 @@ def _read_records(cur: sqlite3.Cursor, now: float) -> tuple[list[TerminalRecord]
     ):
         key_blob, gid, attempt, legacy, digest, phase, failure, kind, terminal_at, packed = row
         key = column_text(key_blob)
+        shown = shown_id(key)  # a client's id may be 10,000 characters: cut in the error line
         if phase not in ("completed", "failed") or terminal_at is None:
-            raise ValueError(f"key {key!r}: unexpected phase {phase!r}")
+            raise ValueError(f"key {shown}: unexpected phase {phase!r}")
         if (phase == "failed") != (kind in ("judge", "cohort")):
-            raise ValueError(f"key {key!r}: failure_kind {kind!r} with phase {phase!r}")
+            raise ValueError(f"key {shown}: failure_kind {kind!r} with phase {phase!r}")
         if not math.isfinite(terminal_at):
-            raise ValueError(f"key {key!r}: terminal_at {terminal_at!r}")
+            raise ValueError(f"key {shown}: terminal_at {terminal_at!r}")
         try:
             members = column_members(packed)
         except (ValueError, TypeError) as exc:
-            raise ValueError(f"key {key!r}: members: {exc}") from None
+            raise ValueError(f"key {shown}: members: {exc}") from None
         records.append(
             TerminalRecord(
                 key=key,
