@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from judges import NO_ADJ, ScriptedJudge, compare_input, default_verdict, member, settings
 
 from genrm_trio.domain.model import Scored
@@ -23,6 +24,7 @@ from genrm_trio.domain.scoring import (
     preference_cycle_rate,
 )
 from genrm_trio.domain.scoring import bradley_terry as bt
+from genrm_trio.engine import compare as compare_module
 from genrm_trio.engine import run as run_module
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.engine.evaluation import scored_off_loop
@@ -167,12 +169,27 @@ async def test_a_large_group_is_scored_in_a_worker_thread(monkeypatch: Any) -> N
     assert {i: r.result["reward"] for i, r in enumerate(replies)} == expected.final
 
 
-async def test_a_large_compare_batch_is_scored_in_a_worker_thread() -> None:
+async def test_a_large_compare_batch_is_scored_in_a_worker_thread(
+    mock_clock: trio.testing.MockClock, monkeypatch: Any
+) -> None:
+    """40 answers all_pairs (780 comparisons): compare_result runs outside the event loop's
+    thread. The clock stands still (a thread would let an autojumping clock leap, and a real
+    one races the judging deadlines on a loaded machine): no deadline can fire, every call is
+    judged at once."""
+    threads: list[int] = []
+    original = compare_module.compare_result
+
+    def spy(*args: Any) -> Any:
+        threads.append(threading.get_ident())
+        return original(*args)
+
+    monkeypatch.setattr(compare_module, "compare_result", spy)
     config = settings(num_rollouts_per_prompt=1, comparison_strategy="all_pairs")
     judge = ScriptedJudge()
-    with trio.fail_after(30):
-        async with open_engine(config, judge) as engine:
-            big = await engine.compare(compare_input([f"a{i}" for i in range(40)]))
+    async with open_engine(config, judge) as engine:
+        big = await engine.compare(compare_input([f"a{i}" for i in range(40)]))
+    assert len(threads) == 1 and threads[0] != threading.get_ident()
+    assert trio.current_time() == 0.0  # frozen: nothing waited on the clock
     assert len(judge.calls) == 40 * 39 // 2
     assert len(big.rewards) == 40
     # a0 … a39 have qualities 1 + i % 5: every quality class is ordered as the judge says
@@ -193,19 +210,31 @@ async def test_score_off_loop_pauses_the_collector_and_restores_it() -> None:
     assert await score_off_loop(work, limiter) == 7
     assert seen == [False] and gc.isenabled()
 
-    release = threading.Event()
+    started, release = threading.Event(), threading.Event()
 
     def slow() -> None:
-        release.wait(5)
+        started.set()
+        release.wait()
         seen.append(gc.isenabled())
 
     async with trio.open_nursery() as nursery:  # two at once: on again only after both
         nursery.start_soon(score_off_loop, slow, limiter)
-        nursery.start_soon(score_off_loop, work, limiter)
-        await trio.sleep(0.2)
+        await trio.to_thread.run_sync(started.wait)  # events, not sleeps: no race under load
+        assert not gc.isenabled()
+        assert await score_off_loop(work, limiter) == 7  # begins and ends while slow runs
         assert not gc.isenabled()
         release.set()
     assert seen[1:] == [False, False] and gc.isenabled()
+
+    started.clear()
+    release.clear()
+    with trio.CancelScope() as scope:  # cancelled while it runs: waits for it, then on again
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(score_off_loop, slow, limiter)
+            await trio.to_thread.run_sync(started.wait)
+            scope.cancel()
+            release.set()
+    assert scope.cancel_called and seen[3:] == [False] and gc.isenabled()
 
     def boom() -> None:
         raise ValueError("non-finite")
