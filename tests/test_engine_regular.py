@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import trio
@@ -30,6 +30,7 @@ from judges import (
 from trio.testing import MockClock
 
 from genrm_trio.app.compose import durable_engine
+from genrm_trio.config import AggregatorMethod
 from genrm_trio.domain.checkpoint import checkpoint, restore
 from genrm_trio.domain.codec import decode_json, encode_json
 from genrm_trio.domain.scoring import JudgedComparison, aggregate, plan_comparisons
@@ -58,7 +59,7 @@ def member_oriented(n: int, d: int, judges: int, balance: str) -> list[JudgedCom
     return out
 
 
-@pytest.mark.parametrize("method", ["simple_tiebreaker", "bradley_terry"])
+@pytest.mark.parametrize("method", get_args(AggregatorMethod))
 @pytest.mark.parametrize(("d", "judges", "balance"), [(3, 1, "none"), (4, 2, "alternate")])
 async def test_verify_judges_the_graph_and_scores_it(
     autojump_clock: MockClock, method: str, d: int, judges: int, balance: str

@@ -13,6 +13,7 @@ import pytest
 import trio
 import trio.testing
 from judges import default_verdict, member, verdict_text, verify
+from settings_keys import accepted_values
 
 from genrm_trio.config import Settings
 from genrm_trio.domain.model import GroupFailed, Scored
@@ -244,7 +245,7 @@ async def test_every_replica_of_a_fleet_down_then_one_back_first(
     assert [s.ejected for s in judge.replica_stats()] == [False, False]
 
 
-@pytest.mark.parametrize("policy", ["mask_pending", "fail_group"])
+@pytest.mark.parametrize("policy", accepted_values("evaluation_deadline_policy"))
 async def test_past_the_group_deadline_the_failure_says_how_long_the_judge_was_unreachable(
     autojump_clock: trio.testing.MockClock, policy: str
 ) -> None:

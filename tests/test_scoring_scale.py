@@ -7,13 +7,14 @@ from __future__ import annotations
 import gc
 import random
 import threading
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import trio
 import trio.testing
 from judges import NO_ADJ, ScriptedJudge, compare_input, default_verdict, member, settings
 
+from genrm_trio.config import ComparisonStrategy
 from genrm_trio.domain.model import Scored
 from genrm_trio.domain.scoring import (
     JudgedComparison,
@@ -99,7 +100,7 @@ def test_the_bitset_cycle_count_is_every_triangle_counted() -> None:
     rng = random.Random(5)
     for _ in range(300):
         n = rng.randint(3, 12)
-        strategy = rng.choice(["circular", "all_pairs", "regular"])
+        strategy = rng.choice(get_args(ComparisonStrategy))
         degree = rng.choice([d for d in range(2, n) if n * d % 2 == 0])
         comparisons = [
             JudgedComparison(p.i, p.j, p.k, (3.0, 3.0, float(rng.choice([1, 2, 3.5, 5, 6]))))
