@@ -190,9 +190,10 @@ class Comparator:
                     raise
                 self._unreached += 1
                 log.debug("judge call not sent (%s); not an attempt", one_line(error.describe()))
-                call = dataclasses.replace(
-                    call, avoid_replica=error.replica, ticket=AttemptTicket(call.ticket)
-                )
+                if call.ticket is not None:
+                    # the same attempt, sent again: it keeps its link to the attempt before it
+                    call.ticket.not_sent()
+                call = dataclasses.replace(call, avoid_replica=error.replica)
 
     def unreachable_for(self) -> float | None:
         """Seconds since no judge replica could be reached, or None (a judge that is not a
