@@ -253,10 +253,13 @@ class Comparator:
             return
         with trio.move_on_at(wake) as sleep:
             await group.wait_complete()
-            deadline = trio.current_effective_deadline()
-            if wake >= deadline:  # chosen before this deadline existed, and does not fit it
-                sleep.deadline = start + self._pause(retry, retry_after, deadline - start)
-            await trio.sleep_forever()
+        if sleep.cancelled_caught:
+            return  # slept as chosen: the group was still collecting
+        # read outside the sleep's own scope, whose deadline is `wake`
+        deadline = trio.current_effective_deadline()
+        if wake >= deadline:  # chosen before this deadline existed, and does not fit it
+            wake = start + self._pause(retry, retry_after, deadline - start)
+        await trio.sleep_until(wake)
 
     def _pause(self, retry: int, retry_after: float | None, left: float) -> float:
         """Seconds to sleep before retry number `retry` (1 = the first retry; D13, D44), with
