@@ -197,6 +197,35 @@ async def test_a_large_compare_batch_is_scored_in_a_worker_thread(
     assert big.rewards[4] > big.rewards[3] > big.rewards[2] > big.rewards[1] > big.rewards[0]
 
 
+async def test_a_large_regular_compare_batch_chooses_its_graph_off_the_loop(
+    mock_clock: trio.testing.MockClock, monkeypatch: Any
+) -> None:
+    """64 answers, regular d = 8 (256 comparisons): the graph's choice for a batch size not seen
+    before (costly at this size, docs/benchmarks.md "The regular graph's choice") is made in a
+    worker thread, as its scoring is; a small batch plans on the loop. The clock stands still,
+    as above."""
+    planned: list[tuple[int, int]] = []  # (batch size, thread)
+    original = compare_module.plan_comparisons
+
+    def spy(n: int, *args: Any) -> Any:
+        planned.append((n, threading.get_ident()))
+        return original(n, *args)
+
+    monkeypatch.setattr(compare_module, "plan_comparisons", spy)
+    config = settings(
+        num_rollouts_per_prompt=1, comparison_strategy="regular", comparisons_per_rollout=8
+    )
+    judge = ScriptedJudge()
+    async with open_engine(config, judge) as engine:
+        big = await engine.compare(compare_input([f"a{i}" for i in range(64)]))
+        small = await engine.compare(compare_input([f"a{i}" for i in range(16)]))
+    loop = threading.get_ident()
+    assert [n for n, _ in planned] == [64, 16]
+    assert planned[0][1] != loop and planned[1][1] == loop
+    assert len(judge.calls) == 64 * 8 // 2 + 16 * 8 // 2
+    assert len(big.rewards) == 64 and len(small.rewards) == 16
+
+
 async def test_score_off_loop_pauses_the_collector_and_restores_it() -> None:
     """The collector is off while a scoring thread runs, on again after the last one, and left
     off when it was off before; results and exceptions come back unchanged."""
