@@ -179,8 +179,16 @@ async def test_a_restored_group_replays_its_rows(autojump_clock: MockClock) -> N
 
 async def test_a_restart_with_durable_state_replays_a_regular_group(tmp_path: Path) -> None:
     """Real clock (the store works in a thread): the group's rows survive a restart and replay
-    without a judge call; its next attempt is judged on the same graph."""
-    config = settings(**REGULAR, comparisons_per_rollout=3, state_path=str(tmp_path / "state.db"))
+    without a judge call; its next attempt is judged on the same graph. Deadlines far beyond the
+    test's own bound, so a loaded machine cannot race them."""
+    config = settings(
+        **REGULAR,
+        comparisons_per_rollout=3,
+        state_path=str(tmp_path / "state.db"),
+        cohort_collection_timeout_s=60.0,
+        cohort_evaluation_timeout_s=60.0,
+        judge_request_timeout_s=30.0,
+    )
     first = ScriptedJudge()
     with trio.fail_after(20):
         async with durable_engine(config, first) as engine:

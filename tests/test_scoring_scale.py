@@ -130,9 +130,12 @@ def member_oriented(n: int, d: int) -> list[JudgedComparison]:
     return out
 
 
-async def test_a_large_group_is_scored_in_a_worker_thread(monkeypatch: Any) -> None:
-    """Real clock (a thread): N = 64, regular d = 8, Bradley–Terry. score_cohort runs outside
-    the event loop's thread, and the rewards are the direct path's."""
+async def test_a_large_group_is_scored_in_a_worker_thread(
+    mock_clock: trio.testing.MockClock, monkeypatch: Any
+) -> None:
+    """N = 64, regular d = 8, Bradley–Terry. score_cohort runs outside the event loop's thread,
+    and the rewards are the direct path's. The clock stands still (a thread would let an
+    autojumping clock leap, and a real one races the attempt deadlines on a loaded machine)."""
     threads: list[int] = []
     original = run_module.score_cohort
 
@@ -147,20 +150,18 @@ async def test_a_large_group_is_scored_in_a_worker_thread(monkeypatch: Any) -> N
         comparison_strategy="regular",
         comparisons_per_rollout=8,
         aggregator_method="bradley_terry",
-        cohort_collection_timeout_s=30.0,
-        cohort_evaluation_timeout_s=30.0,
     )
     judge = ScriptedJudge()
     replies: list[Any] = [None] * n
-    with trio.fail_after(30):
-        async with open_engine(config, judge) as engine:
+    async with open_engine(config, judge) as engine:
 
-            async def one(i: int) -> None:
-                replies[i] = await engine.verify(member(i))
+        async def one(i: int) -> None:
+            replies[i] = await engine.verify(member(i))
 
-            async with trio.open_nursery() as nursery:
-                for i in range(n):
-                    nursery.start_soon(one, i)
+        async with trio.open_nursery() as nursery:
+            for i in range(n):
+                nursery.start_soon(one, i)
+    assert trio.current_time() == 0.0  # frozen: nothing waited on the clock
     assert threads and all(t != threading.get_ident() for t in threads)
     assert len(judge.calls) == 256
     assert all(isinstance(r, Scored) for r in replies)
