@@ -8,11 +8,28 @@ Imported by budget_escalation.py and reward_quality.py, which put this folder on
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import subprocess
+from collections.abc import Iterator
 
 from genrm_trio import VerifyInput
 from genrm_trio.judge.base import JudgeCall, JudgeReply
 from genrm_trio.testing import SimJudge
+
+
+@contextlib.contextmanager
+def engine_logs_quiet() -> Iterator[None]:
+    """The `genrm_trio` logger at ERROR inside the block, its level restored after: thousands of
+    masking and exhaustion lines would drown a benchmark's table (the counts are its result), and
+    a level left behind would hide the records of every test that runs after it in the process."""
+    logger = logging.getLogger("genrm_trio")
+    saved = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(saved)
 
 
 class WrappedSim:

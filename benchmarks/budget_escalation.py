@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import logging
 import math
 import re
 import sys
@@ -47,7 +46,7 @@ from genrm_trio.testing import SimConfig, SimJudge
 from genrm_trio.testing.verdicts import LENGTH_PRESETS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import WrappedSim, git_commit, verify_input
+from bench_common import WrappedSim, engine_logs_quiet, git_commit, verify_input
 
 SIZE: Final = 16
 PROMPT: Final = "Compare the two answers to the user's question and decide which is better."
@@ -264,8 +263,12 @@ async def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     arguments = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(arguments)
-    # thousands of exhaustion and masking lines would drown the table; the counts are the result
-    logging.getLogger("genrm_trio").setLevel(logging.ERROR)
+    with engine_logs_quiet():
+        return await run_benchmark(args, argv)
+
+
+async def run_benchmark(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """The benchmark `main` parsed `args` for (`argv` as given, for the record's command)."""
     chosen = [s for s in SCENARIOS if not args.only or s.name in args.only]
     results: list[Result] = []
     for scenario in chosen:

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import logging
 import math
 import sys
 import time
@@ -73,7 +72,7 @@ from genrm_trio.testing.judgment import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import WrappedSim, answer, git_commit, verify_input
+from bench_common import WrappedSim, answer, engine_logs_quiet, git_commit, verify_input
 
 SIZE: Final = 16
 PROMPT: Final = "Which of the two answers solves the task better?"
@@ -713,8 +712,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only-graph", action="append", choices=[g.name for g in GRAPHS])
     parser.add_argument("--out")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    # thousands of masking lines would drown the table; the counts are the result
-    logging.getLogger("genrm_trio").setLevel(logging.ERROR)
+    with engine_logs_quiet():
+        return run_benchmark(args, argv)
+
+
+def run_benchmark(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """The benchmark `main` parsed `args` for (`argv` as given, for the record's command)."""
     started = time.monotonic()
     checked = 0
     if args.check_engine:

@@ -8,6 +8,8 @@ from typing import Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
+from genrm_trio.config import Settings
+
 
 def literal_keys(model: type[BaseModel], prefix: str = "") -> dict[str, tuple[str, ...]]:
     """Every key of `model` (nested sections as dotted names) whose type is a `Literal`, with its
@@ -25,3 +27,9 @@ def literal_keys(model: type[BaseModel], prefix: str = "") -> dict[str, tuple[st
         else:
             assert not any(get_origin(a) is Literal for a in members), f"{name}: optional literal"
     return found
+
+
+def accepted_values(key: str) -> tuple[str, ...]:
+    """Every value the settings accept for the `Literal` key `key` (dotted in a section): a test
+    over "every value" parametrized with it covers a new one without an edit."""
+    return literal_keys(Settings)[key]

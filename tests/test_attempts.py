@@ -573,6 +573,33 @@ async def test_retry_after_is_honoured_exactly(autojump_clock: trio.testing.Mock
     assert rig.script.times == [start, start + first, start + first]
 
 
+async def test_a_retry_after_slept_while_collecting_keeps_its_time_when_the_deadline_fits(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A Retry-After slept while its group collects, whose group then completes with a deadline
+    the sleep still fits: the sleep ends when it was chosen to (its jitter kept); only a
+    deadline it no longer fits sizes it again (tests/test_engine_eager.py)."""
+    rig = Rig(Script(http(429, retry_after="7"), valid()), rng=random.Random(7))
+    queue = rig.comparator.queue
+    group = queue.group(complete=False)
+    start = trio.current_time()
+
+    async def complete(scope: trio.CancelScope) -> None:
+        await trio.sleep(1.0)
+        scope.deadline = start + 30.0  # the group's deadline, set as its last member arrives
+        group.mark_complete()
+
+    with trio.fail_after(BOUND), trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(complete, scope)
+            result = await rig.comparator.compare(
+                CALL, pair=PAIR, judge_pass=0, ticket=queue.ticket(group)
+            )
+    assert result.attempts == 2
+    first = 7.0 * (1 + random.Random(7).uniform(0.0, RETRY_AFTER_JITTER))
+    assert rig.script.times == [start, start + first]
+
+
 async def test_retry_after_that_does_not_fit_the_deadline_is_ignored(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -26,6 +26,7 @@ from judges import (
     settings,
     verify,
 )
+from settings_keys import accepted_values
 from trio.testing import MockClock
 
 from genrm_trio.app.compose import durable_engine
@@ -430,7 +431,7 @@ async def test_mask_pending_at_the_deadline_after_completion(autojump_clock: Moc
     assert at == {0: 2.0, 1: 2.0, 2: 2.0}
 
 
-@pytest.mark.parametrize("policy", ["mask_pending", "fail_group"])
+@pytest.mark.parametrize("policy", accepted_values("evaluation_deadline_policy"))
 async def test_a_retry_after_taken_while_collecting_respects_the_deadline_set_later(
     autojump_clock: MockClock, policy: str
 ) -> None:

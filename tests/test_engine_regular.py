@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import trio
@@ -30,6 +30,7 @@ from judges import (
 from trio.testing import MockClock
 
 from genrm_trio.app.compose import durable_engine
+from genrm_trio.config import AggregatorMethod
 from genrm_trio.domain.checkpoint import checkpoint, restore
 from genrm_trio.domain.codec import decode_json, encode_json
 from genrm_trio.domain.scoring import JudgedComparison, aggregate, plan_comparisons
@@ -58,7 +59,7 @@ def member_oriented(n: int, d: int, judges: int, balance: str) -> list[JudgedCom
     return out
 
 
-@pytest.mark.parametrize("method", ["simple_tiebreaker", "bradley_terry"])
+@pytest.mark.parametrize("method", get_args(AggregatorMethod))
 @pytest.mark.parametrize(("d", "judges", "balance"), [(3, 1, "none"), (4, 2, "alternate")])
 async def test_verify_judges_the_graph_and_scores_it(
     autojump_clock: MockClock, method: str, d: int, judges: int, balance: str
@@ -178,8 +179,16 @@ async def test_a_restored_group_replays_its_rows(autojump_clock: MockClock) -> N
 
 async def test_a_restart_with_durable_state_replays_a_regular_group(tmp_path: Path) -> None:
     """Real clock (the store works in a thread): the group's rows survive a restart and replay
-    without a judge call; its next attempt is judged on the same graph."""
-    config = settings(**REGULAR, comparisons_per_rollout=3, state_path=str(tmp_path / "state.db"))
+    without a judge call; its next attempt is judged on the same graph. Deadlines far beyond the
+    test's own bound, so a loaded machine cannot race them."""
+    config = settings(
+        **REGULAR,
+        comparisons_per_rollout=3,
+        state_path=str(tmp_path / "state.db"),
+        cohort_collection_timeout_s=60.0,
+        cohort_evaluation_timeout_s=60.0,
+        judge_request_timeout_s=30.0,
+    )
     first = ScriptedJudge()
     with trio.fail_after(20):
         async with durable_engine(config, first) as engine:

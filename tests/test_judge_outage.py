@@ -13,11 +13,18 @@ import pytest
 import trio
 import trio.testing
 from judges import default_verdict, member, verdict_text, verify
+from settings_keys import accepted_values
 
 from genrm_trio.config import Settings
 from genrm_trio.domain.model import GroupFailed, Scored
 from genrm_trio.engine.engine import Engine, open_engine
-from genrm_trio.judge.base import JudgeCall, JudgeReply, JudgeTransportError, ReplyStatus
+from genrm_trio.judge.base import (
+    JudgeCall,
+    JudgeHTTPError,
+    JudgeReply,
+    JudgeTransportError,
+    ReplyStatus,
+)
 from genrm_trio.judge.fleet import JudgeFleet
 
 N = 4
@@ -25,8 +32,10 @@ N = 4
 
 @dataclass
 class Server:
-    """A fake judge server: `up` answers after `latency`; `down` refuses connections (the call
-    never reaches it) and fails its probes. Records every call and probe."""
+    """A fake judge server: `up` answers after `latency`, but 500 at once to a request whose
+    first answer is "poison" (a failure the request causes on every replica); `down` refuses
+    connections (the call never reaches it) and fails its probes. Records every call and
+    probe."""
 
     name: str
     latency: float = 1.0
@@ -50,6 +59,9 @@ class Server:
             raise JudgeTransportError(
                 "ConnectError", "[Errno 111] Connection refused", reached=False
             )
+        if call.response_1 == "poison":
+            self.calls.append((started, "500"))
+            raise JudgeHTTPError(500, b"template error")
         await trio.sleep(self.latency)
         self.calls.append((started, "ok"))
         return JudgeReply(
@@ -244,7 +256,7 @@ async def test_every_replica_of_a_fleet_down_then_one_back_first(
     assert [s.ejected for s in judge.replica_stats()] == [False, False]
 
 
-@pytest.mark.parametrize("policy", ["mask_pending", "fail_group"])
+@pytest.mark.parametrize("policy", accepted_values("evaluation_deadline_policy"))
 async def test_past_the_group_deadline_the_failure_says_how_long_the_judge_was_unreachable(
     autojump_clock: trio.testing.MockClock, policy: str
 ) -> None:
@@ -314,3 +326,38 @@ async def test_an_unwatched_fleet_spends_attempts_as_before(
     assert info.value.attempts == 4
     assert [t for t, _ in server.calls] == pytest.approx([0.0, 0.1, 0.2, 0.3])
     assert server.probes == []
+
+
+async def test_a_500_after_a_call_sent_again_is_still_the_requests_fault(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A request that gets a 500 from every replica, while one replica is down: its retry,
+    refused by the down one (never sent: no attempt), is sent again, and that resend still
+    links to the attempt before it, so a 500 on two replicas in a row is the request's fault
+    and counts against neither (docs/operations.md, "A fleet of judges")."""
+    from genrm_trio.judge.attempts import Comparator
+    from genrm_trio.judge.base import JudgeError
+    from genrm_trio.metrics import Metrics
+
+    a, b, c = Server("a"), Server("b", up=False), Server("c")
+    judge = fleet(a, b, c)
+    comparator = Comparator(judge, config(), Metrics())
+    call = JudgeCall([{"role": "user", "content": "q"}], "poison", "y", None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(judge.keep_watch)
+        with pytest.raises(JudgeError) as info:
+            await comparator.compare(call, pair=(0, 1), judge_pass=0)
+        nursery.cancel_scope.cancel()
+    assert info.value.attempts == 4
+    # a, then b (refused: sent again at once, to c), then a and c, 0.1 s apart
+    assert a.calls == [(0.0, "500"), (0.2, "500")]
+    assert b.calls == [(0.1, "refused")]
+    assert [t for t, _ in c.calls] == pytest.approx([0.1, 0.3])
+    assert c.outcomes() == ["500", "500"]
+    # c's first 500 follows a's, across the resend: a's is taken back and none counts
+    stats = judge.replica_stats()
+    assert [(s.failures, s.consecutive_failures, s.ejected) for s in stats] == [
+        (2, 0, False),
+        (1, 1, True),  # b: out until a probe reaches it
+        (2, 0, False),
+    ]

@@ -6,6 +6,7 @@ benchmark's direct path against the engine."""
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -211,8 +212,11 @@ def test_cells_count_what_they_say() -> None:
     assert record["share_scored"] == 1.0 and -1.0 <= record["kendall_tau"] <= 1.0
 
 
-def test_main_writes_its_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_writes_its_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     bench = load_benchmark()
+    caplog.set_level(logging.INFO, logger="genrm_trio")
     out = tmp_path / "rq.json"
     code = bench.main(
         ["--groups", "3", "--only-family", "pointwise", "--only-graph", "circular-J1",
@@ -224,3 +228,6 @@ def test_main_writes_its_record(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert {c["calls_per_group"] for c in record["cells"]} == {16}
     printed = capsys.readouterr().out
     assert "| pointwise | circular-J1 | 0% | 16 |" in printed
+    # main quiets the engine's log lines only while it runs: a later test in this process
+    # still sees genrm_trio's records
+    assert logging.getLogger("genrm_trio").level == logging.INFO

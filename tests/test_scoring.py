@@ -10,13 +10,14 @@ import functools
 import hashlib
 import math
 import operator
-from typing import NamedTuple
+from typing import NamedTuple, get_args
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from judges import NO_ADJ
 
+from genrm_trio.config import ComparisonStrategy
 from genrm_trio.domain.scoring import (
     Aggregation,
     ComparisonStats,
@@ -94,7 +95,7 @@ class TestComparisonPairs:
         with pytest.raises(ValueError, match="Unsupported comparison_strategy"):
             comparison_pairs(3, "round_robin")
 
-    @pytest.mark.parametrize("strategy", ["circular", "all_pairs"])
+    @pytest.mark.parametrize("strategy", get_args(ComparisonStrategy))
     @pytest.mark.parametrize("n", [1, 0, -1])
     def test_less_than_2_raises(self, strategy: str, n: int) -> None:
         with pytest.raises(ValueError, match="at least 2"):

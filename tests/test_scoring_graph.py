@@ -12,11 +12,18 @@ from itertools import combinations
 from typing import get_args
 
 import pytest
+from graph_keys import degree, graph_choices
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from judges import NO_ADJ
 
-from genrm_trio.config import AggregatorMethod, ComparisonStrategy, MaskPolicy, PositionBalance
+from genrm_trio.config import (
+    DEFAULT_COMPARISONS_PER_ROLLOUT,
+    AggregatorMethod,
+    ComparisonStrategy,
+    MaskPolicy,
+    PositionBalance,
+)
 from genrm_trio.domain.scoring import (
     AGGREGATORS,
     BT_LOG_LIKELIHOOD,
@@ -87,8 +94,15 @@ def theta_from_base(base: dict[int, float]) -> dict[int, float]:
     return {m: logit((b - 1.0) / 4.0) for m, b in base.items()}
 
 
-def random_graph(rng: random.Random, n: int, strategy: str, judges: int, keep: float) -> list:
-    plan = plan_comparisons(n, strategy, judges, rng.choice(["none", "alternate"]))
+def random_graph(
+    rng: random.Random,
+    n: int,
+    strategy: str,
+    judges: int,
+    keep: float,
+    d: int = DEFAULT_COMPARISONS_PER_ROLLOUT,
+) -> list:
+    plan = plan_comparisons(n, strategy, judges, rng.choice(get_args(PositionBalance)), d)
     rankings = [1.0, 2.0, 3.0, 3.5, 4.0, 5.0, 6.0]
     return [
         jc(p.i, p.j, rng.choice(rankings), p.k, rng.choice([1.0, 3.0, 5.0]), 3.0)
@@ -107,7 +121,8 @@ class TestBradleyTerryOptimum:
         cancel, leaving −λΣθ), so θ_m = logit((base_m − 1)/4) exactly; every ∂F/∂θ_m is then 0."""
         rng = random.Random(seed)
         n = rng.randint(2, 12)
-        comparisons = random_graph(rng, n, rng.choice(["circular", "all_pairs"]), 2, 0.8)
+        graph = rng.choice(graph_choices(n))  # every graph the settings accept on n rollouts
+        comparisons = random_graph(rng, n, graph["comparison_strategy"], 2, 0.8, degree(graph))
         prior = rng.choice([0.1, 0.02, 1.0])
         theta = theta_from_base(bt(comparisons, list(range(n)), prior))
         grad = gradient(theta, comparisons, prior)
@@ -469,15 +484,15 @@ class TestComponents:
             mask_members("pair", 2, plan, [None])
 
     @settings(max_examples=300, deadline=None)
-    @given(
-        st.integers(2, 9), st.sampled_from(["circular", "all_pairs"]), st.integers(1, 2), st.data()
-    )
+    @given(st.integers(2, 9), st.integers(1, 2), st.data())
     def test_component_scores_one_connected_set(
-        self, n: int, strategy: str, judges: int, data: st.DataObject
+        self, n: int, judges: int, data: st.DataObject
     ) -> None:
         """Component's scored set is connected by successful comparisons and no other
         component is larger; it never fails a group that pair scores."""
-        plan = plan_comparisons(n, strategy, judges, "alternate")
+        # every graph the settings accept on n rollouts
+        graph = data.draw(st.sampled_from(graph_choices(n)))
+        plan = plan_comparisons(n, graph["comparison_strategy"], judges, "alternate", degree(graph))
         failing = data.draw(st.sets(st.sampled_from([(p.i, p.j, p.k) for p in plan])))
         errors = errors_for(plan, failing)
         comp = mask_members("component", n, plan, errors)

@@ -7,12 +7,14 @@ from __future__ import annotations
 import gc
 import random
 import threading
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import trio
+import trio.testing
 from judges import NO_ADJ, ScriptedJudge, compare_input, default_verdict, member, settings
 
+from genrm_trio.config import ComparisonStrategy
 from genrm_trio.domain.model import Scored
 from genrm_trio.domain.scoring import (
     JudgedComparison,
@@ -23,6 +25,7 @@ from genrm_trio.domain.scoring import (
     preference_cycle_rate,
 )
 from genrm_trio.domain.scoring import bradley_terry as bt
+from genrm_trio.engine import compare as compare_module
 from genrm_trio.engine import run as run_module
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.engine.evaluation import scored_off_loop
@@ -97,7 +100,7 @@ def test_the_bitset_cycle_count_is_every_triangle_counted() -> None:
     rng = random.Random(5)
     for _ in range(300):
         n = rng.randint(3, 12)
-        strategy = rng.choice(["circular", "all_pairs", "regular"])
+        strategy = rng.choice(get_args(ComparisonStrategy))
         degree = rng.choice([d for d in range(2, n) if n * d % 2 == 0])
         comparisons = [
             JudgedComparison(p.i, p.j, p.k, (3.0, 3.0, float(rng.choice([1, 2, 3.5, 5, 6]))))
@@ -127,9 +130,12 @@ def member_oriented(n: int, d: int) -> list[JudgedComparison]:
     return out
 
 
-async def test_a_large_group_is_scored_in_a_worker_thread(monkeypatch: Any) -> None:
-    """Real clock (a thread): N = 64, regular d = 8, Bradley–Terry. score_cohort runs outside
-    the event loop's thread, and the rewards are the direct path's."""
+async def test_a_large_group_is_scored_in_a_worker_thread(
+    mock_clock: trio.testing.MockClock, monkeypatch: Any
+) -> None:
+    """N = 64, regular d = 8, Bradley–Terry. score_cohort runs outside the event loop's thread,
+    and the rewards are the direct path's. The clock stands still (a thread would let an
+    autojumping clock leap, and a real one races the attempt deadlines on a loaded machine)."""
     threads: list[int] = []
     original = run_module.score_cohort
 
@@ -144,20 +150,18 @@ async def test_a_large_group_is_scored_in_a_worker_thread(monkeypatch: Any) -> N
         comparison_strategy="regular",
         comparisons_per_rollout=8,
         aggregator_method="bradley_terry",
-        cohort_collection_timeout_s=30.0,
-        cohort_evaluation_timeout_s=30.0,
     )
     judge = ScriptedJudge()
     replies: list[Any] = [None] * n
-    with trio.fail_after(30):
-        async with open_engine(config, judge) as engine:
+    async with open_engine(config, judge) as engine:
 
-            async def one(i: int) -> None:
-                replies[i] = await engine.verify(member(i))
+        async def one(i: int) -> None:
+            replies[i] = await engine.verify(member(i))
 
-            async with trio.open_nursery() as nursery:
-                for i in range(n):
-                    nursery.start_soon(one, i)
+        async with trio.open_nursery() as nursery:
+            for i in range(n):
+                nursery.start_soon(one, i)
+    assert trio.current_time() == 0.0  # frozen: nothing waited on the clock
     assert threads and all(t != threading.get_ident() for t in threads)
     assert len(judge.calls) == 256
     assert all(isinstance(r, Scored) for r in replies)
@@ -167,16 +171,60 @@ async def test_a_large_group_is_scored_in_a_worker_thread(monkeypatch: Any) -> N
     assert {i: r.result["reward"] for i, r in enumerate(replies)} == expected.final
 
 
-async def test_a_large_compare_batch_is_scored_in_a_worker_thread() -> None:
+async def test_a_large_compare_batch_is_scored_in_a_worker_thread(
+    mock_clock: trio.testing.MockClock, monkeypatch: Any
+) -> None:
+    """40 answers all_pairs (780 comparisons): compare_result runs outside the event loop's
+    thread. The clock stands still (a thread would let an autojumping clock leap, and a real
+    one races the judging deadlines on a loaded machine): no deadline can fire, every call is
+    judged at once."""
+    threads: list[int] = []
+    original = compare_module.compare_result
+
+    def spy(*args: Any) -> Any:
+        threads.append(threading.get_ident())
+        return original(*args)
+
+    monkeypatch.setattr(compare_module, "compare_result", spy)
     config = settings(num_rollouts_per_prompt=1, comparison_strategy="all_pairs")
     judge = ScriptedJudge()
-    with trio.fail_after(30):
-        async with open_engine(config, judge) as engine:
-            big = await engine.compare(compare_input([f"a{i}" for i in range(40)]))
+    async with open_engine(config, judge) as engine:
+        big = await engine.compare(compare_input([f"a{i}" for i in range(40)]))
+    assert len(threads) == 1 and threads[0] != threading.get_ident()
+    assert trio.current_time() == 0.0  # frozen: nothing waited on the clock
     assert len(judge.calls) == 40 * 39 // 2
     assert len(big.rewards) == 40
     # a0 … a39 have qualities 1 + i % 5: every quality class is ordered as the judge says
     assert big.rewards[4] > big.rewards[3] > big.rewards[2] > big.rewards[1] > big.rewards[0]
+
+
+async def test_a_large_regular_compare_batch_chooses_its_graph_off_the_loop(
+    mock_clock: trio.testing.MockClock, monkeypatch: Any
+) -> None:
+    """64 answers, regular d = 8 (256 comparisons): the graph's choice for a batch size not seen
+    before (costly at this size, docs/benchmarks.md "The regular graph's choice") is made in a
+    worker thread, as its scoring is; a small batch plans on the loop. The clock stands still,
+    as above."""
+    planned: list[tuple[int, int]] = []  # (batch size, thread)
+    original = compare_module.plan_comparisons
+
+    def spy(n: int, *args: Any) -> Any:
+        planned.append((n, threading.get_ident()))
+        return original(n, *args)
+
+    monkeypatch.setattr(compare_module, "plan_comparisons", spy)
+    config = settings(
+        num_rollouts_per_prompt=1, comparison_strategy="regular", comparisons_per_rollout=8
+    )
+    judge = ScriptedJudge()
+    async with open_engine(config, judge) as engine:
+        big = await engine.compare(compare_input([f"a{i}" for i in range(64)]))
+        small = await engine.compare(compare_input([f"a{i}" for i in range(16)]))
+    loop = threading.get_ident()
+    assert [n for n, _ in planned] == [64, 16]
+    assert planned[0][1] != loop and planned[1][1] == loop
+    assert len(judge.calls) == 64 * 8 // 2 + 16 * 8 // 2
+    assert len(big.rewards) == 64 and len(small.rewards) == 16
 
 
 async def test_score_off_loop_pauses_the_collector_and_restores_it() -> None:
@@ -193,19 +241,31 @@ async def test_score_off_loop_pauses_the_collector_and_restores_it() -> None:
     assert await score_off_loop(work, limiter) == 7
     assert seen == [False] and gc.isenabled()
 
-    release = threading.Event()
+    started, release = threading.Event(), threading.Event()
 
     def slow() -> None:
-        release.wait(5)
+        started.set()
+        release.wait()
         seen.append(gc.isenabled())
 
     async with trio.open_nursery() as nursery:  # two at once: on again only after both
         nursery.start_soon(score_off_loop, slow, limiter)
-        nursery.start_soon(score_off_loop, work, limiter)
-        await trio.sleep(0.2)
+        await trio.to_thread.run_sync(started.wait)  # events, not sleeps: no race under load
+        assert not gc.isenabled()
+        assert await score_off_loop(work, limiter) == 7  # begins and ends while slow runs
         assert not gc.isenabled()
         release.set()
     assert seen[1:] == [False, False] and gc.isenabled()
+
+    started.clear()
+    release.clear()
+    with trio.CancelScope() as scope:  # cancelled while it runs: waits for it, then on again
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(score_off_loop, slow, limiter)
+            await trio.to_thread.run_sync(started.wait)
+            scope.cancel()
+            release.set()
+    assert scope.cancel_called and seen[3:] == [False] and gc.isenabled()
 
     def boom() -> None:
         raise ValueError("non-finite")

@@ -87,13 +87,21 @@ class Comparisons:
         if n < 2:
             return CompareResult([s.default_score] * n, None, None)
         texts = [MemberText(reasoning_text(r), answer_text(r)) for r in item.responses]
-        plan = plan_comparisons(
-            n,
-            s.comparison_strategy,
-            s.num_judges_per_comparison,
-            s.position_balance,
-            fitting_degree(n, s.comparisons_per_rollout),  # a batch has any size
-        )
+        degree = fitting_degree(n, s.comparisons_per_rollout)  # a batch has any size
+
+        def plan_batch() -> list[PlannedComparison]:
+            return plan_comparisons(
+                n, s.comparison_strategy, s.num_judges_per_comparison, s.position_balance, degree
+            )
+
+        if s.comparison_strategy == "regular" and scored_off_loop(
+            n, n * degree // 2 * s.num_judges_per_comparison
+        ):
+            # a large regular batch: the graph's choice for a size not seen yet (cached after)
+            # costs as much CPU as scoring it, so it is made off the loop too
+            plan = await score_off_loop(plan_batch, self._scoring_thread)
+        else:
+            plan = plan_batch()
         evaluation = Evaluation(
             plan,
             [judge_text(t.answer_text) for t in texts],

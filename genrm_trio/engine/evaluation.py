@@ -59,11 +59,10 @@ INLINE_MAX_VERTICES: Final = 33
 
 def scored_off_loop(vertices: int, comparisons: int) -> bool:
     """Whether scoring a group of this size runs in a worker thread rather than on the event loop
-    (docs/architecture.md, "Scoring off the loop"). Within the bounds, scoring takes at most a few
-    milliseconds of CPU (16 rollouts all_pairs J = 2, 240 comparisons: ~4 ms; a fit over 33
-    vertices: ~3 ms; docs/benchmarks.md, "Scoring at scale"), less than handing it to a thread
-    and back costs in latency; beyond them it grows as N·d to N³ and would stall every other
-    request."""
+    (docs/architecture.md, "Scoring off the loop"). Within the bounds (16 rollouts all_pairs
+    J = 2; a fit over 33 vertices), scoring takes a few milliseconds of CPU (docs/benchmarks.md,
+    "Scoring at scale"), less than handing it to a thread and back costs in latency; beyond them
+    it grows as N·d to N³ and would stall every other request."""
     return comparisons > INLINE_MAX_COMPARISONS or vertices > INLINE_MAX_VERTICES
 
 

@@ -4,8 +4,8 @@
 with CPython's cyclic garbage collector paused while it runs. Why the pause: a large group's
 scoring allocates 10⁵–10⁶ short-lived objects, enough to trigger collections whose traversals
 hold the GIL for tens to hundreds of milliseconds at a time, and a collection pauses every
-thread, the event loop's included (docs/benchmarks.md, "Scoring at scale": gaps of 620 ms at
-256 rollouts all_pairs with the collector running, 30 ms with it paused). Those temporaries
+thread, the event loop's included (docs/benchmarks.md, "Scoring at scale", has the loop's gaps
+with the collector running and paused). Those temporaries
 are freed by reference counting as scoring proceeds (they form no cycles), so pausing the
 collector skips its work rather than deferring it. The pause is process-wide, so it is
 counted: the collector runs again when the last scoring thread ends, and only if it was enabled

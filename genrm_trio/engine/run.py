@@ -87,8 +87,8 @@ class GroupRunner:
         # at most the active cohorts), each scored whole by `score_cohort` off the event loop
         self._scoring_thread = trio.CapacityLimiter(1)
         # the plan of every rollout-cohort group and its readiness index, shared: made here, so
-        # a `regular` graph's choice (up to ~0.7 s at N = 512, docs/benchmarks.md) is paid at the
-        # start and never on a group's path
+        # a `regular` graph's choice (costly at large N, docs/benchmarks.md "The regular graph's
+        # choice") is paid at the start and never on a group's path
         self._shared_plan: tuple[list[PlannedComparison], ReadinessIndex] | None = None
         if settings.comparison_mode == "rollout_cohort" and settings.num_rollouts_per_prompt > 1:
             self._shared_plan = self._plan(settings.num_rollouts_per_prompt)

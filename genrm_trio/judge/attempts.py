@@ -190,9 +190,10 @@ class Comparator:
                     raise
                 self._unreached += 1
                 log.debug("judge call not sent (%s); not an attempt", one_line(error.describe()))
-                call = dataclasses.replace(
-                    call, avoid_replica=error.replica, ticket=AttemptTicket(call.ticket)
-                )
+                if call.ticket is not None:
+                    # the same attempt, sent again: it keeps its link to the attempt before it
+                    call.ticket.not_sent()
+                call = dataclasses.replace(call, avoid_replica=error.replica)
 
     def unreachable_for(self) -> float | None:
         """Seconds since no judge replica could be reached, or None (a judge that is not a
@@ -252,10 +253,13 @@ class Comparator:
             return
         with trio.move_on_at(wake) as sleep:
             await group.wait_complete()
-            deadline = trio.current_effective_deadline()
-            if wake >= deadline:  # chosen before this deadline existed, and does not fit it
-                sleep.deadline = start + self._pause(retry, retry_after, deadline - start)
-            await trio.sleep_forever()
+        if sleep.cancelled_caught:
+            return  # slept as chosen: the group was still collecting
+        # read outside the sleep's own scope, whose deadline is `wake`
+        deadline = trio.current_effective_deadline()
+        if wake >= deadline:  # chosen before this deadline existed, and does not fit it
+            wake = start + self._pause(retry, retry_after, deadline - start)
+        await trio.sleep_until(wake)
 
     def _pause(self, retry: int, retry_after: float | None, left: float) -> float:
         """Seconds to sleep before retry number `retry` (1 = the first retry; D13, D44), with

@@ -64,6 +64,13 @@ class AttemptTicket:
         self.replica = replica
         self._on_deadline = on_deadline
 
+    def not_sent(self) -> None:
+        """The Comparator: the attempt never reached a server and goes out again as the same
+        attempt: where it went is forgotten, its link to the previous attempt kept (a 5xx the
+        resend gets is weighed against that attempt's, `JudgeFleet._server_error`)."""
+        self.replica = None
+        self._on_deadline = None
+
     def deadline_expired(self, error: JudgeAttemptError) -> None:
         """The Comparator: the attempt's own deadline ended it (`error`, a `JudgeTimeout`)."""
         on_deadline, self._on_deadline = self._on_deadline, None

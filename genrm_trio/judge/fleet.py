@@ -30,7 +30,8 @@ out). Every attempt goes to one replica:
 - **request faults**: an HTTP 5xx that the same comparison's previous attempt also got, from
   another replica, is the request's fault (a prompt the judge cannot take), not the replicas':
   it is not counted, and the previous one is taken back (with the ejection or failed trial it
-  caused). A 5xx followed by an answer elsewhere stays counted;
+  caused); a call sent again because it never reached a server is the same attempt
+  (`AttemptTicket.not_sent`). A 5xx followed by an answer elsewhere stays counted;
 - **stall detection** (`judge.replica_stall_s`, off by default): a replica that has had attempts
   in flight and finished none of them for that long, while another replica answered (a reply or
   an HTTP status, not a broken connection) in that time, is stalled: it is taken out as an
