@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from genrm_trio.config import Settings
+from genrm_trio.config import DEFAULT_COMPARISONS_PER_ROLLOUT, Settings
 from genrm_trio.domain.model import (
     CompareFailed,
     CompareInput,
@@ -29,6 +29,7 @@ from genrm_trio.domain.model import (
     Scored,
     VerifyInput,
 )
+from genrm_trio.domain.scoring import JudgedComparison, plan_comparisons
 from genrm_trio.engine.engine import Engine, open_engine
 from genrm_trio.judge.base import (
     JudgeCall,
@@ -59,6 +60,24 @@ def default_verdict(response_1: str, response_2: str) -> tuple[float, float, flo
     """Scores are the answers' qualities; the ranking follows their difference."""
     q1, q2 = quality(response_1), quality(response_2)
     return float(q1), float(q2), 3.5 + (q2 - q1) / 2
+
+
+def member_oriented(
+    n: int,
+    strategy: str,
+    judges: int = 1,
+    balance: str = "none",
+    degree: int = DEFAULT_COMPARISONS_PER_ROLLOUT,
+) -> list[JudgedComparison]:
+    """The comparisons of a group of `n` answers `a0..` judged with `ScriptedJudge`'s default
+    verdicts (`plan_comparisons`' plan), flipped back to member orientation: what the
+    aggregation must have seen."""
+    out = []
+    for p in plan_comparisons(n, strategy, judges, balance, degree):
+        first, second = p.shown
+        verdict = default_verdict(f"a{first}", f"a{second}")
+        out.append(JudgedComparison(p.i, p.j, p.k, p.to_member_orientation(verdict)))
+    return out
 
 
 @dataclass

@@ -15,13 +15,13 @@ from judges import (
     ScriptedJudge,
     Step,
     compare_input,
-    default_verdict,
     gather,
     hang,
     http_error,
     judge_error,
     masked,
     member,
+    member_oriented,
     ok,
     running,
     scored,
@@ -35,7 +35,6 @@ from genrm_trio.domain.scoring import (
     CYCLE_RATE,
     JudgedComparison,
     aggregate,
-    plan_comparisons,
 )
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.judge.base import ReplyStatus
@@ -47,17 +46,6 @@ COMPONENT = {"mask_policy": "component"}
 
 def sigma(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x))
-
-
-def member_oriented(n: int, strategy: str, judges: int, balance: str) -> list[JudgedComparison]:
-    """The comparisons the engine judges with `ScriptedJudge`'s default verdicts, flipped back
-    to member orientation: what the aggregation must have seen."""
-    out = []
-    for p in plan_comparisons(n, strategy, judges, balance):
-        first, second = p.shown
-        verdict = default_verdict(f"a{first}", f"a{second}")
-        out.append(JudgedComparison(p.i, p.j, p.k, p.to_member_orientation(verdict)))
-    return out
 
 
 def optimality_residual(rewards: dict[int, float], comparisons: list[JudgedComparison]) -> float:

@@ -18,11 +18,11 @@ from judges import (
     ScriptedJudge,
     Step,
     compare_input,
-    default_verdict,
     gather,
     http_error,
     masked,
     member,
+    member_oriented,
     running,
     scored,
     settings,
@@ -33,7 +33,7 @@ from genrm_trio.app.compose import durable_engine
 from genrm_trio.config import AggregatorMethod
 from genrm_trio.domain.checkpoint import checkpoint, restore
 from genrm_trio.domain.codec import decode_json, encode_json
-from genrm_trio.domain.scoring import JudgedComparison, aggregate, plan_comparisons
+from genrm_trio.domain.scoring import aggregate, plan_comparisons
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.judge.base import ReplyStatus
 from genrm_trio.judge.fleet import JudgeFleet
@@ -48,15 +48,6 @@ def shown_pairs(n: int, d: int, judges: int, balance: str) -> Counter[tuple[str,
         (f"a{p.shown[0]}", f"a{p.shown[1]}")
         for p in plan_comparisons(n, "regular", judges, balance, d)
     )
-
-
-def member_oriented(n: int, d: int, judges: int, balance: str) -> list[JudgedComparison]:
-    out = []
-    for p in plan_comparisons(n, "regular", judges, balance, d):
-        first, second = p.shown
-        verdict = default_verdict(f"a{first}", f"a{second}")
-        out.append(JudgedComparison(p.i, p.j, p.k, p.to_member_orientation(verdict)))
-    return out
 
 
 @pytest.mark.parametrize("method", get_args(AggregatorMethod))
@@ -81,7 +72,11 @@ async def test_verify_judges_the_graph_and_scores_it(
     rows = scored(replies)
     assert sorted(rows) == list(range(N))
     expected = aggregate(
-        member_oriented(N, d, judges, balance), list(range(N)), {}, **NO_ADJ, method=method
+        member_oriented(N, "regular", judges, balance, d),
+        list(range(N)),
+        {},
+        **NO_ADJ,
+        method=method,
     )
     assert {m: rows[m]["reward"] for m in rows} == expected.final
 

@@ -18,6 +18,7 @@ import pytest
 import trio
 import trio.lowlevel
 import trio.testing
+from fake_replicas import NamedReplica, fleet_entries
 from judges import default_verdict, gather, member, verdict_text
 
 from genrm_trio.config import Settings, settings_from_mapping
@@ -38,7 +39,7 @@ CALL = JudgeCall([{"role": "user", "content": "q"}], "a1", "a2", None)
 
 
 @dataclass
-class Replica:
+class Replica(NamedReplica):
     """A fake judge replica: `ok` answers after `latency`, `dead` refuses at once (and fails the
     calls in flight when killed), `http500` answers 500 at once, `http429` 429 with
     `Retry-After: retry_after` at once."""
@@ -50,14 +51,6 @@ class Replica:
     log: list[tuple[float, str]] = field(default_factory=list)  # (start, outcome)
     in_flight: int = 0
     _killed: trio.Event = field(default_factory=trio.Event)
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.name}:8000"
-
-    @property
-    def path(self) -> str:
-        return "/v1/responses"
 
     def outcomes(self) -> Counter[str]:
         return Counter(outcome for _, outcome in self.log)
@@ -93,12 +86,9 @@ class Replica:
         finally:
             self.in_flight -= 1
 
-    async def aclose(self) -> None:
-        pass
-
 
 def fleet(*replicas: Replica, **kwargs: Any) -> JudgeFleet:
-    return JudgeFleet([(f"http://{r.name}:8000/v1", r) for r in replicas], **kwargs)
+    return JudgeFleet(fleet_entries(*replicas), **kwargs)
 
 
 # --- routing ------------------------------------------------------------------------------------
@@ -284,21 +274,14 @@ async def test_an_outage_of_the_whole_fleet_leaves_no_replica_ejected_once_it_an
     ]
 
 
-class Poisoned:
+class Poisoned(NamedReplica):
     """A replica that answers 500 to one request (`response_1 == "poison"`) and otherwise as
     `inner` does: a failure the request causes on every replica."""
 
     def __init__(self, inner: Replica) -> None:
         self.inner = inner
+        self.name = inner.name
         self.poisoned: list[float] = []
-
-    @property
-    def endpoint(self) -> str:
-        return self.inner.endpoint
-
-    @property
-    def path(self) -> str:
-        return self.inner.path
 
     async def attempt(self, call: JudgeCall) -> JudgeReply:
         if call.response_1 == "poison":
@@ -306,9 +289,6 @@ class Poisoned:
             await trio.lowlevel.checkpoint()
             raise JudgeHTTPError(500, b"template error")
         return await self.inner.attempt(call)
-
-    async def aclose(self) -> None:
-        pass
 
 
 async def test_a_500_the_request_causes_on_two_replicas_ejects_neither(
@@ -319,7 +299,7 @@ async def test_a_500_the_request_causes_on_two_replicas_ejects_neither(
     caplog.set_level(logging.WARNING, logger="genrm_trio.judge")
     a, b = Poisoned(Replica("a", latency=1.0)), Poisoned(Replica("b", latency=1.0))
     judge = JudgeFleet(
-        [("http://a:8000/v1", a), ("http://b:8000/v1", b)],
+        fleet_entries(a, b),
         eject_after_failures=3,
         eject_backoff_s=5.0,
     )
@@ -352,7 +332,7 @@ async def test_an_ejection_by_a_500_the_request_caused_is_taken_back(
     sick, healthy = Replica("a", latency=1.0, mode="dead"), Replica("b", latency=1.0)
     a, b = Poisoned(sick), Poisoned(healthy)
     judge = JudgeFleet(
-        [("http://a:8000/v1", a), ("http://b:8000/v1", b)],
+        fleet_entries(a, b),
         eject_after_failures=3,
         eject_backoff_s=5.0,
     )

@@ -12,6 +12,7 @@ import pytest
 import trio
 import trio.lowlevel
 import trio.testing
+from fake_replicas import NamedReplica, fleet_entries
 from judges import default_verdict, verdict_text
 
 from genrm_trio.config import Settings
@@ -29,7 +30,7 @@ from genrm_trio.metrics import Metrics
 CALL = JudgeCall([{"role": "user", "content": "q"}], "a1", "a2", None)
 
 
-class Replica:
+class Replica(NamedReplica):
     """A fake replica: answers after `latency`, or refuses at once when `refuses`."""
 
     def __init__(self, name: str, latency: float = 1.0, *, refuses: bool = False) -> None:
@@ -37,14 +38,6 @@ class Replica:
         self.latency = latency
         self.refuses = refuses
         self.starts: list[float] = []
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.name}:8000"
-
-    @property
-    def path(self) -> str:
-        return "/v1/responses"
 
     async def attempt(self, call: JudgeCall) -> JudgeReply:
         self.starts.append(trio.current_time())
@@ -54,9 +47,6 @@ class Replica:
         await trio.sleep(self.latency)
         text = verdict_text(*default_verdict(call.response_1, call.response_2))
         return JudgeReply(ReplyStatus.COMPLETED, text, 100, 10)
-
-    async def aclose(self) -> None:
-        pass
 
 
 def settings(*, cap: int, replicas: int, timeout_s: float) -> Settings:
@@ -88,7 +78,7 @@ async def test_calls_an_ejected_replica_cannot_take_wait_in_the_queue_by_priorit
     charged a timeout."""
     dead, healthy = Replica("a", refuses=True), Replica("b", latency=1.0)
     judge = JudgeFleet(
-        [("http://a:8000/v1", dead), ("http://b:8000/v1", healthy)],
+        fleet_entries(dead, healthy),
         max_in_flight_per_replica=1,
         eject_after_failures=1,
         eject_backoff_s=100.0,
@@ -131,7 +121,7 @@ async def test_a_replica_back_in_service_gives_its_slots_back(
     call at 5; `a` answers and is back in service."""
     flaky, healthy = Replica("a", refuses=True), Replica("b", latency=1.0)
     judge = JudgeFleet(
-        [("http://a:8000/v1", flaky), ("http://b:8000/v1", healthy)],
+        fleet_entries(flaky, healthy),
         max_in_flight_per_replica=1,
         eject_after_failures=1,
         eject_backoff_s=5.0,
@@ -181,7 +171,7 @@ async def test_a_replica_back_from_its_probe_gets_a_waiting_call_at_once(
     waiting call its slot at 1.5, not when `b` releases its own at 10."""
     down, busy = Restarting("a", latency=1.0, refuses=True), Replica("b", latency=10.0)
     judge = JudgeFleet(
-        [("http://a:8000/v1", down), ("http://b:8000/v1", busy)],
+        fleet_entries(down, busy),
         max_in_flight_per_replica=1,
         eject_backoff_s=100.0,
         outage_probe_s=5.0,
@@ -229,7 +219,7 @@ async def test_the_queue_is_the_one_count_of_attempts_in_flight_and_queued(
     from genrm_trio.judge.queue import judge_queue
 
     slow = Replica("a", latency=5.0)
-    judge = JudgeFleet([("http://a:8000/v1", slow)], max_in_flight_per_replica=1)
+    judge = JudgeFleet(fleet_entries(slow), max_in_flight_per_replica=1)
     metrics = Metrics()
     config = settings(cap=1, replicas=1, timeout_s=30.0)
     queue = judge_queue(judge, config, metrics)

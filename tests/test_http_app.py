@@ -15,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 from fake_engine import SCORED_RESULT, FakeEngine, Outcome
+from fake_replicas import replica_stats
 from http_calls import call, member, post_group
 from quart import request
 from quart_trio import QuartTrio
@@ -37,7 +38,6 @@ from genrm_trio.http.app import create_app, replica_view
 from genrm_trio.http.asgi import PUBLIC_PATHS, current_rollout_id
 from genrm_trio.http.openapi import openapi_document
 from genrm_trio.http.rows import failsafe_row
-from genrm_trio.judge.base import ReplicaStats
 from genrm_trio.testing import FaultRule, SimConfig, SimJudge
 
 TOKEN = "t0ken-for-tests"
@@ -504,9 +504,8 @@ async def test_cohorts_route() -> None:
 
 
 async def test_judge_replicas_route() -> None:
-    stats = ReplicaStats(
-        replica="10.0.0.2:8000",
-        url="http://10.0.0.2:8000/v1",
+    stats = replica_stats(
+        "10.0.0.2:8000",
         calls=10,
         failures=3,
         in_flight=1,
@@ -549,7 +548,7 @@ async def test_judge_replicas_route() -> None:
 
 
 async def test_readyz_is_503_while_the_judge_does_not_read_the_answers() -> None:
-    reading = ReplicaStats("a:1", "http://a:1/v1", 4, 0, 0, False, 0, 0, 0, None, 1.0, 4, None)
+    reading = replica_stats("a:1", calls=4, latency_sum_s=1.0, latency_count=4)
     unread = dataclasses.replace(
         reading, replica="b:2", answers_unread="equal prompt tokens", prompts_unread=1
     )
@@ -1031,21 +1030,7 @@ def test_a_failsafe_row_has_exactly_the_schemas_keys() -> None:
 
 async def test_a_judge_replica_has_exactly_the_schemas_keys() -> None:
     """`GET /judge/replicas` rows (`replica_view`) and the `JudgeReplica` schema agree."""
-    stats = ReplicaStats(
-        replica="r:1",
-        url="http://r:1/v1",
-        calls=1,
-        failures=0,
-        in_flight=0,
-        ejected=False,
-        ejections=0,
-        consecutive_failures=0,
-        stalls=0,
-        back_in_s=None,
-        latency_sum_s=0.0,
-        latency_count=0,
-        last_error=None,
-    )
+    stats = replica_stats("r:1")
     doc = openapi_document(title="t", version="1", auth=False)
     schema = doc["components"]["schemas"]["JudgeReplica"]
     reply = doc["paths"]["/judge/replicas"]["get"]["responses"]["200"]["content"]

@@ -21,6 +21,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from asgi_judges import reply_json, request_json
 from real_sockets import (
     CALL,
     HISTORY,
@@ -664,16 +665,8 @@ async def test_an_asgi_judge_over_the_in_memory_network() -> None:
 
     async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         assert scope["type"] == "http"
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        seen.append({"path": scope["path"], "body": json.loads(body)})
-        payload = json.dumps(responses_reply(usage={"input_tokens": 5, "output_tokens": 6}))
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": payload.encode()})
+        seen.append({"path": scope["path"], "body": await request_json(receive)})
+        await reply_json(send, responses_reply(usage={"input_tokens": 5, "output_tokens": 6}))
 
     judge = make_http_judge(settings(), backend=MemoryNetwork(serve_asgi(app)))
     with trio.fail_after(5):

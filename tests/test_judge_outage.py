@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 import trio
 import trio.testing
+from fake_replicas import NamedReplica, fleet_entries
 from judges import default_verdict, member, verdict_text, verify
 from settings_keys import accepted_values
 
@@ -31,7 +32,7 @@ N = 4
 
 
 @dataclass
-class Server:
+class Server(NamedReplica):
     """A fake judge server: `up` answers after `latency`, but 500 at once to a request whose
     first answer is "poison" (a failure the request causes on every replica); `down` refuses
     connections (the call never reaches it) and fails its probes. Records every call and
@@ -42,14 +43,6 @@ class Server:
     up: bool = True
     calls: list[tuple[float, str]] = field(default_factory=list)  # (start, "ok" | "refused")
     probes: list[tuple[float, bool]] = field(default_factory=list)  # (when, answered)
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.name}:8000"
-
-    @property
-    def path(self) -> str:
-        return "/v1/responses"
 
     async def attempt(self, call: JudgeCall) -> JudgeReply:
         started = trio.current_time()
@@ -76,16 +69,13 @@ class Server:
         self.probes.append((trio.current_time(), self.up))
         return None if self.up else "ConnectError: [Errno 111] Connection refused"
 
-    async def aclose(self) -> None:
-        pass
-
     def outcomes(self) -> list[str]:
         return [outcome for _, outcome in self.calls]
 
 
 def fleet(*servers: Server) -> JudgeFleet:
     return JudgeFleet(
-        [(f"http://{s.name}:8000/v1", s) for s in servers],
+        fleet_entries(*servers),
         eject_after_failures=3,
         eject_backoff_s=5.0,
         outage_probe_s=5.0,

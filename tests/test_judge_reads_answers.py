@@ -5,13 +5,13 @@ model would see, and against the simulated judge standing in for Gym's genrm_mod
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
 import trio
+from asgi_judges import reply_json, request_json
 
 from genrm_trio.config import settings_from_mapping
 from genrm_trio.judge.answers import (
@@ -180,13 +180,7 @@ def plain_openai_server(seen: list[int]) -> Any:
     the messages of chat, the `input` of Responses; never `metadata`, as vLLM does."""
 
     async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        request = json.loads(body)
+        request = await request_json(receive)
         shown = request.get("messages") or request.get("input") or []
         prompt = 5 + sum(len(m["content"].encode()) for m in shown) // 4
         seen.append(prompt)
@@ -207,10 +201,7 @@ def plain_openai_server(seen: list[int]) -> Any:
                     "output_tokens_details": {"reasoning_tokens": 1},
                 },
             }
-        payload = json.dumps(reply).encode()
-        headers = [(b"content-type", b"application/json")]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
+        await reply_json(send, reply)
 
     return app
 

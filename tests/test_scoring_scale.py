@@ -12,7 +12,7 @@ from typing import Any, get_args
 import pytest
 import trio
 import trio.testing
-from judges import NO_ADJ, ScriptedJudge, compare_input, default_verdict, member, settings
+from judges import NO_ADJ, ScriptedJudge, compare_input, member, member_oriented, settings
 
 from genrm_trio.config import ComparisonStrategy
 from genrm_trio.domain.model import Scored
@@ -121,15 +121,6 @@ def test_which_groups_are_scored_off_the_loop() -> None:
     assert scored_off_loop(64, 256)  # regular d = 8
 
 
-def member_oriented(n: int, d: int) -> list[JudgedComparison]:
-    out = []
-    for p in plan_comparisons(n, "regular", 1, "none", d):
-        first, second = p.shown
-        verdict = default_verdict(f"a{first}", f"a{second}")
-        out.append(JudgedComparison(p.i, p.j, p.k, p.to_member_orientation(verdict)))
-    return out
-
-
 async def test_a_large_group_is_scored_in_a_worker_thread(
     mock_clock: trio.testing.MockClock, monkeypatch: Any
 ) -> None:
@@ -166,7 +157,11 @@ async def test_a_large_group_is_scored_in_a_worker_thread(
     assert len(judge.calls) == 256
     assert all(isinstance(r, Scored) for r in replies)
     expected = aggregate(
-        member_oriented(n, 8), list(range(n)), {}, **NO_ADJ, method="bradley_terry"
+        member_oriented(n, "regular", degree=8),
+        list(range(n)),
+        {},
+        **NO_ADJ,
+        method="bradley_terry",
     )
     assert {i: r.result["reward"] for i, r in enumerate(replies)} == expected.final
 

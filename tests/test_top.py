@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from fake_replicas import replica_stats
 from procs import answers, bodies, client, command, run_group, start_server
 from rich.console import Console
 from watched import GROUP, KEY_ENV, Watched, load, watched_server
@@ -35,7 +36,7 @@ from genrm_trio.app.top_frame import (
     parse_metrics,
 )
 from genrm_trio.http.app import replica_view
-from genrm_trio.judge.base import JudgeStalled, JudgeTimeout, ReplicaStats
+from genrm_trio.judge.base import JudgeStalled, JudgeTimeout
 
 SLOW = "[slow]"
 
@@ -159,27 +160,9 @@ def test_the_window_keeps_about_ten_seconds() -> None:
     assert "groups scored     3.00/s" in text(view)
 
 
-IN_SERVICE = ReplicaStats(
-    replica="",
-    url="",
-    calls=40,
-    failures=0,
-    in_flight=0,
-    ejected=False,
-    ejections=0,
-    consecutive_failures=0,
-    stalls=0,
-    back_in_s=None,
-    latency_sum_s=2.0,
-    latency_count=40,
-    last_error=None,
-)
-
-
 def replica(label: str, **fields: Any) -> dict[str, object]:
     """One row of `GET /judge/replicas`, as the server builds it."""
-    stats = dataclasses.replace(IN_SERVICE, replica=label, url=f"http://{label}/v1", **fields)
-    return replica_view(stats)
+    return replica_view(replica_stats(label, **fields))
 
 
 def test_each_replica_shows_its_stalls_and_why_it_is_out() -> None:
