@@ -11,6 +11,7 @@ from typing import Any, get_args
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 from judges import NO_ADJ, ScriptedJudge, compare_input, member, member_oriented, settings
 
@@ -254,13 +255,21 @@ async def test_score_off_loop_pauses_the_collector_and_restores_it() -> None:
 
     started.clear()
     release.clear()
+    returned: list[object] = []
+
+    async def cancelled_caller() -> None:
+        returned.append(await score_off_loop(slow, limiter))
+        await trio.lowlevel.checkpoint()  # where the cancellation reaches it
+        returned.append("not reached")
+
     with trio.CancelScope() as scope:  # cancelled while it runs: waits for it, then on again
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(score_off_loop, slow, limiter)
+            nursery.start_soon(cancelled_caller)
             await trio.to_thread.run_sync(started.wait)
             scope.cancel()
             release.set()
-    assert scope.cancel_called and seen[3:] == [False] and gc.isenabled()
+    assert scope.cancelled_caught and returned == [None]  # the result, then the cancellation
+    assert seen[3:] == [False] and gc.isenabled()
 
     def boom() -> None:
         raise ValueError("non-finite")

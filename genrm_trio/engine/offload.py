@@ -48,5 +48,7 @@ def _without_collector(work: Callable[[], _T]) -> _T:
 
 async def score_off_loop(work: Callable[[], _T], limiter: trio.CapacityLimiter) -> _T:
     """``work()`` in a worker thread under ``limiter``, the collector paused meanwhile. A
-    cancellation waits for the thread, then applies (the result is dropped)."""
+    cancellation waits for the thread: its result is still returned, and the cancellation
+    reaches the caller at its next checkpoint (so a caller checks whether the result is still
+    wanted, as `GroupRunner` does with the cohort's state)."""
     return await trio.to_thread.run_sync(_without_collector, work, limiter=limiter)
