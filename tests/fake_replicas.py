@@ -2,8 +2,9 @@
 tests/test_fleet_queue.py, tests/test_judge_outage.py): a replica named `name` serves at
 `http://name:8000/v1` on the Responses path and has nothing to close; each test module's
 subclass gives `attempt` (and `probe`) the behaviour it scripts. And a replica's statistics
-(`ReplicaStats`), as the fleet reports them, for the tests of `GET /judge/replicas`, `/readyz`
-and `top` (tests/test_http_app.py, tests/test_top.py)."""
+(`ReplicaStats`), as the fleet reports them, for the tests of `GET /judge/replicas`, `/readyz`,
+`top` and the per-replica series (tests/test_http_app.py, tests/test_top.py,
+tests/test_metrics.py, tests/test_monitoring.py)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ start, and the process series. Engine behaviour in virtual time, with exact valu
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import sys
 import typing
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from fake_replicas import replica_stats
 from judges import ScriptedJudge, gather, http_error, member, running, settings, verify
 from prometheus_client.parser import text_string_to_metric_families
 from trio.testing import MockClock
@@ -197,26 +197,6 @@ def test_the_process_series_are_exported() -> None:
 _DOCUMENTED = re.compile(r"`(genrm_trio_[a-z_]+)(?:\{([a-z_, ]+)\})?`")
 
 
-@dataclasses.dataclass(frozen=True)
-class _Replica:
-    """One fleet replica's counters (`metrics.ReplicaCounters`), for the per-replica series."""
-
-    replica: str = "10.0.0.2:8000"
-    calls: int = 3
-    failures: int = 1
-    ejections: int = 0
-    stalls: int = 0
-    in_flight: int = 1
-    ejected: bool = False
-    latency_count: int = 2
-    latency_sum_s: float = 0.5
-    input_tokens: int = 300
-    output_tokens: int = 20
-    reasoning_tokens: int = 4
-    answers_unread: str | None = None
-    prompts_unread: int = 0
-
-
 def _documented_series() -> dict[str, frozenset[str]]:
     """Every `genrm_trio_*` series docs/http-api.md lists under "GET /metrics", with its labels:
     the `{...}` written after it, and `replica` for the paragraph of per-replica series."""
@@ -235,7 +215,7 @@ def _exported_series() -> dict[str, frozenset[str]]:
     """Every `genrm_trio_*` series a `Metrics` registry exports (a fleet's included), named as
     scraped (a counter with `_total`), with its label names (a histogram's `le` aside)."""
     metrics = Metrics()
-    metrics.watch_replicas(lambda: [_Replica()])
+    metrics.watch_replicas(lambda: [replica_stats("10.0.0.2:8000")])
     found: dict[str, frozenset[str]] = {}
     for family in metrics.registry.collect():
         if not family.name.startswith("genrm_trio_"):

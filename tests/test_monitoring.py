@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fake_replicas import replica_stats
 from prom import alert_rules, binary, dashboard, panel_targets, variable_query
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -33,28 +34,10 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 PROMETHEUS_LABELS = {"job", "instance"}  # added by the scrape
 
 
-@dataclass(frozen=True)
-class _Replica:
-    replica: str = "10.0.0.2:8000"
-    calls: int = 1
-    failures: int = 0
-    ejections: int = 0
-    stalls: int = 0
-    in_flight: int = 0
-    ejected: bool = False
-    latency_count: int = 1
-    latency_sum_s: float = 0.5
-    input_tokens: int = 300
-    output_tokens: int = 20
-    reasoning_tokens: int = 0
-    answers_unread: str | None = None
-    prompts_unread: int = 0
-
-
 def exported() -> dict[str, dict[str, set[str]]]:
     """Every sample name a server exports (with a judge fleet) -> label -> values seen."""
     metrics = Metrics()
-    metrics.watch_replicas(lambda: [_Replica()])
+    metrics.watch_replicas(lambda: [replica_stats("10.0.0.2:8000")])
     out: dict[str, dict[str, set[str]]] = {}
     for family in text_string_to_metric_families(metrics.render().decode()):
         for sample in family.samples:
