@@ -1,9 +1,10 @@
 """Scripts the tests exercise that are files, not modules of a package: the benchmarks and the
-docs' examples."""
+docs' examples, loaded as modules or run in a process of their own."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -22,3 +23,17 @@ def load_script(relative: str, name: str) -> ModuleType:
     finally:
         del sys.modules[name]
     return module
+
+
+def run_benchmark(script: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run `benchmarks/{script}` with `args` in a process of its own, from the checkout, its
+    output captured as text (bounded by `timeout` seconds; its exit code is the caller's to
+    check)."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

@@ -8,32 +8,22 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from loading import run_benchmark
 
 
 @pytest.mark.slow
 def test_one_small_step_over_http_in_every_mode(tmp_path: Path) -> None:
     out = tmp_path / "step.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "eager_step.py"),
-            "--http",
-            *("--groups", "1", "--capacity", "2", "--latency", "0.05"),
-            *("--median", "0.1", "--sigma", "0.1", "--clip", "0.05", "0.2", "--seeds", "1"),
-            *("--out", str(out)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    done = run_benchmark(
+        "eager_step.py",
+        "--http",
+        *("--groups", "1", "--capacity", "2", "--latency", "0.05"),
+        *("--median", "0.1", "--sigma", "0.1", "--clip", "0.05", "0.2", "--seeds", "1"),
+        *("--out", str(out)),
         timeout=120,
-        check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())
