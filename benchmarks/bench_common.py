@@ -1,9 +1,9 @@
 """What the in-process benchmarks share (a helper, not a benchmark): the rollout they send to
-`open_engine`, the simulated judge wrapped to count or fail calls, and the commit a results file
-records.
+`open_engine`, the simulated judge wrapped to count or fail calls, a comparison judged in one
+attempt (for scoring without a judge), and the commit a results file records.
 
-Imported by budget_escalation.py and reward_quality.py, which put this folder on `sys.path` first
-(so that the tests can load them by path too).
+Imported by budget_escalation.py, reward_quality.py and scoring_cpu.py, which put this folder on
+`sys.path` first (so that the tests can load them by path too).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import subprocess
 from collections.abc import Iterator
 
 from genrm_trio import VerifyInput
-from genrm_trio.judge.base import JudgeCall, JudgeReply
+from genrm_trio.domain.verdict import Verdict
+from genrm_trio.judge.base import ComparisonResult, JudgeCall, JudgeReply, Usage
 from genrm_trio.testing import SimJudge
 
 
@@ -52,6 +53,19 @@ class WrappedSim:
 
     async def aclose(self) -> None:
         await self._sim.aclose()
+
+
+def answered(verdict: Verdict) -> ComparisonResult:
+    """A comparison the judge answered with `verdict` at its first attempt (100 tokens in, 10
+    out): what an `Evaluation` holds for it."""
+    return ComparisonResult(
+        selected=verdict,
+        overall=verdict,
+        usage=Usage(100, 10, False),
+        overall_parse_failed=False,
+        rubric_parse_failed=False,
+        attempts=1,
+    )
 
 
 def answer(group: int, index: int) -> str:

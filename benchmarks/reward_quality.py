@@ -61,7 +61,7 @@ from genrm_trio.domain.scoring import (
 )
 from genrm_trio.domain.verdict import Verdict
 from genrm_trio.engine.evaluation import AllMasked, Evaluation, MemberText, score_cohort
-from genrm_trio.judge.base import ComparisonResult, JudgeCall, JudgeHTTPError, JudgeReply, Usage
+from genrm_trio.judge.base import JudgeCall, JudgeHTTPError, JudgeReply
 from genrm_trio.testing import SimConfig, SimJudge
 from genrm_trio.testing.judgment import (
     JUDGMENT_PRESETS,
@@ -72,7 +72,7 @@ from genrm_trio.testing.judgment import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import WrappedSim, answer, engine_logs_quiet, git_commit, verify_input
+from bench_common import WrappedSim, answer, answered, engine_logs_quiet, git_commit, verify_input
 
 SIZE: Final = 16
 PROMPT: Final = "Which of the two answers solves the task better?"
@@ -253,14 +253,7 @@ def evaluation_of(graph: Graph, group: int, judged: Judged, rate: float) -> Eval
             evaluation.errors[c] = FAILURE
             continue
         v = Verdict(float(verdict[0]), float(verdict[1]), float(verdict[2]))
-        evaluation.results[c] = ComparisonResult(
-            selected=v,
-            overall=v,
-            usage=Usage(100, 10, False),
-            overall_parse_failed=False,
-            rubric_parse_failed=False,
-            attempts=1,
-        )
+        evaluation.results[c] = answered(v)
     return evaluation
 
 

@@ -45,11 +45,10 @@ from genrm_trio.domain.scoring import (
 from genrm_trio.domain.verdict import Verdict
 from genrm_trio.engine.evaluation import Evaluation, MemberText, score_cohort
 from genrm_trio.engine.offload import score_off_loop
-from genrm_trio.judge.base import ComparisonResult, Usage
 from genrm_trio.testing import SimConfig, SimJudge
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import git_commit, verify_input
+from bench_common import answered, git_commit, verify_input
 
 
 def judged(n: int, strategy: str, degree: int, seed: int = 0) -> list[JudgedComparison]:
@@ -80,15 +79,7 @@ def evaluation(n: int, strategy: str, degree: int, comparisons: Sequence[JudgedC
     plan = plan_comparisons(n, strategy, 1, "none", degree)
     ev = Evaluation(plan, [f"a{i}" for i in range(n)], [], None)
     for c, judged_one in enumerate(comparisons):
-        v = Verdict(*judged_one.scores)
-        ev.results[c] = ComparisonResult(
-            selected=v,
-            overall=v,
-            usage=Usage(100, 10, False),
-            overall_parse_failed=False,
-            rubric_parse_failed=False,
-            attempts=1,
-        )
+        ev.results[c] = answered(Verdict(*judged_one.scores))
     return ev
 
 
@@ -101,22 +92,24 @@ def best_cpu(work: Callable[[], object], repeat: int) -> float:
     return best
 
 
+async def heartbeat(gaps: list[float], done: trio.Event) -> None:
+    """Ticks every 1 ms until `done`, appending to `gaps` the wall-clock time between ticks: how
+    long the loop was kept from running."""
+    last = time.perf_counter()
+    while not done.is_set():
+        await trio.sleep(0.001)
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+
+
 async def _largest_gap(work: Callable[[], object], threaded: bool) -> tuple[float, float]:
     """The longest wall-clock gap between ticks of a 1 ms heartbeat while ``work`` runs, and the
     CPU time of the loop's thread meanwhile."""
     gaps: list[float] = []
     done = trio.Event()
-
-    async def heartbeat() -> None:
-        last = time.perf_counter()
-        while not done.is_set():
-            await trio.sleep(0.001)
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(heartbeat)
+        nursery.start_soon(heartbeat, gaps, done)
         await trio.sleep(0.01)
         start = time.thread_time()
         if threaded:
@@ -146,18 +139,9 @@ async def _engine_gap(n: int, strategy: str, degree: int) -> tuple[float, float]
     )
     gaps: list[float] = []
     done = trio.Event()
-
-    async def heartbeat() -> None:
-        last = time.perf_counter()
-        while not done.is_set():
-            await trio.sleep(0.001)
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
-
     judge = SimJudge(SimConfig(latency_s=0.0, record_calls=False))
     async with open_engine(settings, judge) as engine, trio.open_nursery() as nursery:
-        nursery.start_soon(heartbeat)
+        nursery.start_soon(heartbeat, gaps, done)
         start = time.perf_counter()
         async with trio.open_nursery() as group:
             for i in range(n):

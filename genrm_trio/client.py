@@ -265,6 +265,12 @@ def _retry_after_s(response: httpx.Response) -> float | None:
     return min(max(seconds, 0.0), _MAX_RETRY_AFTER_S) if math.isfinite(seconds) else 1.0
 
 
+def _check_timeout(timeout: float | None) -> None:
+    """A group's timeout is None (the server's deadlines) or a positive, finite number."""
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+
+
 def _row_result(row: object) -> RolloutResult:
     if not isinstance(row, dict):
         raise GenRMError(f"/verify: expected a row object, got {row!r:.200}")
@@ -295,8 +301,7 @@ class AsyncGenRMClient:
         http: httpx.AsyncClient | None = None,
         group_settings: GroupSettings | None = None,
     ) -> None:
-        if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        _check_timeout(timeout)
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._settings = group_settings
@@ -462,8 +467,7 @@ class GenRMClient:
         timeout: float | None = None,
         group_settings: GroupSettings | None = None,
     ) -> None:
-        if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        _check_timeout(timeout)
         self.base_url = base_url
         self.api_key = api_key
         self.timeout = timeout

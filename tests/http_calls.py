@@ -1,5 +1,5 @@
 """Requests to the app through Quart's test client, and `/verify` bodies of a group: shared by
-tests/test_http_app.py and tests/test_judge_faults.py."""
+tests/test_http_app.py, tests/test_http_checkpoint.py and tests/test_judge_faults.py."""
 
 from __future__ import annotations
 

@@ -164,6 +164,12 @@ def mock_client(handler: Any, **kwargs: Any) -> AsyncGenRMClient:
     return AsyncGenRMClient("http://genrm", http=http, group_settings=SETTINGS, **kwargs)
 
 
+async def never_answers(request: httpx.Request) -> httpx.Response:
+    """A server that takes the request and never replies."""
+    await trio.sleep_forever()
+    raise AssertionError  # pragma: no cover
+
+
 def row(body: dict[str, Any], reward: float) -> dict[str, Any]:
     return {"reward": reward, "mask_sample": False, "_ng_rollout_index": body["_ng_rollout_index"]}
 
@@ -325,11 +331,7 @@ async def test_at_capacity_is_retried_after_retry_after(
 
 
 async def test_a_group_is_bounded_by_the_timeout(autojump_clock: trio.testing.MockClock) -> None:
-    async def handler(request: httpx.Request) -> httpx.Response:
-        await trio.sleep_forever()
-        raise AssertionError  # pragma: no cover
-
-    async with mock_client(handler, timeout=7.5) as client:
+    async with mock_client(never_answers, timeout=7.5) as client:
         started = trio.current_time()
         with pytest.raises(GenRMTimeout, match=r"no answer within 7\.5 s"):
             await client.score_group(PROMPT, answers("x"))
@@ -339,11 +341,7 @@ async def test_a_group_is_bounded_by_the_timeout(autojump_clock: trio.testing.Mo
 async def test_the_default_timeout_is_the_servers_deadlines_and_a_margin(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async def handler(request: httpx.Request) -> httpx.Response:
-        await trio.sleep_forever()
-        raise AssertionError  # pragma: no cover
-
-    async with mock_client(handler) as client:
+    async with mock_client(never_answers) as client:
         started = trio.current_time()
         with pytest.raises(GenRMTimeout):
             await client.score_group(PROMPT, answers("x"))
@@ -368,11 +366,7 @@ async def test_members_with_a_bad_or_repeated_index_are_refused_before_anything_
 async def test_group_settings_that_never_come_are_a_timeout(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async def handler(request: httpx.Request) -> httpx.Response:
-        await trio.sleep_forever()
-        raise AssertionError  # pragma: no cover
-
-    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    http = httpx.AsyncClient(transport=httpx.MockTransport(never_answers))
     async with AsyncGenRMClient("http://genrm", http=http) as client:
         started = trio.current_time()
         with pytest.raises(GenRMTimeout, match=r"GET /group_settings: no answer within 30 s"):

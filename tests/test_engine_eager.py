@@ -431,6 +431,15 @@ async def test_mask_pending_at_the_deadline_after_completion(autojump_clock: Moc
     assert at == {0: 2.0, 1: 2.0, 2: 2.0}
 
 
+def retry_after_once(seconds: float) -> ScriptedJudge:
+    """A judge whose first call of pair (0, 1) gets 429 with `Retry-After: seconds`; every
+    other call answers after 0.1 s."""
+    return ScriptedJudge(
+        pairs={("a0", "a1"): [Step(error=JudgeHTTPError(429, b"slow down", seconds)), Step()]},
+        latency=0.1,
+    )
+
+
 @pytest.mark.parametrize("policy", accepted_values("evaluation_deadline_policy"))
 async def test_a_retry_after_taken_while_collecting_respects_the_deadline_set_later(
     autojump_clock: MockClock, policy: str
@@ -441,10 +450,7 @@ async def test_a_retry_after_taken_while_collecting_respects_the_deadline_set_la
     sleep, and every row is scored as with eager starts off."""
     got: dict[bool, dict[int, Reply]] = {}
     for on in (True, False):
-        judge = ScriptedJudge(
-            pairs={("a0", "a1"): [Step(error=JudgeHTTPError(429, b"slow down", 30.0)), Step()]},
-            latency=0.1,
-        )
+        judge = retry_after_once(30.0)
         config = settings(
             num_rollouts_per_prompt=4,
             cohort_collection_timeout_s=30.0,
@@ -478,10 +484,7 @@ async def test_a_retry_after_that_fits_the_deadline_set_later_is_kept(
 ) -> None:
     from genrm_trio.judge.attempts import RETRY_AFTER_JITTER
 
-    judge = ScriptedJudge(
-        pairs={("a0", "a1"): [Step(error=JudgeHTTPError(429, b"slow down", 2.0)), Step()]},
-        latency=0.1,
-    )
+    judge = retry_after_once(2.0)
     config = eager(
         num_rollouts_per_prompt=3,
         cohort_evaluation_timeout_s=3.0,

@@ -19,6 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import http_calls
 import pytest
 import trio
 from judges import ScriptedJudge, http_error, settings
@@ -67,26 +68,17 @@ def judge() -> ScriptedJudge:
     return ScriptedJudge(pairs={("a0", "a1"): http_error()})
 
 
-async def call(
-    app: QuartTrio,
-    path: str,
-    *,
-    method: str = "POST",
-    data: Any = None,
-    raw: bytes | None = None,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, Any]:
-    client: Any = app.test_client()
-    payload = raw if raw is not None else (None if data is None else json.dumps(data).encode())
-    response = await client.open(path, method=method, data=payload, headers=headers)
-    return response.status_code, json.loads(await response.get_data(as_text=False))
+async def call(app: QuartTrio, path: str, **request: Any) -> tuple[int, Any]:
+    """(status, decoded body) of one request (`http_calls.call`'s, without the headers)."""
+    status, reply, _ = await http_calls.call(app, path, **request)
+    return status, reply
 
 
 async def group(app: QuartTrio, name: str = "g", attempt: int = 0) -> list[tuple[int, Any]]:
     out: list[tuple[int, Any]] = [(0, None)] * N
 
     async def one(i: int) -> None:
-        out[i] = await call(app, "/verify", data=body(i, name, attempt))
+        out[i] = await call(app, "/verify", body=body(i, name, attempt))
 
     async with trio.open_nursery() as nursery:
         for i in range(N):
@@ -119,27 +111,27 @@ async def test_export_then_restore_replays_identical_rows(autojump_clock: MockCl
 
     fresh = ScriptedJudge()
     async with served(config(), fresh) as (_, app):
-        status, reply = await call(app, "/checkpoint", data=exported)
+        status, reply = await call(app, "/checkpoint", body=exported)
         assert (status, reply) == (
             200,
             {"added": 3, "unchanged": 0, "watermarks_updated": 2, "superseded": 0, "conflicts": []},
         )
         assert await group(app) == first  # every row, byte for byte after decoding
-        regenerated = await call(app, "/verify", data=body(0, answer="regenerated"))
+        regenerated = await call(app, "/verify", body=body(0, answer="regenerated"))
         assert regenerated == (
             200,
             {**first[0][1], "response": body(0, answer="regenerated")["response"]},
         )
-        status, refused = await call(app, "/verify", data=body(2, answer="regenerated"))
+        status, refused = await call(app, "/verify", body=body(2, answer="regenerated"))
         assert status == 409 and "different response" in refused["detail"]
-        status, stale = await call(app, "/verify", data=body(0, "s", 0))
+        status, stale = await call(app, "/verify", body=body(0, "s", 0))
         assert (status, stale) == (
             409,
             {"detail": "GenRM group 's' attempt 0 was superseded by attempt 1"},
         )
         again = await call(app, "/checkpoint", method="GET")
         assert again == (200, exported)
-        status, reply = await call(app, "/checkpoint", data=exported)
+        status, reply = await call(app, "/checkpoint", body=exported)
         assert reply == {
             "added": 0,
             "unchanged": 3,
@@ -159,7 +151,7 @@ async def test_conflicts_are_reported_not_applied(autojump_clock: MockClock) -> 
     changed["watermarks"]["g"]["prompt_digest"] = "f" * 64
     async with served(config(), ScriptedJudge()) as (_, app):
         rows = await group(app)  # B judges group g itself: a different record, same prompt
-        status, reply = await call(app, "/checkpoint", data=changed)
+        status, reply = await call(app, "/checkpoint", body=changed)
         assert (status, reply) == (
             200,
             {
@@ -204,7 +196,7 @@ async def test_a_contradictory_record_rejects_the_whole_body(autojump_clock: Moc
         _, exported = await call(app, "/checkpoint", method="GET")
     exported["cohorts"][1]["members"]["0"]["result"] = {"reward": 1.0}  # masked AND a result
     async with served(config(), ScriptedJudge()) as (_, app):
-        status, reply = await call(app, "/checkpoint", data=exported)
+        status, reply = await call(app, "/checkpoint", body=exported)
         assert status == 422
         assert reply["detail"].startswith("checkpoint cohort 'group_id::h::group_attempt::0'")
         assert "both a result and masked_alone" in reply["detail"]
@@ -222,10 +214,10 @@ async def test_checkpoint_routes_require_the_bearer_token(
     empty = {"version": 1, "cohorts": [], "watermarks": {}}
     async with served(cfg, judge()) as (_, app):
         for method, data in (("GET", None), ("POST", empty)):
-            status, reply = await call(app, "/checkpoint", method=method, data=data)
+            status, reply = await call(app, "/checkpoint", method=method, body=data)
             assert (status, reply) == (401, {"detail": "missing or invalid bearer token"})
             auth = {"Authorization": f"Bearer {TOKEN}"}
-            status, _ = await call(app, "/checkpoint", method=method, data=data, headers=auth)
+            status, _ = await call(app, "/checkpoint", method=method, body=data, headers=auth)
             assert status == 200
 
 
@@ -233,7 +225,7 @@ async def test_restore_after_shutdown_is_503(autojump_clock: MockClock) -> None:
     async with served(config(), judge()) as (engine, app):
         await engine.aclose()
         status, reply = await call(
-            app, "/checkpoint", data={"version": 1, "cohorts": [], "watermarks": {}}
+            app, "/checkpoint", body={"version": 1, "cohorts": [], "watermarks": {}}
         )
         assert (status, reply) == (503, {"detail": "GenRM server is shutting down"})
 
@@ -253,12 +245,12 @@ async def test_restore_is_durable_and_a_rejected_body_leaves_the_store_untouched
             app = create_app(engine, cfg)
             broken = copy.deepcopy(exported)
             broken["cohorts"][0]["members"]["0"]["response_digest"] = "XYZ"
-            status, _ = await call(app, "/checkpoint", data=broken)
+            status, _ = await call(app, "/checkpoint", body=broken)
             assert status == 422
             with closing(sqlite3.connect(cfg.state_path or "")) as db:
                 assert db.execute("SELECT count(*) FROM cohorts").fetchone() == (0,)
                 assert db.execute("SELECT count(*) FROM watermarks").fetchone() == (0,)
-            status, reply = await call(app, "/checkpoint", data=exported)
+            status, reply = await call(app, "/checkpoint", body=exported)
             assert reply["added"] == 1 and reply["watermarks_updated"] == 1
         fresh = ScriptedJudge()
         async with durable_engine(cfg, fresh) as engine:

@@ -19,7 +19,7 @@ Bounded: tiny models, 16-token budgets, one small group each.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,15 +86,33 @@ def config(api: str, model: TinyModel, **extra: Any) -> dict[str, Any]:
     return settings
 
 
-async def serve(tmp_path: Path, judge: str, settings: dict[str, Any], *more: str) -> Proc:
+@contextlib.asynccontextmanager
+async def serving(
+    tmp_path: Path, judge: str, settings: dict[str, Any], *more: str
+) -> AsyncIterator[Proc]:
     """`genrm-trio serve` with its judge at `judge` (the recording proxy, or the server itself),
-    and `more` replicas of a fleet."""
+    and `more` replicas of a fleet; stopped and closed when the block ends (its log stays)."""
     extra = [flag for url in more for flag in ("--judge-url", f"{url}/v1")]
 
     def start() -> Proc:
         return start_server(tmp_path, settings, judge_url=f"{judge}/v1", extra=extra)
 
-    return await trio.to_thread.run_sync(start)
+    server = await trio.to_thread.run_sync(start)
+    try:
+        yield server
+    finally:
+        server.stop()
+        server.close()
+
+
+@contextlib.contextmanager
+def own_judge(model: TinyModel, tmp_path: Path, name: str) -> Iterator[RecordingProxy]:
+    """A `transformers serve` of `model` for one test, behind a recording proxy."""
+    with (
+        transformers_serve(model.path, tmp_path, name) as judge,
+        recording_proxy(judge.url) as proxy,
+    ):
+        yield proxy
 
 
 async def group(http: httpx.AsyncClient, server: Proc, group_id: str) -> list[Any]:
@@ -118,17 +136,13 @@ async def test_a_plain_server_reads_the_answers_and_usage_is_the_metrics(
     tmp_path: Path, models: dict[str, TinyModel], verdict_server: ServeProcess, api: str
 ) -> None:
     with recording_proxy(verdict_server.url) as proxy:
-        server = await serve(tmp_path, proxy.url, config(api, models["verdict"]))
-        try:
-            async with client() as http:
-                for reply in await group(http, server, "g-" + api):
-                    assert_scored(reply)
-                samples = await metrics(http, server.url)
-                replicas = (await http.get(f"{server.url}/judge/replicas")).json()
-                ready = await http.get(f"{server.url}/readyz")
-        finally:
-            server.stop()
-            server.close()
+        settings = config(api, models["verdict"])
+        async with serving(tmp_path, proxy.url, settings) as server, client() as http:
+            for reply in await group(http, server, "g-" + api):
+                assert_scored(reply)
+            samples = await metrics(http, server.url)
+            replicas = (await http.get(f"{server.url}/judge/replicas")).json()
+            ready = await http.get(f"{server.url}/readyz")
     posts = proxy.posts("/chat/completions" if api == "chat_completions" else "/responses")
     assert len(posts) == 4 == len(proxy.posts())  # circular: 4 comparisons, one attempt each
     assert all(p.request["stream"] is False and p.status == 200 for p in posts)
@@ -160,17 +174,12 @@ async def test_gyms_protocol_at_a_plain_server_is_found_at_the_first_group(
     settings = config("genrm_model", models["verdict"])
     settings["genrm_responses_create_params"]["stream"] = False
     with recording_proxy(verdict_server.url) as proxy:
-        server = await serve(tmp_path, proxy.url, settings)
-        try:
-            async with client() as http:
-                for reply in await group(http, server, "g-gym"):
-                    assert_scored(reply)  # the rewards look normal: that is the danger
-                samples = await metrics(http, server.url)
-                replicas = (await http.get(f"{server.url}/judge/replicas")).json()
-                ready = await http.get(f"{server.url}/readyz")
-        finally:
-            server.stop()
-            server.close()
+        async with serving(tmp_path, proxy.url, settings) as server, client() as http:
+            for reply in await group(http, server, "g-gym"):
+                assert_scored(reply)  # the rewards look normal: that is the danger
+            samples = await metrics(http, server.url)
+            replicas = (await http.get(f"{server.url}/judge/replicas")).json()
+            ready = await http.get(f"{server.url}/readyz")
     counts = {p.reply["usage"]["input_tokens"] for p in proxy.posts("/responses")}
     assert len(counts) == 1, counts  # the model saw the same prompt for every comparison
     [replica] = replicas
@@ -192,13 +201,8 @@ async def test_a_streamed_reply_names_its_content_type(
 ) -> None:
     settings = config("genrm_model", models["verdict"], num_rollouts_per_prompt=2)
     with recording_proxy(verdict_server.url) as proxy:
-        server = await serve(tmp_path, proxy.url, settings)
-        try:
-            async with client() as http:
-                replies, _ = await run_group(http, server.url, bodies("g-sse", ANSWERS[:2]))
-        finally:
-            server.stop()
-            server.close()
+        async with serving(tmp_path, proxy.url, settings) as server, client() as http:
+            replies, _ = await run_group(http, server.url, bodies("g-sse", ANSWERS[:2]))
     posts = proxy.posts()
     assert len(posts) == 2  # circular over 2: both orders; a reply that is not JSON is final
     assert all(post.content_type.startswith("text/event-stream") for post in posts)
@@ -222,18 +226,10 @@ async def test_output_budget_exhaustion_escalates_on_finish_reason_length(
             "budget_escalation": {"factor": 2.0, "max_output_tokens": 64},
         },
     )
-    with (
-        transformers_serve(models["budget"].path, tmp_path, "budget") as judge,
-        recording_proxy(judge.url) as proxy,
-    ):
-        server = await serve(tmp_path, proxy.url, settings)
-        try:
-            async with client() as http:
-                replies, _ = await run_group(http, server.url, bodies("g-budget", ANSWERS[:2]))
-                samples = await metrics(http, server.url)
-        finally:
-            server.stop()
-            server.close()
+    with own_judge(models["budget"], tmp_path, "budget") as proxy:
+        async with serving(tmp_path, proxy.url, settings) as server, client() as http:
+            replies, _ = await run_group(http, server.url, bodies("g-budget", ANSWERS[:2]))
+            samples = await metrics(http, server.url)
     # two comparisons (circular over 2: both orders), each 16 -> 32 -> 64 and held at the cap
     posts = proxy.posts()
     budgets = [16, 32, 64, 64] * 2
@@ -256,17 +252,9 @@ async def test_a_strict_chat_template_fails_with_the_hint(
     tmp_path: Path, models: dict[str, TinyModel]
 ) -> None:
     settings = config("chat_completions", models["strict"], num_rollouts_per_prompt=2)
-    with (
-        transformers_serve(models["strict"].path, tmp_path, "strict") as judge,
-        recording_proxy(judge.url) as proxy,
-    ):
-        server = await serve(tmp_path, proxy.url, settings)
-        try:
-            async with client() as http:
-                replies, _ = await run_group(http, server.url, bodies("g-strict", ANSWERS[:2]))
-        finally:
-            server.stop()
-            server.close()
+    with own_judge(models["strict"], tmp_path, "strict") as proxy:
+        async with serving(tmp_path, proxy.url, settings) as server, client() as http:
+            replies, _ = await run_group(http, server.url, bodies("g-strict", ANSWERS[:2]))
     # two comparisons, each retried once (genrm_parse_retries: 1)
     assert [p.status for p in proxy.posts()] == [500] * 4
     for reply in replies:
@@ -302,34 +290,33 @@ async def test_a_judge_killed_and_restarted_mid_step_masks_nothing(
             stack.enter_context(transformers_serve(models["verdict"].path, tmp_path, f"j{i}"))
             for i in range(replicas)
         ]
-        server = await serve(tmp_path, judges[0].url, settings, *(j.url for j in judges[1:]))
-        try:
-            async with client(timeout=400.0) as http:
-                replies: dict[int, list[Any]] = {}
-                down: list[int] = []
+        more = (j.url for j in judges[1:])
+        async with (
+            serving(tmp_path, judges[0].url, settings, *more) as server,
+            client(timeout=400.0) as http,
+        ):
+            replies: dict[int, list[Any]] = {}
+            down: list[int] = []
 
-                async def one(g: int) -> None:
-                    await trio.sleep(0.5 * g)  # groups keep arriving through the outage
-                    replies[g] = await group(http, server, f"g-kill-{g}")
+            async def one(g: int) -> None:
+                await trio.sleep(0.5 * g)  # groups keep arriving through the outage
+                replies[g] = await group(http, server, f"g-kill-{g}")
 
-                async def outage() -> None:
-                    await trio.sleep(1.0)
-                    for judge in judges:
-                        judge.kill()  # kill -9, as a crash or an OOM would
-                    await trio.sleep(4.0)
-                    down.append((await http.get(f"{server.url}/readyz")).status_code)
-                    for judge in judges:  # the same port, a new process
-                        await trio.to_thread.run_sync(judge.start)
+            async def outage() -> None:
+                await trio.sleep(1.0)
+                for judge in judges:
+                    judge.kill()  # kill -9, as a crash or an OOM would
+                await trio.sleep(4.0)
+                down.append((await http.get(f"{server.url}/readyz")).status_code)
+                for judge in judges:  # the same port, a new process
+                    await trio.to_thread.run_sync(judge.start)
 
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(outage)
-                    for g in range(groups):
-                        nursery.start_soon(one, g)
-                samples = await metrics(http, server.url)
-                ready = await http.get(f"{server.url}/readyz")
-        finally:
-            server.stop()
-            server.close()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(outage)
+                for g in range(groups):
+                    nursery.start_soon(one, g)
+            samples = await metrics(http, server.url)
+            ready = await http.get(f"{server.url}/readyz")
     for g in range(groups):
         for reply in replies[g]:
             assert_scored(reply)
