@@ -162,7 +162,7 @@ async def test_retry_goes_to_another_replica(autojump_clock: trio.testing.MockCl
 async def test_ejection_backoff_trial_and_return(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="genrm_trio.judge")
+    caplog.set_level(logging.INFO, logger="genrm_trio.judge")
     sick, healthy = Replica("sick", 1.0, mode="http500"), Replica("healthy", 1.0)
     judge = fleet(sick, healthy, eject_after_failures=3, eject_backoff_s=5.0)
 
@@ -196,6 +196,8 @@ async def test_ejection_backoff_trial_and_return(
     assert "ejected after 3 consecutive failed attempts" in lines[0]
     assert "response=<html> <b>Internal error</b> </html>" in lines[0]  # one line
     assert "is back after 16.0s out" in lines[1]
+    back = [r for r in caplog.records if "is back after" in r.getMessage()]
+    assert [r.levelname for r in back] == ["INFO"]  # good news: its leaving was the WARNING
 
 
 async def test_every_replica_ejected_still_tries_the_least_recently_failed(
@@ -296,7 +298,7 @@ async def test_a_500_the_request_causes_on_two_replicas_ejects_neither(
 ) -> None:
     from genrm_trio.judge.base import JudgeError
 
-    caplog.set_level(logging.WARNING, logger="genrm_trio.judge")
+    caplog.set_level(logging.INFO, logger="genrm_trio.judge")
     a, b = Poisoned(Replica("a", latency=1.0)), Poisoned(Replica("b", latency=1.0))
     judge = JudgeFleet(
         fleet_entries(a, b),
@@ -328,7 +330,7 @@ async def test_an_ejection_by_a_500_the_request_caused_is_taken_back(
 ) -> None:
     from genrm_trio.judge.base import JudgeError
 
-    caplog.set_level(logging.WARNING, logger="genrm_trio.judge")
+    caplog.set_level(logging.INFO, logger="genrm_trio.judge")
     sick, healthy = Replica("a", latency=1.0, mode="dead"), Replica("b", latency=1.0)
     a, b = Poisoned(sick), Poisoned(healthy)
     judge = JudgeFleet(
@@ -922,7 +924,7 @@ async def test_a_stalled_replica_comes_back_through_a_trial_that_answers(
         await trio.sleep_until(at)
         await comparator.compare(CALL, pair=(0, 1), judge_pass=0)
 
-    caplog.set_level(logging.WARNING, logger="genrm_trio.judge")
+    caplog.set_level(logging.INFO, logger="genrm_trio.judge")
     async with trio.open_nursery() as nursery:
         for at in (0.0, 0.25):  # a hangs, b answers at 1.25: a stalls at 5.0, out until 15.0
             nursery.start_soon(comparison, at)

@@ -70,9 +70,10 @@ class AnswerCheck:
     __slots__ = ("_seen", "finding", "prompts_unread")
 
     def __init__(self) -> None:
-        # per prompt: its shortest and longest answers so far as (answer bytes, prompt tokens),
-        # and whether it showed the answers unread already
-        self._seen: dict[object, _Prompt] = {}
+        # per prompt, keyed by the hash of its history and principle (not the texts, which
+        # could hold megabytes per replica): its shortest and longest answers so far as
+        # (answer bytes, prompt tokens), and whether it showed the answers unread already
+        self._seen: dict[int, _Prompt] = {}
         self.finding: str | None = None
         self.prompts_unread = 0
 
@@ -87,7 +88,7 @@ class AnswerCheck:
         not read the answers (None otherwise, and on every later one)."""
         size = _size(answers[0]) + _size(answers[1])
         now = (size, prompt_tokens)
-        key = (tuple((m.get("role"), m.get("content")) for m in history), principle)
+        key = hash((tuple((m.get("role"), m.get("content")) for m in history), principle))
         prompt = self._seen.get(key)
         if prompt is None:
             if len(self._seen) >= MAX_PROMPTS:

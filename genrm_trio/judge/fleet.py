@@ -498,7 +498,8 @@ class JudgeFleet:
         for changed in self._capacity_watchers:
             changed()
         if self._down_since is None:
-            log.warning(
+            # good news, as the judge's own return below: INFO (its leaving was the WARNING)
+            log.info(
                 "judge replica %s is back after %.1fs out (it answered %s)",
                 replica.label,
                 now - replica.ejected_at,
