@@ -122,20 +122,27 @@ def test_which_groups_are_scored_off_the_loop() -> None:
     assert scored_off_loop(64, 256)  # regular d = 8
 
 
+def calling_threads(monkeypatch: Any, module: object, name: str) -> list[int]:
+    """The threads `module.name` is called from, in order: it is patched to record each call's
+    thread, then call through."""
+    threads: list[int] = []
+    original = getattr(module, name)
+
+    def spy(*args: Any) -> Any:
+        threads.append(threading.get_ident())
+        return original(*args)
+
+    monkeypatch.setattr(module, name, spy)
+    return threads
+
+
 async def test_a_large_group_is_scored_in_a_worker_thread(
     mock_clock: trio.testing.MockClock, monkeypatch: Any
 ) -> None:
     """N = 64, regular d = 8, Bradley–Terry. score_cohort runs outside the event loop's thread,
     and the rewards are the direct path's. The clock stands still (a thread would let an
     autojumping clock leap, and a real one races the attempt deadlines on a loaded machine)."""
-    threads: list[int] = []
-    original = run_module.score_cohort
-
-    def spy(*args: Any) -> Any:
-        threads.append(threading.get_ident())
-        return original(*args)
-
-    monkeypatch.setattr(run_module, "score_cohort", spy)
+    threads = calling_threads(monkeypatch, run_module, "score_cohort")
     n = 64
     config = settings(
         num_rollouts_per_prompt=n,
@@ -174,14 +181,7 @@ async def test_a_large_compare_batch_is_scored_in_a_worker_thread(
     thread. The clock stands still (a thread would let an autojumping clock leap, and a real
     one races the judging deadlines on a loaded machine): no deadline can fire, every call is
     judged at once."""
-    threads: list[int] = []
-    original = compare_module.compare_result
-
-    def spy(*args: Any) -> Any:
-        threads.append(threading.get_ident())
-        return original(*args)
-
-    monkeypatch.setattr(compare_module, "compare_result", spy)
+    threads = calling_threads(monkeypatch, compare_module, "compare_result")
     config = settings(num_rollouts_per_prompt=1, comparison_strategy="all_pairs")
     judge = ScriptedJudge()
     async with open_engine(config, judge) as engine:
