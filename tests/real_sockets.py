@@ -41,6 +41,22 @@ def responses_reply(
 
 # --- the server ---------------------------------------------------------------------------------
 
+
+async def answer_requests(
+    stream: trio.abc.Stream, answer: Callable[[bytes], Awaitable[bool]]
+) -> None:
+    """Hands each request read on `stream` (its raw bytes), one after another, to `answer`,
+    which answers it and returns whether to keep the connection open; until the client closes."""
+    buffer = b""
+    while True:
+        got = await read_request(stream, buffer)
+        if got is None:
+            return
+        request, buffer = got[0].raw, got[1]
+        if not await answer(request):
+            return
+
+
 Script = Callable[[int, bytes, trio.SocketStream], Awaitable[bool]]
 """How a TinyServer answers: `script(n, request, stream)` answers request n and returns whether
 to keep the connection open."""
@@ -64,20 +80,17 @@ class TinyServer:
         self.connections += 1
         self.open += 1
         self.all_closed = trio.Event()
-        buffer = b""
+
+        async def answer(request: bytes) -> bool:
+            n = len(self.requests)
+            self.requests.append(request)
+            self.got_request.set()
+            self._new_request.set()
+            self._new_request = trio.Event()
+            return await self.script(n, request, stream)
+
         try:
-            while True:
-                got = await read_request(stream, buffer)
-                if got is None:
-                    return
-                request, buffer = got[0].raw, got[1]
-                n = len(self.requests)
-                self.requests.append(request)
-                self.got_request.set()
-                self._new_request.set()
-                self._new_request = trio.Event()
-                if not await self.script(n, request, stream):
-                    return
+            await answer_requests(stream, answer)
         except trio.BrokenResourceError:
             return
         finally:
@@ -101,14 +114,13 @@ async def serve_tls(
     """A keep-alive judge over TLS on one connection: each request answered 200 with
     `reply(request)`, until the client closes."""
     tls = trio.SSLStream(stream, context, server_side=True)
-    buffer = b""
+
+    async def answer(request: bytes) -> bool:
+        await tls.send_all(response_bytes(200, reply(request)))
+        return True
+
     try:
-        while True:
-            got = await read_request(tls, buffer)
-            if got is None:
-                return
-            request, buffer = got[0].raw, got[1]
-            await tls.send_all(response_bytes(200, reply(request)))
+        await answer_requests(tls, answer)
     except trio.BrokenResourceError:
         return
     finally:
