@@ -188,13 +188,13 @@ def test_regular_settings_default_d_is_4() -> None:
 @pytest.mark.parametrize(
     ("n", "d", "message"),
     [
-        (16, 1, "comparisons_per_rollout: 1 with num_rollouts_per_prompt: 16: "
+        (16, 1, "1 with num_rollouts_per_prompt: 16: "
          "comparison_strategy: regular needs 2 <= d <= N - 1 = 15"),
-        (16, 16, "comparisons_per_rollout: 16 with num_rollouts_per_prompt: 16: "
+        (16, 16, "16 with num_rollouts_per_prompt: 16: "
          "comparison_strategy: regular needs 2 <= d <= N - 1 = 15"),
-        (2, 2, "comparisons_per_rollout: 2 with num_rollouts_per_prompt: 2: "
+        (2, 2, "2 with num_rollouts_per_prompt: 2: "
          "comparison_strategy: regular needs 2 <= d <= N - 1 = 1"),
-        (15, 3, "comparisons_per_rollout: 3 with num_rollouts_per_prompt: 15: "
+        (15, 3, "3 with num_rollouts_per_prompt: 15: "
          "comparison_strategy: regular needs N·d even (an odd d needs an even N)"),
     ],
 )  # fmt: skip
@@ -208,6 +208,9 @@ def test_regular_degree_errors_name_both_keys(n: int, d: int, message: str) -> N
     )
     assert err.key == "comparisons_per_rollout"
     assert err.message == message
+    # the line a user sees names the key once, then the value and N
+    assert str(err).endswith(f"comparisons_per_rollout: {message}")
+    assert str(err).count("comparisons_per_rollout") == 1
     assert "\n" not in str(err)
 
 

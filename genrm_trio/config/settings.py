@@ -458,13 +458,13 @@ class Settings(_Strict):
         if n > 1 and not 2 <= d <= n - 1:
             raise KeyedError(
                 key,
-                f"comparisons_per_rollout: {d} with num_rollouts_per_prompt: {n}: "
+                f"{d} with num_rollouts_per_prompt: {n}: "
                 f"comparison_strategy: regular needs 2 <= d <= N - 1 = {n - 1}",
             )
         if n > 1 and n * d % 2:
             raise KeyedError(
                 key,
-                f"comparisons_per_rollout: {d} with num_rollouts_per_prompt: {n}: "
+                f"{d} with num_rollouts_per_prompt: {n}: "
                 "comparison_strategy: regular needs N·d even (an odd d needs an even N)",
             )
         return self
