@@ -54,7 +54,7 @@ def settings(urls: list[str], in_flight: int) -> Settings:
             "genrm_parse_retries": 3,
             "genrm_parse_retry_sleep_s": 0.2,
             "judge_request_timeout_s": 30.0,
-            "judge": {"base_url": urls, "max_concurrency": in_flight},
+            "judge": {"api": "genrm_model", "base_url": urls, "max_concurrency": in_flight},
         }
     )
 

@@ -177,7 +177,7 @@ async def run_level(
     from genrm_trio.judge.fleet import make_judge
 
     settings = settings_from_mapping(
-        {"judge": {"base_url": url, "max_concurrency": max(in_flight, 1)}}
+        {"judge": {"api": "genrm_model", "base_url": url, "max_concurrency": max(in_flight, 1)}}
     )
     judge = make_judge(settings)
     call = JudgeCall(

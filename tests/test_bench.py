@@ -121,7 +121,7 @@ async def _service(rollouts: int = 4) -> AsyncIterator[str]:
                 "cohort_collection_timeout_s": 20.0,
                 "cohort_evaluation_timeout_s": 20.0,
                 "judge_request_timeout_s": 10.0,
-                "judge": {"base_url": f"http://127.0.0.1:{judge_port}/v1"},
+                "judge": {"base_url": f"http://127.0.0.1:{judge_port}/v1", "api": "genrm_model"},
                 "server": {"shutdown_grace_s": 1.0},
             }
         )

@@ -21,7 +21,13 @@ import trio.testing
 from fake_replicas import NamedReplica, fleet_entries
 from judges import default_verdict, gather, member, verdict_text
 
-from genrm_trio.config import Settings, settings_from_mapping
+from genrm_trio.config import (
+    JUDGE_API_CHOICES,
+    ConfigError,
+    Settings,
+    judge_from_gym,
+    settings_from_mapping,
+)
 from genrm_trio.domain.model import Masked, Scored
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.judge.base import (
@@ -443,23 +449,50 @@ async def test_an_attempt_cancelled_from_outside_is_not_a_failure(
 
 def test_make_judge_builds_a_fleet_for_one_url_as_for_a_list() -> None:
     for base_url in ("http://h:1/v1", ["http://h:1/v1"]):
-        one = make_judge(settings_from_mapping({"judge": {"base_url": base_url}}))
+        one = make_judge(
+            settings_from_mapping({"judge": {"api": "genrm_model", "base_url": base_url}})
+        )
         assert isinstance(one, JudgeFleet)
         assert one.replicas == ["h:1"]
         assert one.endpoint == "h:1"  # the judge error names it as one judge's would
         assert one.path == "/v1/responses"
         assert [replica.url for replica in one._replicas] == ["http://h:1/v1"]
     many = make_judge(
-        settings_from_mapping({"judge": {"base_url": ["http://h:1/v1", "http://h:2/v1/"]}})
+        settings_from_mapping(
+            {"judge": {"api": "genrm_model", "base_url": ["http://h:1/v1", "http://h:2/v1/"]}}
+        )
     )
     assert isinstance(many, JudgeFleet)
     assert many.replicas == ["h:1", "h:2"]
     assert many.path == "/v1/responses"
     same_host = make_judge(
-        settings_from_mapping({"judge": {"base_url": ["http://h:1/v1", "http://h:1/w/v1"]}})
+        settings_from_mapping(
+            {"judge": {"api": "genrm_model", "base_url": ["http://h:1/v1", "http://h:1/w/v1"]}}
+        )
     )
     assert isinstance(same_host, JudgeFleet)
     assert same_host.replicas == ["http://h:1/v1", "http://h:1/w/v1"]
+
+
+def test_make_judge_refuses_a_url_whose_judge_api_is_not_named() -> None:
+    # The default, Gym's protocol, sent to a plain OpenAI server judges answers the model never
+    # sees: a library user who names a URL names its API, as `serve` demands of its flags.
+    for base_url in ("http://h:1/v1", ["http://h:1/v1", "http://h:2/v1"]):
+        with pytest.raises(ConfigError) as caught:
+            make_judge(settings_from_mapping({"judge": {"base_url": base_url}}))
+        assert (caught.value.key, caught.value.message) == (
+            "judge.api",
+            f"required with judge.base_url: {JUDGE_API_CHOICES}",
+        )
+    # the default named on purpose is a choice; so is a Gym config's genrm_model_server
+    named = settings_from_mapping({"judge": {"base_url": "http://h:1/v1", "api": "genrm_model"}})
+    assert named.judge.api_chosen and make_judge(named).path == "/v1/responses"
+    gym_data = {"genrm_model": {"responses_api_models": {"m": {"host": "h", "port": 1}}}}
+    gym_block = {"genrm_model_server": {"type": "responses_api_models", "name": "genrm_model"}}
+    gym_judge = judge_from_gym(gym_data, gym_block)
+    assert gym_judge is not None
+    gym = settings_from_mapping({"judge": gym_judge})
+    assert gym.judge.api_chosen and make_judge(gym).path == "/v1/responses"
 
 
 @pytest.mark.parametrize(
@@ -476,7 +509,7 @@ def test_bad_url_lists_are_config_errors(value: object, message: str) -> None:
     from genrm_trio.config import ConfigError
 
     with pytest.raises(ConfigError) as info:
-        settings_from_mapping({"judge": {"base_url": value}})
+        settings_from_mapping({"judge": {"api": "genrm_model", "base_url": value}})
     assert info.value.key == "judge.base_url"
     assert message in info.value.message
 
@@ -516,6 +549,7 @@ def fleet_settings() -> Settings:
             # last member (the routing order of eager starts differs).
             "eager_comparisons": False,
             "judge": {
+                "api": "genrm_model",
                 "base_url": ["http://a:8000/v1", "http://b:8000/v1", "http://c:8000/v1"],
                 "eject_after_failures": 3,
                 "eject_backoff_s": 5.0,
@@ -644,7 +678,9 @@ def test_new_judge_keys_are_validated(key: str, value: object, message: str) -> 
     from genrm_trio.config import ConfigError
 
     with pytest.raises(ConfigError) as info:
-        settings_from_mapping({"judge": {"base_url": "http://h:1/v1", key: value}})
+        settings_from_mapping(
+            {"judge": {"api": "genrm_model", "base_url": "http://h:1/v1", key: value}}
+        )
     assert info.value.key == f"judge.{key}"
     assert message in info.value.message
 
@@ -653,6 +689,7 @@ def test_replica_settings_reach_the_fleet_and_its_judges() -> None:
     config = settings_from_mapping(
         {
             "judge": {
+                "api": "genrm_model",
                 "base_url": ["http://h:1/v1", "https://h:2/v1"],
                 "max_concurrency_per_replica": 7,
                 "eject_after_failures": 2,
@@ -682,7 +719,11 @@ def two_replicas(**judge: Any) -> Settings:
             "judge_request_timeout_s": 10.0,
             "genrm_parse_retries": 3,
             "genrm_parse_retry_sleep_s": 0.1,
-            "judge": {"base_url": ["http://a:8000/v1", "http://b:8000/v1"], **judge},
+            "judge": {
+                "api": "genrm_model",
+                "base_url": ["http://a:8000/v1", "http://b:8000/v1"],
+                **judge,
+            },
         }
     )
 
@@ -722,7 +763,10 @@ async def test_with_one_replica_a_timeout_is_not_retried_and_names_it(
         {
             "judge_request_timeout_s": 10.0,
             "genrm_parse_retries": 3,
-            "judge": {"base_url": ["http://a:8000/v1"]},  # a list of one: D14 as for one URL
+            "judge": {
+                "api": "genrm_model",
+                "base_url": ["http://a:8000/v1"],
+            },  # a list of one: D14 as for one URL
         }
     )
     judge = fleet(Replica("a", latency=math.inf))
@@ -783,7 +827,7 @@ async def test_a_fleet_of_one_runs_comparisons_exactly_as_its_one_judge_would(
             "judge_request_timeout_s": 10.0,
             "genrm_parse_retries": 3,
             "genrm_parse_retry_sleep_s": 0.1,
-            "judge": {"base_url": "http://a:8000/v1", "eject_backoff_s": 5.0},
+            "judge": {"api": "genrm_model", "base_url": "http://a:8000/v1", "eject_backoff_s": 5.0},
         }
     )
     bare = Replica("a", latency=latency, mode=mode, retry_after=2.0)
@@ -972,11 +1016,19 @@ def test_replica_stall_s_is_validated() -> None:
     for value, message in ((0.0, "must be > 0"), (math.inf, "must be finite"), ("5", "")):
         with pytest.raises(ConfigError) as info:
             settings_from_mapping(
-                {"judge": {"base_url": "http://h:1/v1", "replica_stall_s": value}}
+                {
+                    "judge": {
+                        "api": "genrm_model",
+                        "base_url": "http://h:1/v1",
+                        "replica_stall_s": value,
+                    }
+                }
             )
         assert info.value.key == "judge.replica_stall_s"
         assert message in info.value.message
-    judge = settings_from_mapping({"judge": {"base_url": ["http://h:1/v1"], "replica_stall_s": 30}})
+    judge = settings_from_mapping(
+        {"judge": {"api": "genrm_model", "base_url": ["http://h:1/v1"], "replica_stall_s": 30}}
+    )
     assert judge.judge.replica_stall_s == 30.0
 
 

@@ -280,7 +280,10 @@ async def test_graceful_shutdown_while_judging_delivers_503s(
                 {
                     "port": 0,
                     "num_rollouts_per_prompt": 4,
-                    "judge": {"base_url": f"http://127.0.0.1:{judge_port}/v1"},
+                    "judge": {
+                        "base_url": f"http://127.0.0.1:{judge_port}/v1",
+                        "api": "genrm_model",
+                    },
                     "server": {"shutdown_grace_s": 2.0},
                 }
             )

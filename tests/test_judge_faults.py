@@ -67,7 +67,7 @@ def call_of(size: int) -> JudgeCall:
 
 def config(base_url: str | list[str] = "http://judge.test:8000/v1", **extra: Any) -> Settings:
     data: dict[str, Any] = {
-        "judge": {"base_url": base_url, **extra.pop("judge", {})},
+        "judge": {"api": "genrm_model", "base_url": base_url, **extra.pop("judge", {})},
         "judge_request_timeout_s": 30.0,
         "genrm_parse_retries": 3,
         "genrm_parse_retry_sleep_s": 0.1,
@@ -325,7 +325,7 @@ def e2e_settings() -> Settings:
             "genrm_parse_retry_sleep_s": 0.0,
             "judge_request_timeout_s": 60.0,
             "cohort_collection_timeout_s": 60.0,
-            "judge": {"base_url": "http://judge.test:8000/v1"},
+            "judge": {"api": "genrm_model", "base_url": "http://judge.test:8000/v1"},
         }
     )
 

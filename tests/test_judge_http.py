@@ -169,7 +169,11 @@ async def test_responses_body_carries_history_and_answers_in_metadata() -> None:
     judge = make_http_judge(
         settings_from_mapping(
             {
-                "judge": {"base_url": "http://judge.test:8000/v1", "model": "judge-model"},
+                "judge": {
+                    "api": "genrm_model",
+                    "base_url": "http://judge.test:8000/v1",
+                    "model": "judge-model",
+                },
                 "genrm_responses_create_params": {
                     "input": [{"role": "user", "content": "ignored"}],
                     "max_output_tokens": 128,
@@ -1049,7 +1053,7 @@ async def test_an_untrusted_certificate_is_one_attempt_and_another_replica_answe
         Recorder(ok(responses_reply()), tls=server_context),
     )
     one = settings_from_mapping(
-        {"judge": {"base_url": "https://k.test:8443/v1", "ca_file": ca_file}}
+        {"judge": {"api": "genrm_model", "base_url": "https://k.test:8443/v1", "ca_file": ca_file}}
     )
     comparator = Comparator(make_http_judge(one, backend=mismatched.network), one, Metrics())
     with trio.fail_after(60), pytest.raises(JudgeError) as info:
@@ -1059,7 +1063,9 @@ async def test_an_untrusted_certificate_is_one_attempt_and_another_replica_answe
     assert "CERTIFICATE_VERIFY_FAILED" in info.value.message
     assert mismatched.network.connections == 1 and mismatched.received == []
     urls = ["https://k.test:8443/v1", "https://j.test:8443/v1"]
-    both = settings_from_mapping({"judge": {"base_url": urls, "ca_file": ca_file}})
+    both = settings_from_mapping(
+        {"judge": {"api": "genrm_model", "base_url": urls, "ca_file": ca_file}}
+    )
     fleet = make_judge(
         both,
         backend=ByHost({"k.test:8443": mismatched.network, "j.test:8443": trusted.network}),

@@ -51,6 +51,7 @@ async def test_every_replica_killed_and_restarted_masks_nothing(
                 "genrm_parse_retries": 3,
                 "genrm_parse_retry_sleep_s": 0.05,
                 "judge": {
+                    "api": "genrm_model",
                     # one URL is a fleet of one replica
                     "base_url": [f"{judge.url}/v1" for judge in judges]
                     if replicas > 1

@@ -386,6 +386,7 @@ async def test_a_sigstopped_replica_stalls_out_and_its_comparisons_are_answered_
                 "genrm_parse_retries": 3,
                 "genrm_parse_retry_sleep_s": 0.05,
                 "judge": {
+                    "api": "genrm_model",
                     "base_url": [f"{judge.url}/v1" for judge in judges],
                     "replica_stall_s": STALL_S,
                     "eject_backoff_s": 60.0,  # no trial while the test runs

@@ -73,7 +73,10 @@ async def test_a_sigint_delivered_twice_is_one_graceful_stop(
                 {
                     "port": 0,
                     "num_rollouts_per_prompt": 2,
-                    "judge": {"base_url": f"http://127.0.0.1:{judge_port}/v1"},
+                    "judge": {
+                        "base_url": f"http://127.0.0.1:{judge_port}/v1",
+                        "api": "genrm_model",
+                    },
                     # the stalled request below holds the stop this long: the second signal
                     # arrives while the stop is still running
                     "server": {"shutdown_grace_s": 3.0},

@@ -44,6 +44,7 @@ from genrm_trio.app.logs import configure_logging
 from genrm_trio.app.watch import add_watch_commands
 from genrm_trio.config import (
     JUDGE_API_ALIASES,
+    JUDGE_API_CHOICES,
     ConfigError,
     JudgeApiName,
     Settings,
@@ -192,21 +193,17 @@ def _serve_settings(args: argparse.Namespace) -> Settings:
             f"serve needs a judge: {unresolved}give --judge-url URL, set judge.base_url in the "
             "config file, or use --judge sim for simulated rewards",
         )
-    if not sim and "api" not in settings.judge.model_fields_set:
-        # No default is right for every server: Gym's protocol sent to a plain server judges
-        # answers the model never sees (docs/configuration.md, "Which judge.api"). A Gym
-        # config's genrm_model_server reference sets it (config/sources.py).
-        choices = (
-            "chat_completions or openai_responses for vLLM or any OpenAI-compatible server, "
-            "genrm_model behind Gym's genrm_model server"
-        )
+    if not sim and not settings.judge.api_chosen:
+        # said here in the words of the command line; the judge's constructor
+        # (make_http_judge) refuses the same settings for library users
         if args.judge_url is not None:
             raise ConfigError(
                 FLAGS_FILE,
                 "--judge-api",
-                f"--judge-url needs --judge-api (or judge.api in the config file): {choices}",
+                "--judge-url needs --judge-api (or judge.api in the config file): "
+                f"{JUDGE_API_CHOICES}",
             )
-        raise ConfigError(file, "judge.api", f"required with judge.base_url: {choices}")
+        raise ConfigError(file, "judge.api", f"required with judge.base_url: {JUDGE_API_CHOICES}")
     if settings.state_path is not None:
         parent = Path(settings.state_path).expanduser().absolute().parent
         if not parent.is_dir():

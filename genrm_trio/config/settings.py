@@ -196,6 +196,14 @@ MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
 """The default `judge.max_response_bytes`: a judge reply longer than this ends the attempt."""
 
 
+JUDGE_API_CHOICES: Final = (
+    "chat_completions or openai_responses for vLLM or any OpenAI-compatible server, "
+    "genrm_model behind Gym's genrm_model server"
+)
+"""What to set `judge.api` to, said wherever a judge URL comes without one: no default is right
+for every server (docs/configuration.md, "Which judge.api")."""
+
+
 @final
 class JudgeSettings(_Strict):
     """How to reach the judge: its base URL, or a list of them, the replicas of a fleet (one URL
@@ -244,6 +252,13 @@ class JudgeSettings(_Strict):
                 raise ValueError(f"item {index}: {url} is listed twice")
             urls.append(url)
         return urls
+
+    @property
+    def api_chosen(self) -> bool:
+        """Whether `api` was given (by a file, a flag, an override or a Gym config's
+        `genrm_model_server`) rather than defaulted. A judge URL needs it: Gym's protocol, the
+        default, sent to a plain OpenAI server judges answers the model never sees."""
+        return "api" in self.model_fields_set
 
     @field_validator("api", mode="before")
     @classmethod

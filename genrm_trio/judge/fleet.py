@@ -59,7 +59,7 @@ from typing import Final, final
 
 import trio
 
-from genrm_trio.config import ConfigError, Settings, endpoint_of
+from genrm_trio.config import JUDGE_API_CHOICES, ConfigError, Settings, endpoint_of
 from genrm_trio.judge.answers import AnswerCheck, unread_fix
 from genrm_trio.judge.base import (
     AttemptTicket,
@@ -761,6 +761,12 @@ def make_judge(settings: Settings, *, backend: NetworkBackend | None = None) -> 
     judge = settings.judge
     if judge.base_url is None:
         raise ConfigError("settings", "judge.base_url", "required for an HTTP judge")
+    if not judge.api_chosen:
+        # the default (Gym's protocol) sent to a plain OpenAI server judges answers the model
+        # never sees: a URL needs its API named (docs/configuration.md, "Which judge.api")
+        raise ConfigError(
+            "settings", "judge.api", f"required with judge.base_url: {JUDGE_API_CHOICES}"
+        )
     return JudgeFleet(
         [
             (url, make_http_judge(settings, base_url=url, backend=backend))
