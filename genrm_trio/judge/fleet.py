@@ -480,12 +480,13 @@ class JudgeFleet:
         )
         self._check_outage(replica, now)
 
-    def _answered(self, replica: _Replica, trial: bool) -> None:
-        """It answered: in service at once, whatever kind of attempt it answered."""
+    def _answered(self, replica: _Replica, trial: bool, what: str | None = None) -> None:
+        """It answered (`what`: a probe, else an attempt): in service at once, whatever it
+        answered."""
         replica.consecutive = 0
         replica.streak += 1
         if replica.ejected:
-            self._back(replica, "a trial attempt" if trial else "an attempt")
+            self._back(replica, what or ("a trial attempt" if trial else "an attempt"))
 
     def _back(self, replica: _Replica, what: str) -> None:
         now = trio.current_time()
@@ -576,9 +577,8 @@ class JudgeFleet:
                     return  # a trial reached it meanwhile, or the others are back
                 problem = await self._probe(replica)
                 if problem is None:
-                    replica.consecutive = 0
-                    replica.streak += 1
-                    self._back(replica, "a probe")
+                    # back unless an attempt brought it back during the probe
+                    self._answered(replica, False, "a probe")
                     return
                 log.debug("judge replica %s probe failed: %s", replica.label, problem)
                 wait = min(2.0 * wait, self._probe_max)
