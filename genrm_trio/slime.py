@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from genrm_trio.client import AsyncGenRMClient, GroupSettings, Masked, Scored
+from genrm_trio.client import AsyncGenRMClient, GroupSettings, Masked, scored_mean
 
 __all__ = ["API_KEY_ENV", "group_rm", "post_process_rewards"]
 
@@ -57,8 +57,7 @@ async def group_rm(args: Any, samples: Sequence[Any], **kwargs: Any) -> list[flo
             samples[0].prompt, [sample.response for sample in samples]
         )
         _SETTINGS[args.rm_url] = await client.group_settings()
-    scored = [result.reward for result in results if type(result) is Scored]
-    mean = sum(scored) / len(scored) if scored else 0.0
+    mean = scored_mean(results)
     rewards: list[float] = []
     for sample, result in zip(samples, results, strict=True):
         if type(result) is Masked:
