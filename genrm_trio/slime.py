@@ -78,13 +78,13 @@ def post_process_rewards(args: Any, samples: Sequence[Any]) -> tuple[list[float]
     size = args.n_samples_per_prompt
     if len(samples) % size:
         raise ValueError(f"{len(samples)} samples are not whole groups of {size}")
+    divide = args.advantage_estimator in _STD_NORMALISED and args.grpo_std_normalization
     rewards: list[float] = []
     for start in range(0, len(samples), size):
         group = range(start, start + size)
         masked = {i for i in group if _MASKED in samples[i].metadata}
         kept = [raw[i] for i in group if i not in masked]
         mean = sum(kept) / len(kept) if kept else 0.0
-        divide = args.advantage_estimator in _STD_NORMALISED and args.grpo_std_normalization
         std = statistics.stdev(kept) if divide and len(kept) > 1 else None
         for i in group:
             if i in masked:
