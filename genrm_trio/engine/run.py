@@ -158,8 +158,8 @@ class GroupRunner:
             index = ReadinessIndex(plan, cohort.size)
             slots = cohort.size + 1  # the baseline is index N
         else:
-            if self._shared_plan is None:
-                self._shared_plan = self._plan(cohort.size)
+            # made in __init__: a rollout cohort exists only when N > 1 (`Settings.cohorting`)
+            assert self._shared_plan is not None
             plan, index = self._shared_plan
             slots = cohort.size
         evaluation = Evaluation(
