@@ -33,7 +33,7 @@ from genrm_trio.domain.model import (
     Scored,
 )
 from genrm_trio.domain.records import COMPRESS_FROM, MemberRecord, TerminalRecord, compressed
-from genrm_trio.domain.text import shown_id
+from genrm_trio.domain.text import ID_LOGGED_LIMIT, shown_id
 from genrm_trio.engine import machine
 
 if TYPE_CHECKING:
@@ -202,9 +202,8 @@ class Cohort:
             self.released.set()
 
     def __repr__(self) -> str:
-        return (
-            f"<Cohort key={shown_id(self.key, 160)} state={self.state} members={len(self.members)}>"
-        )
+        key = shown_id(self.key, ID_LOGGED_LIMIT)
+        return f"<Cohort key={key} state={self.state} members={len(self.members)}>"
 
     @property
     def legacy(self) -> bool:
