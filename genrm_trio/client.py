@@ -60,6 +60,7 @@ __all__ = [
     "Scored",
     "one_error",
     "rewards_of",
+    "scored_mean",
 ]
 
 Prompt = str | Sequence[Mapping[str, Any]]
@@ -130,6 +131,13 @@ RolloutResult = Scored | Masked
 def rewards_of(results: Sequence[RolloutResult]) -> list[float | None]:
     """One reward per member: the score, or None for a masked member."""
     return [result.reward if type(result) is Scored else None for result in results]
+
+
+def scored_mean(results: Sequence[RolloutResult]) -> float:
+    """The mean of a group's scored rewards (0.0 when none is scored): the reward the trainer
+    adapters without a mask (verl, slime) give a masked member, so that its advantage is 0."""
+    scored = [result.reward for result in results if type(result) is Scored]
+    return sum(scored) / len(scored) if scored else 0.0
 
 
 @final

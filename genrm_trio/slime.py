@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from genrm_trio.client import AsyncGenRMClient, GroupSettings, Masked, Scored
+from genrm_trio.client import AsyncGenRMClient, GroupSettings, Masked, scored_mean
 
 __all__ = ["API_KEY_ENV", "group_rm", "post_process_rewards"]
 
@@ -57,8 +57,7 @@ async def group_rm(args: Any, samples: Sequence[Any], **kwargs: Any) -> list[flo
             samples[0].prompt, [sample.response for sample in samples]
         )
         _SETTINGS[args.rm_url] = await client.group_settings()
-    scored = [result.reward for result in results if type(result) is Scored]
-    mean = sum(scored) / len(scored) if scored else 0.0
+    mean = scored_mean(results)
     rewards: list[float] = []
     for sample, result in zip(samples, results, strict=True):
         if type(result) is Masked:
@@ -79,13 +78,13 @@ def post_process_rewards(args: Any, samples: Sequence[Any]) -> tuple[list[float]
     size = args.n_samples_per_prompt
     if len(samples) % size:
         raise ValueError(f"{len(samples)} samples are not whole groups of {size}")
+    divide = args.advantage_estimator in _STD_NORMALISED and args.grpo_std_normalization
     rewards: list[float] = []
     for start in range(0, len(samples), size):
         group = range(start, start + size)
         masked = {i for i in group if _MASKED in samples[i].metadata}
         kept = [raw[i] for i in group if i not in masked]
         mean = sum(kept) / len(kept) if kept else 0.0
-        divide = args.advantage_estimator in _STD_NORMALISED and args.grpo_std_normalization
         std = statistics.stdev(kept) if divide and len(kept) > 1 else None
         for i in group:
             if i in masked:

@@ -43,6 +43,7 @@ from genrm_trio.client import (
     RolloutResult,
     Scored,
     one_error,
+    scored_mean,
 )
 
 __all__ = ["compute_score", "group_positions", "impute_masked"]
@@ -80,8 +81,7 @@ def impute_masked(results: Sequence[RolloutResult]) -> list[dict[str, float]]:
     """verl's rewards of one group: a scored member's reward; a masked member's the mean of the
     scored ones (0.0 when none is scored), so its advantage is 0 and the group mean is the
     scored members' mean."""
-    scored = [result.reward for result in results if type(result) is Scored]
-    mean = sum(scored) / len(scored) if scored else 0.0
+    mean = scored_mean(results)
     return [
         {
             "score": result.reward if type(result) is Scored else mean,

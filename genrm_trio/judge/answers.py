@@ -94,6 +94,8 @@ class AnswerCheck:
             if len(self._seen) >= MAX_PROMPTS:
                 self._seen.clear()
             prompt = self._seen[key] = _Prompt(now)
+        elif prompt.unread:
+            return None  # this prompt showed it already: nothing more to find in it
         reason = None
         if size >= MIN_ANSWER_BYTES and size > prompt_tokens * MAX_BYTES_PER_TOKEN:
             reason = (
@@ -103,7 +105,7 @@ class AnswerCheck:
         reason = reason or _no_growth(prompt.shortest, now) or _no_growth(prompt.longest, now)
         prompt.shortest = min(prompt.shortest, now)
         prompt.longest = max(prompt.longest, now)
-        if reason is None or prompt.unread:
+        if reason is None:
             return None
         prompt.unread = True
         self.prompts_unread += 1

@@ -319,9 +319,8 @@ class JudgeFleet:
             for replica in self._replicas
             if not replica.ejected or due_a_trial(replica, now)
         ] or [replica.hold_until for replica in self._replicas]
-        if min(holds) <= now:
-            return None
-        return min(holds) - now
+        held = min(holds) - now
+        return held if held > 0 else None
 
     # --- the attempt ----------------------------------------------------------------------
 
@@ -335,7 +334,8 @@ class JudgeFleet:
         if replica.in_flight == 1:
             replica.quiet_since = started
         if call.ticket is not None:
-            call.ticket.went_to(replica.label, partial(self._timed_out, replica, trial))
+            # its own deadline (the Comparator says so): the replica took all of it, a failure
+            call.ticket.went_to(replica.label, partial(self._failed, replica, trial))
         try:
             if self._stall_after is None:
                 reply = await replica.judge.attempt(call)
@@ -365,7 +365,7 @@ class JudgeFleet:
             raise
         except BaseException:
             # Cancelled: by the attempt's own deadline (the Comparator says so through the
-            # ticket, `_timed_out`) or from outside (neither an answer nor a failure).
+            # ticket, `_failed`) or from outside (neither an answer nor a failure).
             self._left(replica)
             raise
         self._finished(replica, started, answered=True)
@@ -475,21 +475,18 @@ class JudgeFleet:
             replica.in_flight,
             self._stall_after,
             self._backoff,
-            sum(1 for r in self._replicas if not r.ejected),
+            self._serving(),
             len(self._replicas),
         )
         self._check_outage(replica, now)
 
-    def _timed_out(self, replica: _Replica, trial: bool, error: JudgeAttemptError) -> None:
-        """The Comparator: this attempt's own deadline ended it; the replica took all of it."""
-        self._failed(replica, trial, error)
-
-    def _answered(self, replica: _Replica, trial: bool) -> None:
-        """It answered: in service at once, whatever kind of attempt it answered."""
+    def _answered(self, replica: _Replica, trial: bool, what: str | None = None) -> None:
+        """It answered (`what`: a probe, else an attempt): in service at once, whatever it
+        answered."""
         replica.consecutive = 0
         replica.streak += 1
         if replica.ejected:
-            self._back(replica, "a trial attempt" if trial else "an attempt")
+            self._back(replica, what or ("a trial attempt" if trial else "an attempt"))
 
     def _back(self, replica: _Replica, what: str) -> None:
         now = trio.current_time()
@@ -528,12 +525,11 @@ class JudgeFleet:
         replica.last_failure = now
         replica.unreachable = True
         if replica.ejected:
-            if trial:  # as any failed trial: stay out, twice as long
-                replica.backoff = min(max(EJECT_BACKOFF_MAX_S, self._backoff), replica.backoff * 2)
-                replica.eject_until = now + replica.backoff
+            if trial:
+                self._trial_failed(replica, now)
         else:
             self._eject(replica, now)
-            serving = sum(1 for r in self._replicas if not r.ejected)
+            serving = self._serving()
             if serving:  # else the outage's own line says it
                 log.warning(
                     "judge replica %s cannot be reached (%s); out until a probe or a trial "
@@ -549,7 +545,7 @@ class JudgeFleet:
     def _check_outage(self, replica: _Replica, now: float) -> None:
         """After `replica` was taken out: when no replica is left in service, the judge is
         unreachable from now on (one WARNING), and every replica is probed."""
-        if self._down_since is not None or any(not r.ejected for r in self._replicas):
+        if self._down_since is not None or self._serving():
             return
         self._down_since = now
         self._back_event = trio.Event()
@@ -581,9 +577,8 @@ class JudgeFleet:
                     return  # a trial reached it meanwhile, or the others are back
                 problem = await self._probe(replica)
                 if problem is None:
-                    replica.consecutive = 0
-                    replica.streak += 1
-                    self._back(replica, "a probe")
+                    # back unless an attempt brought it back during the probe
+                    self._answered(replica, False, "a probe")
                     return
                 log.debug("judge replica %s probe failed: %s", replica.label, problem)
                 wait = min(2.0 * wait, self._probe_max)
@@ -648,10 +643,10 @@ class JudgeFleet:
         replica, the request, not the replicas, is at fault (a prompt the model's template
         rejects, a context the server cannot take): this one is not counted against the
         replica, and the previous one is taken back. Otherwise it counts as any failure."""
-        previous = ticket.previous if ticket is not None else None
         if ticket is None:
             self._failed(replica, trial, error)
             return
+        previous = ticket.previous
         ticket.server_error = True
         if previous is not None and previous.server_error and previous.replica != replica.label:
             self._noted(replica, error)
@@ -688,9 +683,8 @@ class JudgeFleet:
         replica.consecutive += 1
         replica.last_failure = now
         if replica.ejected:
-            if trial:  # the trial failed: stay out, twice as long
-                replica.backoff = min(max(EJECT_BACKOFF_MAX_S, self._backoff), replica.backoff * 2)
-                replica.eject_until = now + replica.backoff
+            if trial:
+                self._trial_failed(replica, now)
             # Any other attempt on an ejected replica (every replica was out) is no trial: it
             # neither doubles nor extends the back-off.
             return
@@ -703,10 +697,19 @@ class JudgeFleet:
                 replica.consecutive,
                 one_line(error.describe(), 200),
                 self._backoff,
-                sum(1 for r in self._replicas if not r.ejected),
+                self._serving(),
                 len(self._replicas),
             )
             self._check_outage(replica, now)
+
+    def _trial_failed(self, replica: _Replica, now: float) -> None:
+        """A trial attempt of ejected `replica` failed: it stays out, twice as long."""
+        replica.backoff = min(max(EJECT_BACKOFF_MAX_S, self._backoff), replica.backoff * 2)
+        replica.eject_until = now + replica.backoff
+
+    def _serving(self) -> int:
+        """How many replicas are in service (not ejected)."""
+        return sum(1 for r in self._replicas if not r.ejected)
 
     def _eject(self, replica: _Replica, now: float) -> None:
         replica.ejected = True
