@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar, final
 
@@ -58,6 +58,7 @@ __all__ = [
     "Prompt",
     "RolloutResult",
     "Scored",
+    "all_at_once",
     "one_error",
     "rewards_of",
     "scored_mean",
@@ -458,6 +459,17 @@ def one_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     if len(distinct) > 1:
         found[0].add_note(f"{len(found)} errors: {'; '.join(distinct)}")
     return found[0]
+
+
+async def all_at_once(calls: Iterable[Callable[[], Coroutine[Any, Any, object]]]) -> None:
+    """Run the calls concurrently (the trainer adapters' groups of one batch); when one fails
+    the others are cancelled and `one_error` of the failure is raised, not a group."""
+    try:
+        async with anyio.create_task_group() as tasks:
+            for call in calls:
+                tasks.start_soon(call)
+    except BaseExceptionGroup as failed:
+        raise one_error(failed) from failed
 
 
 _T = TypeVar("_T")

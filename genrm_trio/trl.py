@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, final
 
-import anyio
 import trio
 
 from genrm_trio.client import (
@@ -47,7 +46,7 @@ from genrm_trio.client import (
     GroupSizeError,
     Prompt,
     RolloutResult,
-    one_error,
+    all_at_once,
     rewards_of,
 )
 
@@ -213,12 +212,7 @@ class GenRMReward:
                 for (position, _), result in zip(group.members, scored, strict=True):
                     results[position] = result
 
-            try:
-                async with anyio.create_task_group() as tasks:
-                    for group in groups:
-                        tasks.start_soon(one, group)
-            except BaseExceptionGroup as failed:  # the client's typed error, not a group
-                raise one_error(failed) from failed
+            await all_at_once(partial(one, group) for group in groups)
         return [result for result in results if result is not None]
 
 

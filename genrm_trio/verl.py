@@ -33,7 +33,6 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
-import anyio
 import trio
 
 from genrm_trio.client import (
@@ -42,7 +41,7 @@ from genrm_trio.client import (
     Masked,
     RolloutResult,
     Scored,
-    one_error,
+    all_at_once,
     scored_mean,
 )
 
@@ -113,12 +112,7 @@ async def _score(
             for position, reward in zip(positions, impute_masked(results), strict=True):
                 rewards[position] = reward
 
-        try:
-            async with anyio.create_task_group() as tasks:
-                for prompt, positions in groups:
-                    tasks.start_soon(one, prompt, positions)
-        except BaseExceptionGroup as failed:  # the client's typed error, not a group
-            raise one_error(failed) from failed
+        await all_at_once(partial(one, prompt, positions) for prompt, positions in groups)
     return [reward for reward in rewards if reward is not None]
 
 
