@@ -16,6 +16,7 @@ from typing import Any, Final
 __all__ = [
     "ALLOWED_ROLES",
     "EMPTY_ANSWER_PLACEHOLDER",
+    "ID_LOGGED_LIMIT",
     "ID_SHOWN_LIMIT",
     "HistoryError",
     "answer_text",
@@ -35,6 +36,8 @@ _ROLE_PREVIEW_CHARS: Final = 60
 # A group id or cohort key shows at most this many characters in a message (a 409/503 detail, a
 # stored failure): with the message around it, well inside failure_reason's 2,000.
 ID_SHOWN_LIMIT: Final = 1000
+# A cohort key shows at most this many characters in a log line or a repr (one line per cohort).
+ID_LOGGED_LIMIT: Final = 160
 
 
 class HistoryError(ValueError):

@@ -33,7 +33,7 @@ from genrm_trio.domain.model import (
     Scored,
 )
 from genrm_trio.domain.records import COMPRESS_FROM, MemberRecord, TerminalRecord, compressed
-from genrm_trio.domain.text import shown_id
+from genrm_trio.domain.text import ID_LOGGED_LIMIT, shown_id
 from genrm_trio.engine import machine
 
 if TYPE_CHECKING:
@@ -202,9 +202,8 @@ class Cohort:
             self.released.set()
 
     def __repr__(self) -> str:
-        return (
-            f"<Cohort key={shown_id(self.key, 160)} state={self.state} members={len(self.members)}>"
-        )
+        key = shown_id(self.key, ID_LOGGED_LIMIT)
+        return f"<Cohort key={key} state={self.state} members={len(self.members)}>"
 
     @property
     def legacy(self) -> bool:
@@ -236,11 +235,7 @@ class Cohort:
         Synchronous (the engine's registry section)."""
         index = member.index
         if self.prompt_digest != digest:
-            raise RequestRejected(
-                Rejection.CONFLICT,
-                f"GenRM cohort {shown_id(self.key)} received inconsistent prompt or principle "
-                "content",
-            )
+            raise self._conflict("received inconsistent prompt or principle content")
         state = self.state
         if state == "failed":
             return self.failure_outcome()
@@ -248,39 +243,33 @@ class Cohort:
             assert self.record is not None
             record = self.record.members.get(index)
             if record is None:
-                raise RequestRejected(
-                    Rejection.CONFLICT,
-                    f"GenRM cohort {shown_id(self.key)} is already {machine.wire_phase(state)}; "
-                    f"rollout_index={index} cannot be added",
-                )
+                raise self._cannot_add(index)
             if not record.masked_alone and record.response_digest != member.response_digest:
-                raise RequestRejected(
-                    Rejection.CONFLICT,
-                    f"GenRM cohort {shown_id(self.key)} already has a different response for "
-                    f"rollout_index={index}",
-                )
+                raise self._conflict(f"already has a different response for rollout_index={index}")
             return self.outcome_of(record)
         present = self.members.get(index)
         waiter = Waiter()
         if present is not None:
             if present.response_digest != member.response_digest:
-                raise RequestRejected(
-                    Rejection.CONFLICT,
-                    f"GenRM cohort {shown_id(self.key)} already has a different response for "
-                    f"rollout_index={index}",
-                )
+                raise self._conflict(f"already has a different response for rollout_index={index}")
             present.waiters.append(waiter)
             return waiter
         if state != "collecting":
-            raise RequestRejected(
-                Rejection.CONFLICT,
-                f"GenRM cohort {shown_id(self.key)} is already {machine.wire_phase(state)}; "
-                f"rollout_index={index} cannot be added",
-            )
+            raise self._cannot_add(index)
         member.waiters.append(waiter)
         self.add_member(member)
         machine.start_judging(self)  # guarded by is_full: a no-op until all N are present
         return waiter
+
+    def _conflict(self, what: str) -> RequestRejected:
+        """A 409 of `attach`: "GenRM cohort <key> <what>"."""
+        return RequestRejected(Rejection.CONFLICT, f"GenRM cohort {shown_id(self.key)} {what}")
+
+    def _cannot_add(self, index: int) -> RequestRejected:
+        """A new slot once the group is complete (or terminal)."""
+        return self._conflict(
+            f"is already {machine.wire_phase(self.state)}; rollout_index={index} cannot be added"
+        )
 
     # --- state machine callbacks (named in machine.STATES / TRANSITIONS) ----------------------
 

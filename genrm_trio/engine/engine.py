@@ -51,12 +51,18 @@ from genrm_trio.domain.model import (
     VerifyInput,
 )
 from genrm_trio.domain.records import OpenRecord, TerminalRecord, WatermarkRecord
-from genrm_trio.domain.text import answer_text, reasoning_text, response_digest, shown_id
+from genrm_trio.domain.text import (
+    ID_LOGGED_LIMIT,
+    answer_text,
+    reasoning_text,
+    response_digest,
+    shown_id,
+)
 from genrm_trio.engine.cohort import Cohort, Member, Waiter
 from genrm_trio.engine.compare import Comparisons
 from genrm_trio.engine.evaluation import MemberText, default_result
 from genrm_trio.engine.keys import RUBRIC_REQUIRED, CohortKey, cohort_key
-from genrm_trio.engine.registry import KEY_LOG_LIMIT, Registry
+from genrm_trio.engine.registry import Registry
 from genrm_trio.engine.restore import apply_restore, plan_restore
 from genrm_trio.engine.run import GroupRunner
 from genrm_trio.judge.attempts import Comparator, ComparatorStatistics
@@ -322,7 +328,7 @@ class Engine:
                 cohort.fail(
                     "cohort",
                     f"GenRM durable store could not record cohort "
-                    f"{shown_id(key, KEY_LOG_LIMIT)}: {type(failure).__name__}: {failure}",
+                    f"{shown_id(key, ID_LOGGED_LIMIT)}: {type(failure).__name__}: {failure}",
                 )
             opening.set()
         if failure is not None:
@@ -419,7 +425,7 @@ class Engine:
             for n, error in enumerate(errors, 1):
                 log.error(
                     "GenRM cohort evaluation failed for key=%s%s",
-                    shown_id(cohort.key, KEY_LOG_LIMIT),
+                    shown_id(cohort.key, ID_LOGGED_LIMIT),
                     f" ({n} of {len(errors)} errors)" if len(errors) > 1 else "",
                     exc_info=error,
                 )
@@ -449,13 +455,13 @@ class Engine:
                 except Exception:
                     log.exception(
                         "GenRM durable store failed to commit key=%s",
-                        shown_id(cohort.key, KEY_LOG_LIMIT),
+                        shown_id(cohort.key, ID_LOGGED_LIMIT),
                     )
                 except trio.Cancelled:  # shielded by the caller: only its deadline gets here
                     log.error(
                         "GenRM durable store did not confirm the commit of key=%s within %ss "
                         "(state_commit_timeout_s); answering without it",
-                        shown_id(cohort.key, KEY_LOG_LIMIT),
+                        shown_id(cohort.key, ID_LOGGED_LIMIT),
                         self._commit_timeout_s,
                     )
                     raise

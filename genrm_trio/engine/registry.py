@@ -27,7 +27,7 @@ from typing import Final, final
 from genrm_trio.config import Settings
 from genrm_trio.domain.model import CohortView, Rejection, RequestRejected
 from genrm_trio.domain.retention import Retention
-from genrm_trio.domain.text import shown_id
+from genrm_trio.domain.text import ID_LOGGED_LIMIT, shown_id
 from genrm_trio.engine.cohort import Cohort
 from genrm_trio.engine.machine import ACTIVE_STATES
 from genrm_trio.metrics import MASKED_ALONE, MASKED_WHOLE_GROUP, Metrics
@@ -36,7 +36,6 @@ __all__ = ["Registry", "RegistryStatistics", "Watermark"]
 
 log = logging.getLogger("genrm_trio.cohort")
 
-KEY_LOG_LIMIT: Final = 160
 _COMPACT_SLACK: Final = 64
 
 
@@ -330,7 +329,7 @@ class Registry:
                     if watermark is not None:
                         self._index_watermark(group_id, watermark)
         self._metrics.cohorts_terminal.labels(record.state).inc()
-        key = shown_id(cohort.key, KEY_LOG_LIMIT)
+        key = shown_id(cohort.key, ID_LOGGED_LIMIT)
         members = len(cohort.members)
         self._metrics.cohort_rollouts.labels(record.state).inc(members)
         if record.phase == "completed":

@@ -23,7 +23,7 @@ import trio
 
 from genrm_trio.config import Settings
 from genrm_trio.domain.scoring import PlannedComparison, plan_comparisons, plan_fixed_baseline
-from genrm_trio.domain.text import judge_text, shown_id
+from genrm_trio.domain.text import ID_LOGGED_LIMIT, judge_text, shown_id
 from genrm_trio.engine import machine
 from genrm_trio.engine.cohort import Cohort, Member
 from genrm_trio.engine.evaluation import (
@@ -36,7 +36,6 @@ from genrm_trio.engine.evaluation import (
 )
 from genrm_trio.engine.offload import score_off_loop
 from genrm_trio.engine.readiness import Readiness, ReadinessIndex
-from genrm_trio.engine.registry import KEY_LOG_LIMIT
 from genrm_trio.judge.attempts import Comparator
 from genrm_trio.judge.base import JudgeCall, JudgeError, Usage, one_line, unreachable_note
 from genrm_trio.judge.queue import JudgeQueue, QueueGroup, QueueTicket
@@ -158,8 +157,8 @@ class GroupRunner:
             index = ReadinessIndex(plan, cohort.size)
             slots = cohort.size + 1  # the baseline is index N
         else:
-            if self._shared_plan is None:
-                self._shared_plan = self._plan(cohort.size)
+            # made in __init__: a rollout cohort exists only when N > 1 (`Settings.cohorting`)
+            assert self._shared_plan is not None
             plan, index = self._shared_plan
             slots = cohort.size
         evaluation = Evaluation(
@@ -297,7 +296,7 @@ class GroupRunner:
             cohort.fail("judge", outcome.message)
         elif not machine.publish(cohort, outcomes=outcome):
             log.debug(
-                "Discarding late GenRM completion for key=%s", shown_id(cohort.key, KEY_LOG_LIMIT)
+                "Discarding late GenRM completion for key=%s", shown_id(cohort.key, ID_LOGGED_LIMIT)
             )
 
     async def _verify_comparison(

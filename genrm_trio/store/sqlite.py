@@ -44,7 +44,7 @@ from genrm_trio.config import Settings
 from genrm_trio.domain.model import SHUTTING_DOWN
 from genrm_trio.domain.records import OpenRecord, TerminalRecord, WatermarkRecord, members_json
 from genrm_trio.domain.retention import Retention
-from genrm_trio.domain.text import shown_id
+from genrm_trio.domain.text import ID_LOGGED_LIMIT, shown_id
 from genrm_trio.store.codec import int_column, optional_text_column, text_column
 from genrm_trio.store.errors import StoreError
 from genrm_trio.store.group_commit import GroupCommit, GroupCommitHandle
@@ -78,7 +78,6 @@ log = logging.getLogger("genrm_trio.store")
 # "What happens at start") instead of answering "shutting down" forever.
 # The TTL pass runs at most this often (wall seconds); the count cap is checked on every commit.
 _TTL_PRUNE_INTERVAL_S: Final = 1.0
-_KEY_LOG_LIMIT: Final = 160
 Synchronous = Literal["NORMAL", "FULL"]
 # One queued operation: it stages its rows, in the writer thread, inside the transaction.
 _Apply = Callable[[sqlite3.Cursor, float], None]
@@ -410,7 +409,7 @@ class SqliteStore(CommitsBySubmit):
         except (TypeError, ValueError) as exc:
             raise StoreError(
                 self.path,
-                f"cannot store the record of key {shown_id(record.key, _KEY_LOG_LIMIT)}: "
+                f"cannot store the record of key {shown_id(record.key, ID_LOGGED_LIMIT)}: "
                 f"{type(exc).__name__}: {exc}",
             ) from exc
         return _TerminalRows(key, record.retained, cohort)

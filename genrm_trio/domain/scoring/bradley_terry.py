@@ -189,6 +189,8 @@ def _cg_solve(
     symmetric positive definite with eigenvalues in [λ, λ + 2·max weighted degree], so CG
     converges; x from 0 keeps bᵀx > 0, an ascent direction for Newton."""
     n = len(b)
+    if not all(math.isfinite(v) and v > 0 for v in diagonal):
+        return [math.nan] * n
     if _dense(n, len(pairs)):
         matrix = [[0.0] * n for _ in range(n)]
         for v in range(n):
@@ -210,8 +212,6 @@ def _cg_solve(
                 y[c] -= w * x[a]
             return y
 
-    if not all(math.isfinite(v) and v > 0 for v in diagonal):
-        return [math.nan] * n
     inverse = [1.0 / v for v in diagonal]
     x = [0.0] * n
     r = list(b)

@@ -79,11 +79,7 @@ def algebraic_connectivity(n: int, offsets: tuple[int, ...]) -> float:
     with these offsets (0 when it is disconnected). The offset n/2 (n even) counts once."""
     opposite = n % 2 == 0 and n // 2 in offsets
     rows = _eigenvalue_rows(n, range(1, (n + 1) // 2))
-    total = _opposite_row(n, opposite)
-    for s in offsets:
-        if 2 * s != n:
-            total = list(map(add, total, rows[s]))
-    return min(total)
+    return _score(rows, _opposite_row(n, opposite), tuple(s for s in offsets if 2 * s != n))
 
 
 @functools.cache
