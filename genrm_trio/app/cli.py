@@ -195,7 +195,7 @@ def _serve_settings(args: argparse.Namespace) -> Settings:
         )
     if not sim and not settings.judge.api_chosen:
         # said here in the words of the command line; the judge's constructor
-        # (make_http_judge) refuses the same settings for library users
+        # (make_judge) refuses the same settings for library users
         if args.judge_url is not None:
             raise ConfigError(
                 FLAGS_FILE,

@@ -239,9 +239,10 @@ class Comparator:
 
     async def _sleep(self, retry: int, retry_after: float | None, ticket: QueueTicket) -> None:
         """The sleep before retry number `retry`, sized against the enclosing deadline, and
-        sized again when the group's deadline is set during it (its last member arrived while
-        an eager comparison slept): a sleep never outlives a deadline set while it runs, so
-        eager starts leave the rows as they would be without them (D48)."""
+        sized again when the group's deadline, set during it (its last member arrived while an
+        eager comparison slept), comes before the sleep's chosen end: a sleep never outlives a
+        deadline set while it runs, so eager starts leave the rows as they would be without
+        them (D48)."""
         if retry_after is not None and self._fleet is not None:
             # Held back is the replica that sent it: wait only when every replica is.
             retry_after = self._fleet.held_back_for()

@@ -6,8 +6,9 @@ pool); a single URL is a fleet of one replica, so that one judge and several are
 reported one way. With one replica nothing below changes one judge's behaviour: a failure is not
 "retried elsewhere" (the `Comparator` retries a replica's failures only with two replicas or
 more), a `Retry-After` is waited out (`held_back_for`), no replica can stall (that needs another
-one answering), and ejecting it takes no attempt away from it (all ejected: attempts still go
-out). Every attempt goes to one replica:
+one answering), and ejecting it takes no attempt away from it in a fleet nothing watches (all
+ejected: attempts still go out); under an engine, which watches the fleet, every replica out is
+an outage and comparisons wait for a probe (`wait_reachable`). Every attempt goes to one replica:
 
 - **routing**: the replica with the fewest attempts in flight, ties broken round robin, skipping
   ejected replicas, replicas at `judge.max_concurrency_per_replica`, and, while another can take
