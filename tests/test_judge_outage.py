@@ -114,6 +114,10 @@ def sample(engine: Engine, name: str) -> float | None:
     return engine.metrics.registry.get_sample_value(name)
 
 
+def sample_labelled(engine: Engine, name: str, **labels: str) -> float | None:
+    return engine.metrics.registry.get_sample_value(name, labels)
+
+
 def masked(engine: Engine) -> float:
     """Every masked rollout, whatever its cause."""
     registry = engine.metrics.registry
@@ -167,6 +171,11 @@ async def test_a_single_judge_down_for_30s_masks_nothing_and_costs_no_attempt(
         }
         metrics["masked"] = masked(engine)
         unreached = engine.statistics().judge.unreached
+        calls = engine.statistics().judge.calls
+        outcomes = {
+            outcome: sample_labelled(engine, "genrm_trio_judge_calls_total", outcome=outcome)
+            for outcome in ("completed", "transport_error")
+        }
     assert all(isinstance(r, Scored) for rows in replies.values() for r in rows), replies
     # g0: 4 answers; g1: 4 calls refused at t = 3 (not attempts), then, like g2's 4, sent when
     # the probe at 35.5 finds the judge back; all answered at 36.5.
@@ -191,6 +200,10 @@ async def test_a_single_judge_down_for_30s_masks_nothing_and_costs_no_attempt(
     stats = judge.replica_stats()[0]
     assert (stats.ejected, stats.calls, stats.failures) == (False, 12, 0)
     assert unreached == 4  # g1's refused calls, none of them an attempt
+    # and neither the comparator's calls nor judge_calls_total count them (they counted 16 calls
+    # and 4 transport errors before)
+    assert calls == 12
+    assert outcomes == {"completed": 12.0, "transport_error": 0.0}
     lines = [(r.levelname, r.getMessage()) for r in caplog.records if "judge" in r.getMessage()]
     outage_lines = [line for line in lines if "unreachable" in line[1]]
     assert outage_lines == [

@@ -263,17 +263,17 @@ class GroupRunner:
         s = self.settings
         timeout = s.cohort_evaluation_timeout_s
         if deadline:
+            # one group ended by its deadline, whatever its policy does with it
+            self.metrics.deadline_failures.labels("evaluation").inc()
             # comparisons that waited for a judge that could not be reached say so
             why = unreachable_note(self._comparator.unreachable_for())
             if s.evaluation_deadline_policy == "fail_group":
-                self.metrics.deadline_failures.labels("evaluation").inc()
                 cohort.fail(
                     "judge", f"GenRM cohort evaluation deadline exceeded after {timeout}s{why}"
                 )
                 return
             for c in evaluation.pending():  # mask_pending (docs/differences.md, D12)
                 planned = evaluation.plan[c]
-                self.metrics.deadline_failures.labels("evaluation").inc()
                 self._comparison_failed(
                     cohort,
                     evaluation,
