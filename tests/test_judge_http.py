@@ -1151,7 +1151,9 @@ async def test_a_judge_key_reaches_the_probe_as_it_reaches_the_calls(
     config = settings(max_response_bytes=1024)
     caplog.set_level(logging.WARNING, logger="genrm_trio.serve")
     with trio.fail_after(60):
-        assert await probe_judge(config, None, backend=recorder.network) is False
+        # too large a reply: no answer, but the judge is reached (not down from the start)
+        report = await probe_judge(config, None, backend=recorder.network)
+        assert (report.answered, report.unreachable) == (False, ())
         with pytest.raises(JudgeTransportError) as info:
             await make_http_judge(config, backend=recorder.network).attempt(CALL)
     assert info.value.type_name == "ResponseTooLarge"
