@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Final, Protocol, final
+from typing import TYPE_CHECKING, Final, Protocol, assert_never, final
 
 import trio
 from transitions import EventData
@@ -345,9 +345,13 @@ class Cohort:
         """The terminal outcome of slot ``index`` (requires a terminal record)."""
         record = self.record
         assert record is not None
-        if record.phase == "failed":
-            return self.failure_outcome()
-        return self.outcome_of(record.members[index])
+        match record.phase:  # exhaustive: mypy fails here until a new phase has its case
+            case "failed":
+                return self.failure_outcome()
+            case "completed":
+                return self.outcome_of(record.members[index])
+            case _:
+                assert_never(record.phase)
 
     def outcome_of(self, member: MemberRecord) -> MemberOutcome:
         """The reply of one member record of this (completed) cohort."""
