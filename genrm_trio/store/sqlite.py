@@ -336,10 +336,6 @@ class SqliteStore(CommitsBySubmit):
         self._check_open()
         return self._commits.enqueue(apply, sync=sync and self._fsync_terminal)
 
-    async def _submit(self, apply: _Apply, *, sync: bool = False) -> None:
-        """Queue one operation and wait for it."""
-        await self._enqueue(apply, sync=sync).wait()
-
     def _apply_sync(self, batch: list[_Apply]) -> None:
         """One write transaction for ``batch`` plus retention (writer thread)."""
         cur = self._db.cursor()
