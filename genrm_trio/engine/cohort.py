@@ -196,7 +196,6 @@ class Cohort:
         self.comparisons_total = 0
         self.comparisons_done = 0
         self.comparisons_failed = 0
-        self.comparisons_started = 0  # started while collecting (eager_comparisons)
         self._host = host
         if record is not None:
             self.released.set()
@@ -279,9 +278,6 @@ class Cohort:
     def has_masked_members(self, event: EventData) -> bool:
         outcomes: Mapping[int, MemberOutcome] = event.kwargs["outcomes"]
         return any(isinstance(o, Masked) for o in outcomes.values())
-
-    def on_comparisons_started(self, event: EventData) -> None:
-        self.comparisons_started += event.kwargs["count"]
 
     def on_enter_judging(self, event: EventData) -> None:
         self.complete_at = trio.current_time()

@@ -212,7 +212,7 @@ class GroupRunner:
             ready = run.readiness.arrive(present)
             # Claimed only once the machine agrees (machine.start_comparisons): a comparison it
             # refuses stays unstarted, for the complete group (`readiness.rest`).
-            if ready and machine.start_comparisons(cohort, count=len(ready)):
+            if ready and machine.start_comparisons(cohort):
                 run.readiness.take(ready)
                 self.metrics.eager_comparisons.inc(len(ready))
                 self._start_eagerly(run, nursery, ready)
