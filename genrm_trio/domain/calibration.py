@@ -76,7 +76,7 @@ MAX_COMPLETION_CHARS: Final = 1_000_000  # one answer; the judge sees it whole
 MAX_LINE_CHARS: Final = 64_000_000
 
 _NORMAL: Final = NormalDist()
-_GRID: Final = 401  # quadrature points over the latent quality difference
+_GRID: Final = 400  # quadrature points over the latent quality difference
 _LOWEST_NOISE: Final = 1e-3
 _HIGHEST_NOISE: Final = 50.0
 
@@ -334,10 +334,11 @@ def consistency(noise: float, bias: float) -> float:
     N(0, 2), a wins shown first with Φ((Δ + bias)/noise) and shown second with
     Φ((Δ − bias)/noise), independently given Δ."""
     spread = 8.0 * math.sqrt(2.0)
-    step = 2 * spread / (_GRID - 1)
+    step = 2 * spread / _GRID
     total = 0.0
     for n in range(_GRID):
-        delta = -spread + n * step
+        # midpoints: Δ = 0, where a near-noiseless judge's two orders switch, is never one
+        delta = -spread + (n + 0.5) * step
         weight = math.exp(-delta * delta / 4.0) / math.sqrt(4.0 * math.pi) * step
         first = _cdf((delta + bias) / noise)
         second = _cdf((delta - bias) / noise)

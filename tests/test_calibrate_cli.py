@@ -1,0 +1,240 @@
+"""`genrm-trio calibrate` end to end against the in-process simulated judge (genrm_trio/app/
+calibrate.py; docs/operations.md, "Calibrating the judge"): the call count it announces and makes,
+the JSON, resuming, stopping, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from genrm_trio import Settings
+from genrm_trio.app.calibrate import Calibration, judge_groups
+from genrm_trio.app.cli import main
+from genrm_trio.domain.calibration import RolloutGroup
+from genrm_trio.testing import SimConfig, SimJudge
+from genrm_trio.testing.judgment import JUDGMENT_PRESETS
+
+pytestmark = pytest.mark.usefixtures("restore_logging")
+
+SIZE = 4
+KEYS = {
+    "recommended",
+    "frontier",
+    "position_bias",
+    "order_consistency",
+    "cycle_share",
+    "calls_made",
+}
+
+
+def _rollouts(tmp_path: Path, groups: int, size: int = SIZE) -> Path:
+    path = tmp_path / "rollouts.jsonl"
+    lines = [
+        json.dumps(
+            {
+                "prompt": f"Task {g}: which answer is right?",
+                "completions": [f"answer {g}.{i}, worked through" for i in range(size)],
+            }
+        )
+        for g in range(groups)
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _config(tmp_path: Path, size: int = SIZE) -> Path:
+    path = tmp_path / "genrm.yaml"
+    path.write_text(f"num_rollouts_per_prompt: {size}\n", encoding="utf-8")
+    return path
+
+
+def _run(tmp_path: Path, *extra: str, groups: int = 2) -> int:
+    return main(
+        [
+            "calibrate",
+            "--config",
+            str(_config(tmp_path)),
+            "--input",
+            str(tmp_path / "rollouts.jsonl"),
+            "--judge",
+            "sim",
+            "--judgment",
+            "comparative",
+            "--simulated-groups",
+            "20",
+            "--groups",
+            str(groups),
+            *extra,
+        ]
+    )
+
+
+def test_calibrate_end_to_end_writes_every_figure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _rollouts(tmp_path, 5)
+    out = tmp_path / "calibration.json"
+    assert _run(tmp_path, "--json", str(out), groups=3) == 0
+    printed = capsys.readouterr().out
+    assert "Judging 3 groups of 4, every pair in both orders: 12 calls a group, 36 judge" in printed
+    assert "comparison_strategy:" in printed
+    assert "aggregator_method:" in printed
+    record = json.loads(out.read_text(encoding="utf-8"))
+    assert set(record) >= KEYS
+    assert record["calls_made"] == 36
+    assert record["groups_measured"] == 3
+    assert [g["key"] for g in record["groups"]] == ["line 1", "line 2", "line 3"]
+    assert all(len(g["verdicts"]) == 12 for g in record["groups"])
+    # every pair of every group in both orders
+    for group in record["groups"]:
+        shown = sorted((a, b) for a, b, *_ in group["verdicts"])
+        assert shown == sorted((a, b) for a in range(SIZE) for b in range(SIZE) if a != b)
+    names = {p["name"] for p in record["frontier"]}
+    assert "all_pairs J=2 bradley_terry" in names and "circular J=1 simple_tiebreaker" in names
+    assert set(record["position_bias"]) == {
+        "first_win_share",
+        "first_win_excess",
+        "mean_score_shift",
+    }
+    assert 0.0 <= record["order_consistency"] <= 1.0
+    recommended = record["recommended"]
+    assert recommended["config_lines"][0].startswith("comparison_strategy: ")
+    best = max(
+        p["kendall_tau"] for p in record["frontier"] if p["calls_per_group"] <= SIZE * 3 // 2
+    )
+    assert recommended["kendall_tau"] >= best - 0.02
+    assert (
+        "judge calls per group of 4" in recommended["saving"]
+        or "No saving" in (recommended["saving"])
+    )
+
+
+def test_a_second_run_adds_groups_and_a_third_has_none_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _rollouts(tmp_path, 5)
+    out = tmp_path / "calibration.json"
+    assert _run(tmp_path, "--json", str(out), groups=3) == 0
+    first = json.loads(out.read_text(encoding="utf-8"))
+    capsys.readouterr()
+    assert _run(tmp_path, "--json", str(out), groups=3) == 0
+    printed = capsys.readouterr().out
+    assert "3 groups measured before (36 calls); adding 2." in printed
+    second = json.loads(out.read_text(encoding="utf-8"))
+    assert second["calls_made"] == 60
+    assert [g["key"] for g in second["groups"]] == [f"line {n}" for n in range(1, 6)]
+    assert second["groups"][:3] == first["groups"]  # what was measured is kept as it was
+    assert _run(tmp_path, "--json", str(out), groups=3) == 0
+    assert "Judging 0 groups" in capsys.readouterr().out
+    assert json.loads(out.read_text(encoding="utf-8"))["calls_made"] == 60
+
+
+async def test_cancelling_keeps_the_groups_judged(autojump_clock: trio.abc.Clock) -> None:
+    settings = Settings.model_validate(
+        {"num_rollouts_per_prompt": SIZE, "judge": {"max_concurrency": 64}}
+    )
+    judge = SimJudge(SimConfig(latency_s=1.0, judgment=JUDGMENT_PRESETS["comparative"]))
+    groups = [
+        RolloutGroup(
+            f"g{g}",
+            ({"role": "user", "content": "Q?"},),
+            tuple(
+                {"output": [{"type": "message", "content": [{"type": "output_text", "text": t}]}]}
+                for t in (f"a{g}.{i}" for i in range(SIZE))
+            ),
+        )
+        for g in range(5)
+    ]
+    calibration = Calibration(SIZE)
+    seen: list[float] = []
+    with trio.move_on_after(2.5):
+        await judge_groups(
+            settings,
+            judge,
+            groups,
+            calibration,
+            on_group=lambda _: seen.append(trio.current_time()),
+        )
+    # a group's 12 calls run at once for 1 s each: two groups by 2.5 s, the third cut off
+    assert seen == [1.0, 2.0]
+    assert [g.key for g in calibration.groups] == ["g0", "g1"]
+    assert calibration.calls_made == 24
+    assert judge.statistics().calls == 36
+    assert trio.current_time() == 2.5
+
+
+def test_bad_lines_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text(
+        json.dumps({"prompt": "Q", "completions": ["a", "b", "c", "d"]})
+        + "\n"
+        + json.dumps({"prompt": "Q", "completions": ["a", "b", "c"]})
+        + "\n",
+        encoding="utf-8",
+    )
+    assert _run(tmp_path) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"genrm-trio: calibrate: {path}:2: 3 completions; num_rollouts_per_prompt is 4"
+    path.write_text('{"prompt": "Q", "completions": ["a", "b", "c", "d"]}\n\n{oops\n')
+    assert _run(tmp_path) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"genrm-trio: calibrate: {path}:3: not JSON: ")
+    assert "\n" not in err
+
+
+def test_a_json_of_another_group_size_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _rollouts(tmp_path, 2)
+    out = tmp_path / "calibration.json"
+    out.write_text(
+        json.dumps(
+            {
+                "format": "genrm-trio-calibration/1",
+                "num_rollouts_per_prompt": 8,
+                "calls_made": 0,
+                "groups": [],
+            }
+        )
+    )
+    assert _run(tmp_path, "--json", str(out)) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"genrm-trio: calibrate: {out}: measured with num_rollouts_per_prompt 8, the config has 4"
+    )
+
+
+def test_without_a_judge_it_says_what_to_set(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _rollouts(tmp_path, 2)
+    code = main(
+        [
+            "calibrate",
+            "--config",
+            str(_config(tmp_path)),
+            "--input",
+            str(tmp_path / "rollouts.jsonl"),
+        ]
+    )
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"genrm-trio: config error: {tmp_path / 'genrm.yaml'}: judge.base_url: ")
+    assert "--judge sim" in err
+
+
+def test_plot_without_matplotlib_is_refused_before_any_call(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib → ImportError
+    _rollouts(tmp_path, 2)
+    out = tmp_path / "calibration.json"
+    assert _run(tmp_path, "--json", str(out), "--plot", str(tmp_path / "f.png")) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == (
+        "genrm-trio: calibrate: --plot needs matplotlib (pip install matplotlib)"
+    )
+    assert not out.exists()
