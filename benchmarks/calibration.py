@@ -158,9 +158,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "order_consistency": measurement.order_consistency,
             "cycle_share": measurement.cycle_share,
             "fit": fit.as_json(),
-            "schedules": [
-                {**p.as_json(), "true_kendall_tau": truth[p.schedule]} for p in frontier
-            ],
+            "schedules": [{**p.as_json(), "true_kendall_tau": truth[p.schedule]} for p in frontier],
             "mean_abs_error": math.fsum(abs(e) for e in errors) / len(errors),
             "max_abs_error": max(abs(e) for e in errors),
             "mean_error": math.fsum(errors) / len(errors),
