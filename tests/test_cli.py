@@ -309,8 +309,8 @@ def test_no_command_is_a_usage_error_with_the_usage_line(
     assert captured.out == ""
     assert usage_error(captured.err, "") == (
         "genrm-trio: error: a command is required: serve, demo, sim-judge, bench, calibrate, "
-        "checkpoint, gym-root, grafana-dashboard, prometheus-rules, prometheus-config or top (genrm-trio "
-        "--help describes them)"
+        "checkpoint, gym-root, grafana-dashboard, prometheus-rules, prometheus-config or top "
+        "(genrm-trio --help describes them)"
     )
 
 
