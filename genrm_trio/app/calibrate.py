@@ -286,29 +286,36 @@ def print_report(console: Console, calibration: Calibration, result: Figures) ->
 
 
 def plot(result: Figures, size: int, path: Path) -> None:
-    """τ against calls per group, one line per strategy and aggregator, the recommendation
-    marked (matplotlib: `_matplotlib` checked it is installed)."""
+    """τ against calls per group, per aggregator and number of passes, the recommendation
+    marked (matplotlib: `_matplotlib_missing` checked it is installed)."""
     import matplotlib  # type: ignore[import-not-found, unused-ignore]
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    lines: dict[str, list[FrontierPoint]] = {}
-    for p in result.frontier:
-        label = f"{p.schedule.strategy} J={p.schedule.judges}, {p.schedule.aggregator}"
-        lines.setdefault(label, []).append(p)
-    for label, points in lines.items():
-        points.sort(key=lambda p: p.calls_per_group)
-        style = "-" if "bradley_terry" in label else "--"
-        ax.plot(
-            [p.calls_per_group for p in points],
-            [p.tau for p in points],
-            style,
-            marker="o",
-            markersize=3,
-            label=label,
-        )
+    # one pass over each pair (circular is d = 2, all_pairs d = N − 1): one line per aggregator;
+    # two passes (J = 2) as points beside it
+    for aggregator, colour in (("bradley_terry", "tab:green"), ("simple_tiebreaker", "tab:blue")):
+        for judges, line in ((1, "-"), (2, "none")):
+            points = sorted(
+                (
+                    p
+                    for p in result.frontier
+                    if p.schedule.aggregator == aggregator and p.schedule.judges == judges
+                ),
+                key=lambda p: p.calls_per_group,
+            )
+            ax.plot(
+                [p.calls_per_group for p in points],
+                [p.tau for p in points],
+                linestyle=line,
+                marker="o" if judges == 1 else "x",
+                markersize=3 if judges == 1 else 7,
+                color=colour,
+                label=f"{aggregator}, J = {judges}"
+                + (" (circular, regular, all_pairs)" if judges == 1 else " (circular, all_pairs)"),
+            )
     chosen = result.recommended
     ax.plot([chosen.calls_per_group], [chosen.tau], "k*", markersize=14, label="recommended")
     ax.set_xscale("log", base=2)
