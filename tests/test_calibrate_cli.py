@@ -4,15 +4,24 @@ the JSON, resuming, stopping, and one-line errors."""
 
 from __future__ import annotations
 
+import io
 import json
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 import trio
+from rich.console import Console
 
 from genrm_trio import Settings
-from genrm_trio.app.calibrate import Calibration, judge_groups
+from genrm_trio.app.calibrate import (
+    Calibration,
+    judge_groups,
+    judge_with_progress,
+    record_json,
+    write_atomically,
+)
 from genrm_trio.app.cli import main
 from genrm_trio.domain.calibration import RolloutGroup
 from genrm_trio.testing import SimConfig, SimJudge
@@ -133,7 +142,8 @@ def test_a_second_run_adds_groups_and_a_third_has_none_left(
     assert json.loads(out.read_text(encoding="utf-8"))["calls_made"] == 60
 
 
-async def test_cancelling_keeps_the_groups_judged(autojump_clock: trio.abc.Clock) -> None:
+def _slow_judging() -> tuple[Settings, SimJudge, list[RolloutGroup]]:
+    """Five groups of 4 and a judge whose calls take 1 s: a group's 12 calls run at once."""
     settings = Settings.model_validate(
         {"num_rollouts_per_prompt": SIZE, "judge": {"max_concurrency": 64}}
     )
@@ -149,6 +159,37 @@ async def test_cancelling_keeps_the_groups_judged(autojump_clock: trio.abc.Clock
         )
         for g in range(5)
     ]
+    return settings, judge, groups
+
+
+async def test_ctrl_c_stops_cleanly_and_the_json_keeps_what_was_measured(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    settings, judge, groups = _slow_judging()
+    calibration = Calibration(SIZE)
+    out = tmp_path / "calibration.json"
+
+    def save() -> None:
+        write_atomically(out, record_json(calibration, None, simulated_groups=1, seed=0))
+
+    async def ctrl_c() -> None:
+        await trio.sleep(1.5)
+        signal.raise_signal(signal.SIGINT)
+
+    console = Console(file=io.StringIO())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ctrl_c)
+        stopped = await judge_with_progress(settings, judge, groups, calibration, save, console)
+    assert stopped
+    assert trio.current_time() == 1.5  # the second group's calls were cancelled, not awaited
+    assert judge.statistics().calls == 24
+    record = json.loads(out.read_text(encoding="utf-8"))
+    assert (record["groups_measured"], record["calls_made"]) == (1, 12)
+    assert [g["key"] for g in record["groups"]] == ["g0"]
+
+
+async def test_cancelling_keeps_the_groups_judged(autojump_clock: trio.abc.Clock) -> None:
+    settings, judge, groups = _slow_judging()
     calibration = Calibration(SIZE)
     seen: list[float] = []
     with trio.move_on_after(2.5):

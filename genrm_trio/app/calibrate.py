@@ -151,7 +151,7 @@ def load_calibration(path: Path, size: int) -> Calibration:
         raise CalibrationInputError(f"{path}: not a readable calibration file: {exc!r}") from None
 
 
-def _write_atomically(path: Path, record: dict[str, Any]) -> None:
+def write_atomically(path: Path, record: dict[str, Any]) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     os.replace(partial, path)
@@ -413,8 +413,8 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args.config)
         size = settings.num_rollouts_per_prompt
-        lines = args.input.read_text(encoding="utf-8").splitlines()
-        groups = parse_rollout_groups(lines, size, str(args.input))
+        with args.input.open(encoding="utf-8") as lines:  # streamed: one line at a time
+            groups = parse_rollout_groups(lines, size, str(args.input))
         calibration = (
             load_calibration(args.json, size)
             if args.json is not None and args.json.exists()
@@ -448,11 +448,11 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     def save() -> None:
         if args.json is not None:
             record = record_json(calibration, None, simulated_groups=simulated, seed=seed)
-            _write_atomically(args.json, record)
+            write_atomically(args.json, record)
 
     try:
         interrupted = trio.run(
-            _judge_with_progress, settings, judge, todo, calibration, save, console
+            judge_with_progress, settings, judge, todo, calibration, save, console
         )
     except CalibrationInputError as exc:  # the engine refused the groups as the config stands
         say(f"calibrate: {exc}")
@@ -474,7 +474,7 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     print_report(console, calibration, result)
     if args.json is not None:
         record = record_json(calibration, result, simulated_groups=simulated, seed=seed)
-        _write_atomically(args.json, record)
+        write_atomically(args.json, record)
         console.print(f"wrote {args.json}")
     if args.plot is not None:
         plot(result, size, args.plot)
@@ -482,7 +482,7 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _judge_with_progress(
+async def judge_with_progress(
     settings: Settings,
     judge: Judge,
     todo: Sequence[RolloutGroup],

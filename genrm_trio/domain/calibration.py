@@ -26,6 +26,7 @@ against q. The recommendation is the cheapest schedule within `TOLERANCE` of the
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections import Counter
@@ -123,8 +124,6 @@ def parse_rollout_groups(
     `{"prompt": str | messages, "completions": [str, …]}` with ``size`` completions, or a `/verify`
     body with `_ng_group_id` (its group's bodies, ``size`` of them, make one group, in
     `_ng_rollout_index` order when given). CalibrationInputError names the line for bad input."""
-    import json
-
     groups: list[RolloutGroup] = []
     verify: dict[str, list[tuple[int, int, Mapping[str, Any]]]] = {}
     verify_history: dict[str, tuple[Mapping[str, str], ...]] = {}
