@@ -26,6 +26,7 @@ from genrm_trio.domain.calibration import (
     recommend,
     schedules_for,
     simulate_frontier,
+    simulated_groups_for,
 )
 from genrm_trio.domain.scoring import plan_comparisons
 from genrm_trio.testing.judgment import JudgmentModel, judged_verdict
@@ -305,6 +306,10 @@ def test_recommend_takes_the_cheapest_within_the_tolerance_of_the_best_at_all_pa
     assert recommend(points, 16, tolerance=0.0).calls_per_group == 120
     tie = [*points, FrontierPoint(Schedule("regular", 1, "simple_tiebreaker", 8), 64, 0.75, 0.01)]
     assert recommend(tie, 16).tau == 0.75  # equally cheap: the higher τ
+
+
+def test_simulated_groups_shrink_as_groups_grow() -> None:
+    assert [simulated_groups_for(n) for n in (4, 16, 64, 256)] == [1600, 400, 100, 50]
 
 
 def test_kendall_tau_b() -> None:

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, Final
 from genrm_trio.app.arguments import positive_int, say
 from genrm_trio.config import ConfigError, Settings, load_settings
 from genrm_trio.domain.calibration import (
-    SIMULATED_GROUPS,
     TOLERANCE,
     CalibrationInputError,
     FrontierPoint,
@@ -38,6 +37,7 @@ from genrm_trio.domain.calibration import (
     parse_rollout_groups,
     recommend,
     simulate_frontier,
+    simulated_groups_for,
 )
 from genrm_trio.domain.model import CompareFailed, CompareInput, RequestRejected
 
@@ -46,7 +46,17 @@ if TYPE_CHECKING:
 
     from genrm_trio.judge.base import Judge
 
-__all__ = ["Calibration", "add_calibrate_arguments", "judge_groups", "run_calibrate_command"]
+__all__ = [
+    "Calibration",
+    "add_calibrate_arguments",
+    "judge_groups",
+    "judge_with_progress",
+    "load_calibration",
+    "record_json",
+    "reference",
+    "run_calibrate_command",
+    "write_atomically",
+]
 
 JSON_FORMAT: Final = "genrm-trio-calibration/1"
 BALANCE: Final = "alternate"
@@ -360,9 +370,9 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--simulated-groups",
         type=positive_int,
-        default=SIMULATED_GROUPS,
         metavar="N",
-        help="simulated groups per schedule",
+        help="simulated groups per schedule (default: 400 at 16 rollouts, 400·16/N above, "
+        "at least 50)",
     )
     parser.add_argument("--seed", type=int, default=0, metavar="N", help="of the simulation")
     parser.add_argument(
@@ -443,7 +453,8 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
         f"Judging {len(todo)} groups of {size}, every pair in both orders: "
         f"{per_group} calls a group, {per_group * len(todo)} judge calls in all."
     )
-    simulated, seed = args.simulated_groups, args.seed
+    simulated = args.simulated_groups or simulated_groups_for(size)
+    seed = args.seed
 
     def save() -> None:
         if args.json is not None:

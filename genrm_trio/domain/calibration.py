@@ -66,13 +66,22 @@ __all__ = [
     "recommend",
     "schedules_for",
     "simulate_frontier",
+    "simulated_groups_for",
 ]
 
 TOLERANCE: Final = 0.02
 """How far below the best estimated τ the recommendation may be (docs/scoring.md)."""
 AGGREGATORS: Final = ("simple_tiebreaker", "bradley_terry")
 TIED_SCORES_SHARE: Final = 0.9  # share of calls whose scores follow their ranking: comparative
-SIMULATED_GROUPS: Final = 400
+SIMULATED_GROUPS: Final = 400  # at 16 rollouts; `simulated_groups_for` scales it
+
+
+def simulated_groups_for(size: int) -> int:
+    """The default number of simulated groups: 400 at 16 rollouts, fewer for larger groups (a
+    group's τ is over N(N − 1)/2 pairs, so its spread shrinks as N grows), at least 50."""
+    return max(50, SIMULATED_GROUPS * 16 // max(size, 1))
+
+
 MAX_COMPLETION_CHARS: Final = 1_000_000  # one answer; the judge sees it whole
 MAX_LINE_CHARS: Final = 64_000_000
 
