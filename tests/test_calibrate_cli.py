@@ -227,6 +227,20 @@ def test_bad_lines_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFix
     assert "\n" not in err
 
 
+def test_groups_of_one_cannot_be_calibrated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "rollouts.jsonl").write_text('{"prompt": "Q", "completions": ["a"]}\n')
+    config = tmp_path / "one.yaml"
+    config.write_text("num_rollouts_per_prompt: 1\n")
+    argv = ["calibrate", "--config", str(config), "--input", str(tmp_path / "rollouts.jsonl")]
+    assert main([*argv, "--judge", "sim"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "genrm-trio: calibrate: num_rollouts_per_prompt is 1: a group needs at least 2 rollouts "
+        "to compare"
+    )
+
+
 def test_a_json_of_another_group_size_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -423,6 +423,10 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args.config)
         size = settings.num_rollouts_per_prompt
+        if size < 2:
+            raise CalibrationInputError(
+                f"num_rollouts_per_prompt is {size}: a group needs at least 2 rollouts to compare"
+            )
         with args.input.open(encoding="utf-8") as lines:  # streamed: one line at a time
             groups = parse_rollout_groups(lines, size, str(args.input))
         calibration = (
@@ -478,10 +482,17 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     if not calibration.groups:
         say("calibrate: no group was measured, so there is nothing to estimate from")
         return 1
-    with console.status("simulating every schedule under the fitted judge"):
-        result = figures(
-            calibration, simulated_groups=simulated, seed=seed, prior=settings.bradley_terry_prior
-        )
+    try:
+        with console.status("simulating every schedule under the fitted judge"):
+            result = figures(
+                calibration,
+                simulated_groups=simulated,
+                seed=seed,
+                prior=settings.bradley_terry_prior,
+            )
+    except ValueError as exc:  # nothing to fit (no pair judged in both orders)
+        say(f"calibrate: {exc}")
+        return 1
     print_report(console, calibration, result)
     if args.json is not None:
         record = record_json(calibration, result, simulated_groups=simulated, seed=seed)
