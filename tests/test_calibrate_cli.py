@@ -8,6 +8,7 @@ import io
 import json
 import signal
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from genrm_trio.app.calibrate import (
     write_atomically,
 )
 from genrm_trio.app.cli import main
-from genrm_trio.domain.calibration import RolloutGroup
+from genrm_trio.domain.calibration import GroupJudgments, RolloutGroup, ShownVerdict
 from genrm_trio.testing import SimConfig, SimJudge
 from genrm_trio.testing.judgment import JUDGMENT_PRESETS
 
@@ -293,3 +294,51 @@ def test_plot_without_matplotlib_is_refused_before_any_call(
         "genrm-trio: calibrate: --plot needs matplotlib (pip install matplotlib)"
     )
     assert not out.exists()
+
+
+class _Axes:
+    """matplotlib's Axes as far as `plot` uses it: records each line drawn."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[list[float], list[float], dict[str, object]]] = []
+
+    def plot(self, xs: list[float], ys: list[float], *args: object, **kwargs: object) -> None:
+        self.lines.append((list(xs), list(ys), {"args": args, **kwargs}))
+
+    def __getattr__(self, name: str) -> object:  # set_xscale, set_xlabel, grid, legend, ...
+        return lambda *args, **kwargs: None
+
+
+def test_plot_draws_each_aggregator_and_stars_the_recommendation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    axes, saved = _Axes(), []
+    figure = types.SimpleNamespace(
+        tight_layout=lambda: None, savefig=lambda p, dpi: saved.append(p)
+    )
+    pyplot = types.ModuleType("matplotlib.pyplot")
+    pyplot.subplots = lambda figsize: (figure, axes)  # type: ignore[attr-defined]
+    pyplot.close = lambda fig: None  # type: ignore[attr-defined]
+    matplotlib = types.ModuleType("matplotlib")
+    matplotlib.use = lambda backend: None  # type: ignore[attr-defined]
+    matplotlib.pyplot = pyplot  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "matplotlib", matplotlib)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", pyplot)
+    # four answers of qualities 0 < 1 < 2 < 3, every pair in both orders, the better one winning
+    verdicts = tuple(
+        ShownVerdict(a, b, 4.0, 2.0, 2.0) if a > b else ShownVerdict(a, b, 2.0, 4.0, 5.0)
+        for a in range(SIZE)
+        for b in range(SIZE)
+        if a != b
+    )
+    calibration = Calibration(SIZE, [GroupJudgments("g", SIZE, verdicts)], 12)
+    result = figures(calibration, simulated_groups=10, seed=0, prior=0.1)
+    plot(result, SIZE, tmp_path / "f.png")
+    assert saved == [tmp_path / "f.png"]
+    labels = [kwargs["label"] for _, _, kwargs in axes.lines]
+    assert labels[-1] == "recommended"
+    assert len(labels) == 5  # two aggregators × (one pass, two passes), and the star
+    one_pass = [xs for xs, _, kwargs in axes.lines if "J = 1" in str(kwargs["label"])]
+    assert all(xs == [4, 6] for xs in one_pass)  # circular (4 calls), all_pairs (6) at N = 4
+    star_x, star_y, _ = axes.lines[-1]
+    assert (star_x, star_y) == ([result.recommended.calls_per_group], [result.recommended.tau])
