@@ -18,8 +18,10 @@ from rich.console import Console
 from genrm_trio import Settings
 from genrm_trio.app.calibrate import (
     Calibration,
+    figures,
     judge_groups,
     judge_with_progress,
+    plot,
     record_json,
     write_atomically,
 )
