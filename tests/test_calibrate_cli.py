@@ -284,6 +284,28 @@ def test_without_a_judge_it_says_what_to_set(
     assert "--judge sim" in err
 
 
+def test_judgment_flags_need_the_simulated_judge(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _rollouts(tmp_path, 2)
+    argv = [
+        "calibrate",
+        "--config",
+        str(_config(tmp_path)),
+        "--input",
+        str(tmp_path / "rollouts.jsonl"),
+    ]
+    assert main([*argv, "--judgment", "comparative"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "genrm-trio: calibrate: --judgment and its -noise and -bias need --judge sim"
+    )
+    assert main([*argv, "--judge", "sim", "--judgment-noise", "1.6"]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == "genrm-trio: calibrate: --judgment-noise needs --judgment"
+    )
+
+
 def test_plot_without_matplotlib_is_refused_before_any_call(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

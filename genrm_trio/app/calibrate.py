@@ -402,6 +402,12 @@ def _judge(args: argparse.Namespace, settings: Settings) -> Judge:
         return SimJudge(SimConfig(judgment=model, record_calls=False))
     from genrm_trio.judge.fleet import make_judge
 
+    if (
+        args.judgment is not None
+        or args.judgment_noise is not None
+        or args.judgment_bias is not None
+    ):
+        raise CalibrationInputError("--judgment and its -noise and -bias need --judge sim")
     if settings.judge.base_url is None:
         raise ConfigError(
             str(args.config) if args.config else "<flags>",
