@@ -1,12 +1,11 @@
-"""From judged comparisons to rewards: the aggregation methods, their table, and `aggregate`
+"""From judged comparisons to rewards: the aggregation methods, their dispatch, and `aggregate`
 (docs/scoring.md sections 2, 3 and 5; D4, D8, D10, D45). Pure.
 
 An aggregation method turns the successful comparisons into base scores of the population (the
 scored members) and may report group metrics of its own; `aggregate` then applies the same
 length and style adjustments whatever the method (docs/scoring.md section 3). A new method is
-one function of the `BaseScorer` shape and its entry in `AGGREGATORS`; the key's vocabulary
-`AggregatorMethod` (config/settings.py) names it too, and tests/test_scoring_graph.py fails
-until the two agree.
+one function of the `BaseScorer` shape, its name in the key's vocabulary `AggregatorMethod`
+(config/settings.py) and its case in `aggregator`, where mypy fails until it has one.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ __all__ = [
     "flip",
     "plan_comparisons",
     "plan_fixed_baseline",
+    "shown_swapped",
     "swaps_positions",
 ]
 
@@ -142,15 +143,21 @@ def plan_comparisons(
             f"Unsupported position_balance: {position_balance!r}. Supported: {sorted(_BALANCES)}"
         )
     pairs = comparison_pairs(n, strategy, degree)
+    return [
+        PlannedComparison(i, j, k, swapped=shown_swapped(position_balance, i, j, k))
+        for k in range(judges)
+        for i, j in pairs
+    ]
+
+
+def shown_swapped(position_balance: PositionBalance, i: int, j: int, k: int) -> bool:
+    """Whether judge pass ``k`` of the pair ``(i, j)`` is shown ``j`` first: the one statement of
+    each balance's rule (docs/scoring.md, "Judge passes and position balance")."""
     match position_balance:  # exhaustive: mypy fails here until a new balance has its case
         case "none":
-            return [PlannedComparison(i, j, k) for k in range(judges) for i, j in pairs]
+            return False
         case "alternate":
-            return [
-                PlannedComparison(i, j, k, swapped=(i + j + k) % 2 == 1)
-                for k in range(judges)
-                for i, j in pairs
-            ]
+            return (i + j + k) % 2 == 1
         case _:
             assert_never(position_balance)
 
