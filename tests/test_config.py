@@ -172,6 +172,9 @@ def test_judge_defaults() -> None:
         "keepalive_expiry_s": 4.0,
         "max_response_bytes": 33554432,
         "ca_file": None,
+        "prompt": "genrm",
+        "prompt_template": None,
+        "structured_output": False,
     }
     assert judge.endpoint == "unconfigured"
 

@@ -33,7 +33,7 @@ from typing import Final, final
 
 import trio
 
-from genrm_trio.config import Settings
+from genrm_trio.config import OUTPUT_BUDGET_PARAM, Settings
 from genrm_trio.domain.verdict import Verdict, VerdictParseError, parse_overall, parse_rubric
 from genrm_trio.judge.base import (
     AttemptTicket,
@@ -131,8 +131,8 @@ class Comparator:
         self._queue = queue if queue is not None else judge_queue(judge, settings, metrics)
         self._timeout = settings.judge_request_timeout_s
         self._attempts = settings.attempts
-        params = settings.judge_create_params
-        self._budget_tokens = params.get("max_output_tokens", params.get("max_tokens"))
+        # the configured budget as given, for the log lines (also when it is not an integer)
+        self._budget_tokens = settings.judge_create_params.get(OUTPUT_BUDGET_PARAM)
         self._budget = settings.output_budget  # every comparison's first attempt asks for this
         self._escalation = settings.judge.budget_escalation
         self._rubric = settings.score_source == "rubric_mean"

@@ -262,8 +262,8 @@ def _chat_body(
 @dataclass(frozen=True, slots=True)
 class _SimApi:
     """The simulated judge's side of one judge API: the comparison a request asks for, the key
-    of its output budget, the reply body, and, for the policy stand-in, whether a request is a
-    judge call and a policy request's text."""
+    of its output budget (the API object's), the reply body, and, for the policy stand-in,
+    whether a request is a judge call and a policy request's text."""
 
     call: Callable[[Mapping[str, Any]], JudgeCall]
     budget_key: str
@@ -279,7 +279,7 @@ def _sim_api(name: JudgeApiName) -> _SimApi:
         case "genrm_model":
             return _SimApi(
                 _responses_call,
-                "max_output_tokens",
+                JUDGE_APIS[name].budget_key,
                 _responses_body,
                 _responses_shaped,
                 _responses_prompt,
@@ -287,13 +287,15 @@ def _sim_api(name: JudgeApiName) -> _SimApi:
         case "openai_responses":
             return _SimApi(
                 _openai_responses_call,
-                "max_output_tokens",
+                JUDGE_APIS[name].budget_key,
                 _responses_body,
                 _openai_responses_shaped,
                 _responses_prompt,
             )
         case "chat_completions":
-            return _SimApi(_chat_call, "max_tokens", _chat_body, _chat_shaped, _chat_prompt)
+            return _SimApi(
+                _chat_call, JUDGE_APIS[name].budget_key, _chat_body, _chat_shaped, _chat_prompt
+            )
         case _:
             assert_never(name)
 
