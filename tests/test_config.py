@@ -175,6 +175,8 @@ def test_judge_defaults() -> None:
         "prompt": "genrm",
         "prompt_template": None,
         "structured_output": False,
+        "context_tokens": None,
+        "min_output_tokens": 256,
     }
     assert judge.endpoint == "unconfigured"
 

@@ -468,7 +468,7 @@ async def _serve_on(
     from genrm_trio.app.compose import durable_engine
     from genrm_trio.http.app import create_app
     from genrm_trio.judge.fleet import make_judge
-    from genrm_trio.judge.probe import log_proxy_use, probe_judge
+    from genrm_trio.judge.probe import log_proxy_use, probe_judge, with_context_window
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         stop = trio.Event()
@@ -500,15 +500,19 @@ async def _serve_on(
         async def run() -> None:
             nonlocal listening
             the_judge = judge
+            # with judge.context_tokens learned from the probe (`max_model_len`) when unset
+            used = settings
             try:
                 if not sim:
                     log_proxy_use()
-                    await probe_judge(settings, token)
+                    windows: list[int] = []
+                    await probe_judge(settings, token, windows=windows)
+                    used = with_context_window(settings, windows)
                 if the_judge is None:
-                    the_judge = _sim_judge() if sim else make_judge(settings)
+                    the_judge = _sim_judge() if sim else make_judge(used)
                 # the durable store (state_path) loads before the socket listens
-                async with durable_engine(settings, the_judge) as engine:
-                    app = create_app(engine, settings)
+                async with durable_engine(used, the_judge) as engine:
+                    app = create_app(engine, used)
                     stop_accepting = trio.Event()
                     async with trio.open_nursery() as nursery:
                         port = await nursery.start(

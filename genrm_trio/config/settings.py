@@ -205,6 +205,10 @@ PromptStyle = Literal["genrm", "instruct"]
 instructions; `instruct` sends a system and a user message that ask any instruct model for the
 verdict (`domain.prompt`)."""
 
+DEFAULT_MIN_OUTPUT_TOKENS: Final = 256
+"""The default `judge.min_output_tokens`: a fitted budget below it is not worth a resend (a
+verdict with any reasoning needs more)."""
+
 MAX_PROMPT_TEMPLATE_BYTES: Final = 64 * 1024
 """The largest `judge.prompt_template` file read."""
 
@@ -246,6 +250,10 @@ class JudgeSettings(_Strict):
     prompt: PromptStyle = "genrm"
     prompt_template: str | None = None
     structured_output: bool = False
+    # the judge's context window; None: learned from GET /models (`max_model_len`) if it says
+    context_tokens: int | None = Field(default=None, ge=1)
+    # an attempt refused for the window is resent once with a budget that fits, if at least this
+    min_output_tokens: int = Field(default=DEFAULT_MIN_OUTPUT_TOKENS, ge=1)
 
     @field_validator("base_url", mode="before")
     @classmethod

@@ -24,7 +24,7 @@ from genrm_trio.judge.tls import proxy_variables_set
 # "genrm_trio.serve": operators filter on that name, and so do the tests (caplog).
 log = logging.getLogger("genrm_trio.serve")
 
-__all__ = ["PROBE_LIMIT_S", "log_proxy_use", "probe_judge"]
+__all__ = ["PROBE_LIMIT_S", "log_proxy_use", "probe_judge", "served_window", "with_context_window"]
 
 PROBE_LIMIT_S: Final = 5.0
 """The probe waits at most this long for each replica (less when judge_request_timeout_s is)."""
@@ -52,6 +52,38 @@ def _served_ids(body: bytes) -> list[str] | None:
     ]
 
 
+def served_window(body: bytes, model: object) -> int | None:
+    """The context window a `GET /models` reply states, as vLLM and SGLang do (`max_model_len`
+    of the entry whose `id` is `model`; of the first entry when no model is configured or none
+    has that id), or None."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return None
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list):
+        return None
+    entries = [entry for entry in data if isinstance(entry, dict)]
+    chosen = next((entry for entry in entries if entry.get("id") == model), None)
+    if chosen is None and entries:
+        chosen = entries[0]
+    window = chosen.get("max_model_len") if chosen is not None else None
+    if isinstance(window, int) and not isinstance(window, bool) and window >= 1:
+        return window
+    return None
+
+
+def with_context_window(settings: Settings, windows: list[int]) -> Settings:
+    """`settings` with `judge.context_tokens` set to the smallest window the probe read, when
+    the key is not set (a configured window wins: the operator may keep a margin of their own)."""
+    if settings.judge.context_tokens is not None or not windows:
+        return settings
+    window = min(windows)
+    log.info("judge context window: %d tokens (max_model_len from GET /models)", window)
+    judge = settings.judge.model_copy(update={"context_tokens": window})
+    return settings.model_copy(update={"judge": judge})
+
+
 def _check_model(settings: Settings, body: bytes) -> None:
     """Warn once when the configured judge model is not one the judge says it serves."""
     model = settings.judge_create_params.get("model")
@@ -76,7 +108,11 @@ def _check_model(settings: Settings, body: bytes) -> None:
 
 
 async def probe_judge(
-    settings: Settings, token: str | None, *, backend: NetworkBackend | None = None
+    settings: Settings,
+    token: str | None,
+    *,
+    backend: NetworkBackend | None = None,
+    windows: list[int] | None = None,
 ) -> bool:
     """The start-up probe (docs/configuration.md, "Command line"): one `GET {base_url}/models`
     per replica; a failure only warns.
@@ -85,7 +121,8 @@ async def probe_judge(
     Never POSTs and is not a judge call in any metric. Returns whether every replica answered 2xx.
     A 2xx listing models (`data[].id`) that does not include the configured model (`judge.model`,
     else a `model` in `genrm_responses_create_params`) logs one warning naming it and the served
-    ids. Skipped (False) with `judge.probe: false`.
+    ids. Skipped (False) with `judge.probe: false`. `windows` gets the context window each
+    replica states (`served_window`), for `with_context_window`.
     """
     urls = settings.judge.base_urls
     if not urls:
@@ -96,7 +133,7 @@ async def probe_judge(
     answered: list[bool] = []
     async with trio.open_nursery() as nursery:
         for base_url in urls:
-            nursery.start_soon(_probe_one, settings, token, base_url, answered, backend)
+            nursery.start_soon(_probe_one, settings, token, base_url, answered, backend, windows)
     return len(answered) == len(urls) and all(answered)
 
 
@@ -106,6 +143,7 @@ async def _probe_one(
     base_url: str,
     answered: list[bool],
     backend: NetworkBackend | None,
+    windows: list[int] | None,
 ) -> None:
     # The probe goes through a pool made as the judge calls' own are (`judge_pool`: TLS trust
     # from judge.ca_file or SSL_CERT_FILE/SSL_CERT_DIR, the reply cap), so that it fails where
@@ -134,6 +172,9 @@ async def _probe_one(
         if 200 <= status <= 299:
             log.info("judge probe GET %s: HTTP %d", url, status)
             _check_model(settings, body)
+            window = served_window(body, settings.judge_create_params.get("model"))
+            if window is not None and windows is not None:
+                windows.append(window)
             answered.append(True)
             return
         problem = f"HTTP {status}"
