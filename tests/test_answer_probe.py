@@ -13,8 +13,9 @@ from genrm_trio.judge.answer_probe import (
     AnswersUnread,
     ProbeFailed,
     RolesRefused,
+    ANSWER_BYTES,
     probe_answers,
-    probe_calls,
+    probe_call,
 )
 from genrm_trio.judge.apis import judge_api
 from genrm_trio.judge.base import (
@@ -63,27 +64,24 @@ def raises(error: JudgeAttemptError) -> Callable[[JudgeCall], JudgeReply]:
 
 
 def test_the_probe_asks_for_one_token_with_answers_of_very_different_lengths() -> None:
-    short, long = probe_calls()
-    assert short.history == long.history and short.principle is None
-    assert (short.max_output_tokens, long.max_output_tokens) == (1, 1)
-    assert len(long.response_1 + long.response_2) - len(short.response_1 + short.response_2) > 3000
+    call = probe_call()
+    assert (len(call.response_1), len(call.response_2)) == (4, 4036)
+    assert ANSWER_BYTES == 4040 and call.principle is None
     # what the judge is sent: chat's max_tokens of 1
-    assert judge_api("chat_completions", {"max_output_tokens": 4096}).body(short)["max_tokens"] == 1
+    assert judge_api("chat_completions", {"max_output_tokens": 4096}).body(call)["max_tokens"] == 1
 
 
 async def test_a_judge_that_reads_the_answers_passes() -> None:
     judge = FakeJudge(reads)
-    outcome = await probe_answers(judge)
-    assert isinstance(outcome, AnswersRead)
-    assert outcome.long_tokens - outcome.short_tokens > 700
-    assert len(judge.calls) == 2
+    assert await probe_answers(judge) == AnswersRead(30 + (4040 + 37) // 4)
+    assert len(judge.calls) == 1
 
 
-async def test_a_judge_whose_prompt_does_not_grow_is_found() -> None:
+async def test_a_judge_whose_prompt_does_not_hold_the_answers_is_found() -> None:
     outcome = await probe_answers(FakeJudge(unread))
     assert outcome == AnswersUnread(
-        "the start-up probe's answers of 7 and 3441 bytes gave 42 and 42 prompt tokens: the "
-        "prompt does not grow with the answers"
+        "the start-up probe's answers of 4040 bytes gave a prompt of 42 tokens, fewer than they "
+        "alone need (at most 32 bytes a token)"
     )
 
 

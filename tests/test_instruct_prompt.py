@@ -20,7 +20,7 @@ import pytest
 from genrm_trio.config import ConfigError, JudgeApiName, settings_from_mapping
 from genrm_trio.domain.prompt import VERDICT_JSON_SCHEMA, InstructPrompt, PromptTemplateError
 from genrm_trio.domain.verdict import parse_overall
-from genrm_trio.judge.answers import unread_fix
+from genrm_trio.judge.answer_check import unread_fix
 from genrm_trio.judge.apis import (
     JUDGE_APIS,
     ChatCompletionsApi,

@@ -1044,7 +1044,7 @@ async def test_an_untrusted_certificate_is_one_attempt_and_another_replica_answe
 
     from genrm_trio.judge.attempts import Comparator
     from genrm_trio.judge.base import JudgeError
-    from genrm_trio.judge.fleet import make_judge
+    from genrm_trio.judge.factory import make_judge
     from genrm_trio.metrics import Metrics
 
     ca_file, server_context = judge_tls  # a certificate for j.test only

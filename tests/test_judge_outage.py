@@ -186,8 +186,10 @@ async def test_a_single_judge_down_for_30s_masks_nothing_and_costs_no_attempt(
         "genrm_trio_judge_unreachable_seconds_total": 32.5,
         "masked": 0.0,
     }
+    # A refused call is no attempt (issue 36 item 9): /judge/replicas counts the 12 attempts
+    # (one per comparison) and no failure; it counted 16 calls and 4 failures before.
     stats = judge.replica_stats()[0]
-    assert (stats.ejected, stats.calls, stats.failures) == (False, 16, 4)
+    assert (stats.ejected, stats.calls, stats.failures) == (False, 12, 0)
     assert unreached == 4  # g1's refused calls, none of them an attempt
     lines = [(r.levelname, r.getMessage()) for r in caplog.records if "judge" in r.getMessage()]
     outage_lines = [line for line in lines if "unreachable" in line[1]]
@@ -348,6 +350,6 @@ async def test_a_500_after_a_call_sent_again_is_still_the_requests_fault(
     stats = judge.replica_stats()
     assert [(s.failures, s.consecutive_failures, s.ejected) for s in stats] == [
         (2, 0, False),
-        (1, 1, True),  # b: out until a probe reaches it
+        (0, 1, True),  # b: out until a probe reaches it; its refusal was no attempt
         (2, 0, False),
     ]

@@ -467,7 +467,7 @@ async def _serve_on(
     # Imported here so that `bind_socket` and `serve_app` (used by sim-judge) stay light.
     from genrm_trio.app.compose import durable_engine
     from genrm_trio.http.app import create_app
-    from genrm_trio.judge.fleet import make_judge
+    from genrm_trio.judge.factory import make_judge
     from genrm_trio.judge.probe import log_proxy_use, probe_judge, with_context_window
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

@@ -48,11 +48,11 @@ from genrm_trio.judge.base import (
     JudgeStalled,
     JudgeTimeout,
     JudgeTransportError,
-    ReplicaReporting,
     ReplyStatus,
     Usage,
     one_line,
 )
+from genrm_trio.judge.fleet import as_fleet
 from genrm_trio.judge.queue import JudgeQueue, QueueTicket, judge_queue
 from genrm_trio.metrics import Metrics
 
@@ -120,15 +120,14 @@ class Comparator:
     ) -> None:
         """`queue`: the judge queue every attempt takes a slot of, which `open_engine` builds
         and shares (None: one of its own, `judge_queue`, for a comparator used alone)."""
-        self._judge = judge
-        # A fleet: attempts carry tickets, and with several replicas a failure of the replica
-        # (not of the request) is worth another attempt elsewhere.
-        self._fleet = judge if isinstance(judge, ReplicaReporting) else None
-        self._elsewhere = self._fleet is not None and len(self._fleet.replicas) > 1
+        # every judge is a fleet (judge/fleet.py); with several replicas a failure of the
+        # replica (not of the request) is worth another attempt elsewhere
+        self._fleet = fleet = as_fleet(judge)
+        self._elsewhere = len(fleet.replicas) > 1
         self._settings = settings
         self._metrics = metrics
         self._rng = rng if rng is not None else random.Random()
-        self._queue = queue if queue is not None else judge_queue(judge, settings, metrics)
+        self._queue = queue if queue is not None else judge_queue(fleet, settings, metrics)
         self._timeout = settings.judge_request_timeout_s
         self._attempts = settings.attempts
         # the configured budget as given, for the log lines (also when it is not an integer)
@@ -147,11 +146,6 @@ class Comparator:
         self._failures = 0
         self._escalations = 0
         self._unreached = 0
-
-    @property
-    def queue(self) -> JudgeQueue:
-        """The `judge.max_concurrency` slots every attempt takes one of (judge/queue.py)."""
-        return self._queue
 
     def statistics(self) -> ComparatorStatistics:
         queue = self._queue.statistics()
@@ -179,14 +173,13 @@ class Comparator:
         "A judge restart")."""
         fleet = self._fleet
         while True:
-            if fleet is not None:
-                await fleet.wait_reachable()
+            await fleet.wait_reachable()
             try:
                 return await self._attempt(call, ticket)
             except _JudgeDown:
                 continue  # it went down while this call waited for its slot: not sent
             except JudgeAttemptError as error:
-                if error.reached or fleet is None or not fleet.watched:
+                if error.reached or not fleet.watched:
                     raise
                 self._unreached += 1
                 log.debug("judge call not sent (%s); not an attempt", one_line(error.describe()))
@@ -196,16 +189,15 @@ class Comparator:
                 call = dataclasses.replace(call, avoid_replica=error.replica)
 
     def unreachable_for(self) -> float | None:
-        """Seconds since no judge replica could be reached, or None (a judge that is not a
-        fleet is never known to be unreachable)."""
-        return None if self._fleet is None else self._fleet.unreachable_for()
+        """Seconds since no judge replica could be reached, or None."""
+        return self._fleet.unreachable_for()
 
     async def _attempt(self, call: JudgeCall, ticket: QueueTicket) -> JudgeReply:
         """One judge call holding a concurrency slot, under the per-attempt deadline."""
         await self._queue.acquire(ticket)  # by priority: complete groups first
         try:
             fleet = self._fleet
-            if fleet is not None and fleet.watched and fleet.unreachable_for() is not None:
+            if fleet.watched and fleet.unreachable_for() is not None:
                 raise _JudgeDown
             return await self._timed_attempt(call)
         finally:
@@ -218,11 +210,11 @@ class Comparator:
         self._calls += 1
         try:
             with trio.fail_after(self._timeout):
-                reply = await self._judge.attempt(call)
+                reply = await self._fleet.attempt(call)
         except trio.TooSlowError:
             error: JudgeAttemptError = JudgeTimeout(self._timeout)
             metrics.judge_calls.labels(outcome="timeout").inc()
-            if call.ticket is not None:  # a fleet: which replica hung, and that it did
+            if call.ticket is not None:  # which replica hung, and that it did
                 error.replica = call.ticket.replica
                 call.ticket.deadline_expired(error)
             raise error from None
@@ -243,8 +235,9 @@ class Comparator:
         eager comparison slept), comes before the sleep's chosen end: a sleep never outlives a
         deadline set while it runs, so eager starts leave the rows as they would be without
         them (D48)."""
-        if retry_after is not None and self._fleet is not None:
-            # Held back is the replica that sent it: wait only when every replica is.
+        if retry_after is not None and self._elsewhere:
+            # Held back is the replica that sent it: wait only when every replica is (one
+            # replica's Retry-After stands as it sent it, 0 included, as one judge's: D13).
             retry_after = self._fleet.held_back_for()
         start = trio.current_time()
         wake = start + self._pause(retry, retry_after, trio.current_effective_deadline() - start)
@@ -359,19 +352,13 @@ class Comparator:
                 escalations += 1
                 self._escalations += 1
                 self._metrics.judge_budget_escalations.inc()
-            attempt_call = call
-            if (
-                (budget is not None and budget != call.max_output_tokens)
-                or avoid is not None
-                or self._fleet is not None
-            ):
-                attempt_call = dataclasses.replace(
-                    call,
-                    max_output_tokens=budget if budget is not None else call.max_output_tokens,
-                    avoid_replica=avoid,
-                    ticket=AttemptTicket(previous) if self._fleet is not None else None,
-                )
-                previous = attempt_call.ticket
+            attempt_call = dataclasses.replace(
+                call,
+                max_output_tokens=budget if budget is not None else call.max_output_tokens,
+                avoid_replica=avoid,
+                ticket=AttemptTicket(previous),
+            )
+            previous = attempt_call.ticket
             try:
                 reply = await self._reach(attempt_call, ticket)
             except JudgeAttemptError as error:
@@ -383,9 +370,9 @@ class Comparator:
                         retry_after = error.retry_after
                     avoid = error.replica
                     continue
-                server = error.replica or self._judge.endpoint
+                server = error.replica or self._fleet.endpoint
                 message = (
-                    f"GenRM judge {server} {self._judge.path} pair={pair} "
+                    f"GenRM judge {server} {self._fleet.path} pair={pair} "
                     f"deadline={self._timeout}s: {error.describe()}"
                 )
                 raise JudgeError(

@@ -14,7 +14,7 @@ import httpx
 import trio
 
 from genrm_trio.config import Settings
-from genrm_trio.judge.base import one_line
+from genrm_trio.judge.base import PROBE_LIMIT_S, one_line
 from genrm_trio.judge.client import transport_error
 from genrm_trio.judge.network import NetworkBackend
 from genrm_trio.judge.pool import judge_pool
@@ -25,9 +25,6 @@ from genrm_trio.judge.tls import proxy_variables_set
 log = logging.getLogger("genrm_trio.serve")
 
 __all__ = ["PROBE_LIMIT_S", "log_proxy_use", "probe_judge", "served_window", "with_context_window"]
-
-PROBE_LIMIT_S: Final = 5.0
-"""The probe waits at most this long for each replica (less when judge_request_timeout_s is)."""
 
 PROBE_IDS_SHOWN: Final = 8
 """At most this many of the judge's model ids are named in the model-mismatch warning."""
