@@ -9,11 +9,11 @@ from collections.abc import Callable
 import pytest
 
 from genrm_trio.judge.answer_probe import (
+    ANSWER_BYTES,
     AnswersRead,
     AnswersUnread,
     ProbeFailed,
     RolesRefused,
-    ANSWER_BYTES,
     probe_answers,
     probe_call,
 )

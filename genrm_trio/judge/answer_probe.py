@@ -2,10 +2,10 @@
 "The judge does not read the answers").
 
 `probe_answers` sends one judge replica one comparison of a known prompt with two answers of very
-different lengths (4 bytes and about 4 KiB) and an output budget of one token: a judge that shows
-the model the answers reports a prompt of at least one token per `answer_check.
-MAX_BYTES_PER_TOKEN` bytes of them; one that does not (Gym's protocol at a plain server, a
-template that drops unknown roles) reports the few tokens of the question alone. A refusal of the request is told apart: one that names a GenRM
+different lengths (4 bytes and about 4 KiB) and an output budget of one token. A judge that shows
+the model the answers reports a prompt of at least one token per `MAX_BYTES_PER_TOKEN` bytes of
+them; one that does not (Gym's protocol at a plain server, a template that drops unknown roles)
+reports the few tokens of the question alone. A refusal is told apart: one that names a GenRM
 role, or that the same comparison sent with `judge.prompt: instruct` does not get, is the judge
 refusing the roles. The per-prompt check of the workload's own replies (`AnswerCheck`) stays as
 the second line.
