@@ -131,6 +131,12 @@ class Exchange:
     reply: Any  # the decoded JSON reply, or None
 
 
+def answer_probe(exchange: Exchange) -> bool:
+    """Whether `exchange` is an answer probe: its output budget is one token."""
+    request = exchange.request if isinstance(exchange.request, dict) else {}
+    return 1 in (request.get("max_tokens"), request.get("max_output_tokens"))
+
+
 @dataclass
 class RecordingProxy:
     """An HTTP/1.1 keep-alive proxy to `upstream` that records every POST (`exchanges`)."""
@@ -145,8 +151,14 @@ class RecordingProxy:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def posts(self, suffix: str = "") -> list[Exchange]:
+        """The judge calls of the workload (the answer probes left out: `probes`)."""
         with self._lock:
-            return [e for e in self.exchanges if e.path.endswith(suffix)]
+            return [e for e in self.exchanges if e.path.endswith(suffix) and not answer_probe(e)]
+
+    def probes(self) -> list[Exchange]:
+        """The answer probes genrm-trio sent (judge/answer_probe.py: one output token)."""
+        with self._lock:
+            return [e for e in self.exchanges if answer_probe(e)]
 
     def usage(self) -> tuple[int, int]:
         """(input, output) tokens summed over the replies, as the server reported them."""

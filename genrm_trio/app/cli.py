@@ -497,9 +497,9 @@ def _add_sim_judge(sub: Any) -> None:
         "--context-tokens",
         type=positive_int,
         default=None,
-        metavar="W",
+        metavar="N",
         help=(
-            "a context window of W tokens, as vLLM's max_model_len: a call whose prompt plus "
+            "a context window of N tokens, as vLLM's max_model_len: a call whose prompt plus "
             "output budget exceed it gets vLLM's HTTP 400, and GET /v1/models reports it "
             "(default: no window)"
         ),

@@ -110,6 +110,14 @@ class AnswerCheck:
         self.finding = reason
         return reason
 
+    def probed(self, reason: str) -> str | None:
+        """The start-up answer probe's finding (judge/answer_probe.py): the reason, unless one
+        was found already."""
+        if self.finding is not None:
+            return None
+        self.finding = reason
+        return reason
+
 
 @final
 class _Prompt:

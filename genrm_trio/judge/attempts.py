@@ -34,7 +34,9 @@ from typing import Final, final
 import trio
 
 from genrm_trio.config import OUTPUT_BUDGET_PARAM, Settings
+from genrm_trio.domain.context_window import context_overflow
 from genrm_trio.domain.verdict import Verdict, VerdictParseError, parse_overall, parse_rubric
+from genrm_trio.judge.apis import JudgePromptError
 from genrm_trio.judge.base import (
     AttemptTicket,
     ComparisonResult,
@@ -52,6 +54,7 @@ from genrm_trio.judge.base import (
     Usage,
     one_line,
 )
+from genrm_trio.judge.context import ContextFit, JudgeContextOverflow
 from genrm_trio.judge.fleet import as_fleet
 from genrm_trio.judge.queue import JudgeQueue, QueueTicket, judge_queue
 from genrm_trio.metrics import Metrics
@@ -87,9 +90,16 @@ class ComparatorStatistics:
 
 
 def _outcome(error: JudgeAttemptError) -> tuple[str, str]:
-    """(metric outcome, retry cause) of a failed attempt."""
+    """(metric outcome, retry cause) of a failed attempt (an overflow and a prompt that does not
+    render are never retried: their cause is never counted)."""
     if isinstance(error, JudgeHTTPError):
+        if context_overflow(error.status, error.body) is not None:
+            return "context_overflow", "context_overflow"
         return "http_error", "http"
+    if isinstance(error, JudgeContextOverflow):
+        return "context_overflow", "context_overflow"
+    if isinstance(error, JudgePromptError):
+        return "prompt_error", "prompt_error"
     if isinstance(error, JudgeTimeout):
         return "timeout", "timeout"
     if isinstance(error, JudgeBadJSON):
@@ -133,6 +143,8 @@ class Comparator:
         # the configured budget as given, for the log lines (also when it is not an integer)
         self._budget_tokens = settings.judge_create_params.get(OUTPUT_BUDGET_PARAM)
         self._budget = settings.output_budget  # every comparison's first attempt asks for this
+        # each attempt's budget fitted into the judge's context window (judge/context.py)
+        self._context = ContextFit(settings.judge.context_tokens, settings.judge.min_output_tokens)
         self._escalation = settings.judge.budget_escalation
         self._rubric = settings.score_source == "rubric_mean"
         self._defaults = Verdict(
@@ -187,6 +199,40 @@ class Comparator:
                     # the same attempt, sent again: it keeps its link to the attempt before it
                     call.ticket.not_sent()
                 call = dataclasses.replace(call, avoid_replica=error.replica)
+
+    async def _fitted(self, call: JudgeCall, ticket: QueueTicket) -> JudgeReply:
+        """`_reach`, and when the judge refuses the attempt for its context window, the one
+        resend with a budget that fits (part of the same attempt), else `JudgeContextOverflow`:
+        an overflow is never retried unchanged (judge/context.py)."""
+        context = self._context
+        try:
+            return await self._reach(call, ticket)
+        except JudgeAttemptError as error:
+            overflow = context.overflowed(error, call.max_output_tokens)
+            if overflow is None:
+                raise
+            resend = context.resend(overflow, call.max_output_tokens)
+            if resend is None:
+                failure = context.failure(overflow, call.max_output_tokens)
+                failure.replica = error.replica
+                raise failure from error
+        log.info(
+            "judge context window: %s; resending once with max_output_tokens %d",
+            overflow.describe(),
+            resend.budget,
+        )
+        retry = dataclasses.replace(
+            call, max_output_tokens=resend.budget, ticket=AttemptTicket(call.ticket)
+        )
+        try:
+            return await self._reach(retry, ticket)
+        except JudgeAttemptError as error:
+            again = context.overflowed(error, resend.budget)
+            if again is None:
+                raise
+            failure = context.failure(again, resend.budget)
+            failure.replica = error.replica
+            raise failure from error
 
     def unreachable_for(self) -> float | None:
         """Seconds since no judge replica could be reached, or None."""
@@ -354,13 +400,15 @@ class Comparator:
                 self._metrics.judge_budget_escalations.inc()
             attempt_call = dataclasses.replace(
                 call,
-                max_output_tokens=budget if budget is not None else call.max_output_tokens,
+                max_output_tokens=self._context.budget(
+                    call, budget if budget is not None else call.max_output_tokens
+                ),
                 avoid_replica=avoid,
                 ticket=AttemptTicket(previous),
             )
             previous = attempt_call.ticket
             try:
-                reply = await self._reach(attempt_call, ticket)
+                reply = await self._fitted(attempt_call, ticket)
             except JudgeAttemptError as error:
                 retryable = error.retryable or (error.retry_elsewhere and self._elsewhere)
                 if retryable and n < total:
@@ -380,6 +428,7 @@ class Comparator:
                 ) from error
 
             avoid = None
+            self._context.observe(call, reply)
             if reply.input_tokens is not None and reply.output_tokens is not None:
                 usage_seen = True
                 tokens_in += reply.input_tokens

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Final, final
 
+from genrm_trio.domain.verdict import VerdictParseError, parse_overall
 from genrm_trio.judge.apis import roles_refused
 from genrm_trio.judge.base import one_line
 
@@ -45,6 +46,22 @@ class PromptCheck:
             return None
         text = body.decode("utf-8", errors="replace")
         return self._found(f"it refused the GenRM roles: HTTP {status}: {one_line(text, 300)}")
+
+    @property
+    def watching(self) -> bool:
+        """Whether replies are still evidence: no verdict yet, no finding yet."""
+        return not self._verdicts and self.finding is None
+
+    def observe_text(self, text: str) -> str | None:
+        """`observe_reply` for a completed reply's text: whether it holds any verdict at all
+        (any `score_1`, `score_2` or `ranking`, in any range). Parsed only while `watching`."""
+        if not self.watching:
+            return None
+        try:
+            parse_overall(text, default_score=3.0, default_ranking=3.5, validate_range=False)
+        except VerdictParseError:
+            return self.observe_reply(False)
+        return self.observe_reply(True)
 
     def observe_reply(self, verdict: bool) -> str | None:
         """Note a completed reply and whether it held a verdict; the reason, when it is the
