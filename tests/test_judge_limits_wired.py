@@ -318,3 +318,35 @@ async def test_prose_without_a_verdict_is_found(caplog: pytest.LogCaptureFixture
         f"its first {NO_VERDICT_REPLIES} completed replies held no verdict: it answers in prose"
     )
     assert len(caplog.records) == 1
+
+
+async def test_budget_escalation_is_capped_by_the_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Each escalated budget is fitted too: the third attempt asks for what fits (1606), not
+    2048, which the judge would refuse."""
+    app = sim_asgi_app(SimConfig(context_tokens=3000))
+    config = settings(
+        genrm_responses_create_params={"input": [], "max_output_tokens": 512},
+        genrm_parse_retries=3,
+        genrm_parse_retry_sleep_s=0.0,
+        judge={
+            "probe": False,
+            "context_tokens": 3000,
+            "budget_escalation": {"factor": 2.0, "max_output_tokens": 8192},
+        },
+    )
+    # a verdict needs 1500 output tokens; the same 4132 characters (1033 prompt tokens)
+    call = JudgeCall(
+        WINDOW_CALL.history,
+        "[need=1500][quality=5] " + "a" * 477,
+        "[quality=1] " + "b" * 488,
+        None,
+    )
+    fleet = fleet_of(app, config)
+    with trio.fail_after(5):
+        result = await Comparator(fleet, config, Metrics()).compare(call, pair=(0, 1), judge_pass=0)
+    await fleet.aclose()
+    assert [c.max_output_tokens for c in app.sim.calls] == [512, 1024, 3000 - 1378 - 16]
+    assert (result.attempts, result.escalations) == (3, 2)
+    assert app.sim.statistics().overflows == 0
