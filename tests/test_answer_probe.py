@@ -109,17 +109,30 @@ async def test_a_bare_500_is_the_roles_only_when_the_instruct_messages_get_throu
     )
     # an outage answers 500 to both
     both = await probe_answers(FakeJudge(raises(bare)), instruct=FakeJudge(raises(bare)))
-    assert both == ProbeFailed("JudgeHTTPError: HTTP 500; response=Internal Server Error")
+    assert both == ProbeFailed(
+        "JudgeHTTPError: HTTP 500; response=Internal Server Error; with judge.prompt: instruct: "
+        "JudgeHTTPError: HTTP 500; response=Internal Server Error"
+    )
     # without a judge to confirm with (judge.prompt: instruct already), no guess
     alone = await probe_answers(FakeJudge(raises(bare)))
     assert alone == ProbeFailed("JudgeHTTPError: HTTP 500; response=Internal Server Error")
 
 
+async def test_one_broken_connection_decides_nothing() -> None:
+    broken = JudgeTransportError("RemoteProtocolError", "Server disconnected")
+    replies = [raises(broken), reads]
+
+    def flaky(call: JudgeCall) -> JudgeReply:
+        return replies.pop(0)(call)
+
+    assert isinstance(await probe_answers(FakeJudge(flaky)), AnswersRead)
+
+
 async def test_a_judge_that_cannot_answer_decides_nothing() -> None:
     down = JudgeTransportError("ConnectError", "connection refused", reached=False)
-    assert await probe_answers(FakeJudge(raises(down))) == ProbeFailed(
-        "ConnectError: connection refused"
-    )
+    refused = FakeJudge(raises(down))
+    assert await probe_answers(refused) == ProbeFailed("ConnectError: connection refused")
+    assert len(refused.calls) == 2  # once more after a broken connection, then no answer
     throttled = JudgeHTTPError(429, b"slow down")
     assert await probe_answers(FakeJudge(raises(throttled)), instruct=FakeJudge(reads)) == (
         ProbeFailed("JudgeHTTPError: HTTP 429; response=slow down")

@@ -259,8 +259,11 @@ async def test_a_strict_chat_template_refuses_the_genrm_roles_and_takes_the_inst
     instruct["judge"]["prompt"] = "instruct"
     with own_judge(models["strict"], tmp_path, "strict") as proxy:
         async with serving(tmp_path, proxy.url, genrm) as server, client() as http:
+            # the answer probe, when the engine starts: before any group
+            with trio.fail_after(60):
+                while (ready := await http.get(f"{server.url}/readyz")).status_code == 200:  # noqa: ASYNC110
+                    await trio.sleep(0.2)
             replies, _ = await run_group(http, server.url, bodies("g-strict", ANSWERS[:2]))
-            ready = await http.get(f"{server.url}/readyz")
             log = server.log()
         # two comparisons, each retried once (genrm_parse_retries: 1)
         assert [p.status for p in proxy.posts()] == [500] * 4
@@ -279,6 +282,9 @@ async def test_a_strict_chat_template_refuses_the_genrm_roles_and_takes_the_inst
         assert len(errors) == 1 and "ERROR" in errors[0] and fix in errors[0]
         async with serving(tmp_path, proxy.url, instruct) as server, client() as http:
             replies, _ = await run_group(http, server.url, bodies("g-instruct", ANSWERS[:2]))
+            with trio.fail_after(60):
+                while len(proxy.probes()) < 3:  # noqa: ASYNC110 - the probe answered
+                    await trio.sleep(0.2)
             ready = await http.get(f"{server.url}/readyz")
         posts = proxy.posts()[4:]
         probes = proxy.probes()[2:]

@@ -18,7 +18,14 @@ from typing import Final, final
 
 from genrm_trio.judge.answer_check import MAX_BYTES_PER_TOKEN
 from genrm_trio.judge.apis import roles_refused
-from genrm_trio.judge.base import Judge, JudgeAttemptError, JudgeCall, JudgeHTTPError
+from genrm_trio.judge.base import (
+    Judge,
+    JudgeAttemptError,
+    JudgeCall,
+    JudgeHTTPError,
+    JudgeReply,
+    JudgeTransportError,
+)
 
 __all__ = [
     "PROBE_HISTORY",
@@ -89,7 +96,7 @@ async def probe_answers(judge: Judge, *, instruct: Judge | None = None) -> Probe
     send them). Bounded by the caller."""
     call = probe_call()
     try:
-        reply = await judge.attempt(call)
+        reply = await _sent(judge, call)
     except JudgeHTTPError as error:
         return await _refused(error, call, instruct)
     except JudgeAttemptError as error:
@@ -105,6 +112,15 @@ async def probe_answers(judge: Judge, *, instruct: Judge | None = None) -> Probe
     )
 
 
+async def _sent(judge: Judge, call: JudgeCall) -> JudgeReply:
+    """`judge.attempt(call)`, once more after a connection that broke (a transport error): the
+    probe is no judge call with a retry budget, and one broken connection decides nothing."""
+    try:
+        return await judge.attempt(call)
+    except JudgeTransportError:
+        return await judge.attempt(call)
+
+
 async def _refused(error: JudgeHTTPError, call: JudgeCall, instruct: Judge | None) -> ProbeOutcome:
     """A refused probe: the roles' fault when the reply names one, or when the same comparison
     in the instruct messages gets through."""
@@ -115,9 +131,9 @@ async def _refused(error: JudgeHTTPError, call: JudgeCall, instruct: Judge | Non
     if error.status not in (400, 422, 500):
         return ProbeFailed(error.describe())
     try:
-        await instruct.attempt(call)
-    except JudgeAttemptError:
-        return ProbeFailed(error.describe())  # refused either way: not the roles
+        await _sent(instruct, call)
+    except JudgeAttemptError as other:  # refused either way: not the roles
+        return ProbeFailed(f"{error.describe()}; with judge.prompt: instruct: {other.describe()}")
     return RolesRefused(
         f"{error.describe()}, and the same comparison with judge.prompt: instruct got an answer"
     )
