@@ -276,11 +276,10 @@ def test_a_configured_window_wins_over_the_learned_one(caplog: pytest.LogCapture
 
 
 async def test_the_start_up_probe_learns_the_window_of_the_simulated_judge() -> None:
-    windows: list[int] = []
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             port = await nursery.start(partial(serve_sim_judge, SimConfig(context_tokens=3000)))
             config = settings_from_mapping({"judge": {"base_url": f"http://127.0.0.1:{port}/v1"}})
-            assert await probe_judge(config, None, windows=windows) is True
+            report = await probe_judge(config, None)
             nursery.cancel_scope.cancel()
-    assert windows == [3000]
+    assert report.answered and report.windows == (3000,)

@@ -503,13 +503,19 @@ async def _serve_on(
             # with judge.context_tokens learned from the probe (`max_model_len`) when unset
             used = settings
             try:
+                down: tuple[str, ...] = ()
                 if not sim:
                     log_proxy_use()
-                    windows: list[int] = []
-                    await probe_judge(settings, token, windows=windows)
-                    used = with_context_window(settings, windows)
-                if the_judge is None:
-                    the_judge = _sim_judge() if sim else make_judge(used)
+                    report = await probe_judge(settings, token)
+                    down = report.unreachable
+                    used = with_context_window(settings, report.windows)
+                if the_judge is None and sim:
+                    the_judge = _sim_judge()
+                elif the_judge is None:
+                    fleet = make_judge(used)
+                    if down:  # an outage from the first second: /readyz 503, probes running
+                        fleet.down_from_start(down, "its start-up probe could not connect")
+                    the_judge = fleet
                 # the durable store (state_path) loads before the socket listens
                 async with durable_engine(used, the_judge) as engine:
                     app = create_app(engine, used)

@@ -75,17 +75,18 @@ class Outage:
                     self._router.serving(),
                     len(self._replicas),
                 )
-        self._check(replica, one_line(error.describe(), 200), now)
+        self._check(replica, one_line(error.describe(), 200), now, waiting=self.watched)
         self._probe_soon(replica)
 
     def down_from_start(self, replica: Replica, why: str) -> None:
-        """`replica`'s start-up probe could not connect: unreachable from the first second."""
+        """`replica`'s start-up probe could not connect: unreachable from the first second
+        (called before the engine that will watch the fleet opens)."""
         now = trio.current_time()
         replica.unreachable = True
         replica.last_failure = now
         if not replica.ejected:
             self._router.eject(replica, now)
-        self._check(replica, why, now)
+        self._check(replica, why, now, waiting=True)
         self._probe_soon(replica)
 
     def ended(self, replica: Replica, what: str) -> None:
@@ -114,9 +115,10 @@ class Outage:
     def _all_unreachable(self) -> bool:
         return all(r.ejected and r.unreachable for r in self._replicas)
 
-    def _check(self, replica: Replica, why: str, now: float) -> None:
+    def _check(self, replica: Replica, why: str, now: float, *, waiting: bool) -> None:
         """After `replica` became unreachable: when every replica is, the judge is unreachable
-        from now on (one WARNING), and every replica is probed."""
+        from now on (one WARNING, saying whether comparisons wait: `waiting`), and every
+        replica is probed."""
         if self._down_since is not None or not self._all_unreachable():
             return
         self._down_since = now
@@ -125,7 +127,7 @@ class Outage:
             replica.label,
             why,
             "comparisons wait for it within their deadlines; probing GET /models"
-            if self._watch is not None
+            if waiting
             else "calls still go to the least recently failed replica",
         )
         for other in self._replicas:
