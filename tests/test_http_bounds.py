@@ -1,0 +1,103 @@
+"""The HTTP layer's security and bounds over real TCP on 127.0.0.1 (in-process hypercorn, the
+scripted judge): WebSocket upgrades go through the bearer check and get a JSON 4xx, never a
+traceback (issue #40; docs/reliability.md, "Security"; docs/http-api.md, "Errors").
+
+Real clock (real I/O), every wait bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import pytest
+import trio
+from judges import ScriptedJudge, settings
+
+from genrm_trio.app.serve import bind_socket, serve_app
+from genrm_trio.engine.engine import open_engine
+from genrm_trio.http.app import create_app
+
+TOKEN_ENV = "GENRM_TEST_BOUNDS_TOKEN"
+TOKEN = "bounds-token-1"
+LIMIT_S = 20.0
+
+
+@asynccontextmanager
+async def served(**overrides: Any) -> AsyncIterator[int]:
+    cfg = settings(num_rollouts_per_prompt=2, **overrides)
+    async with open_engine(cfg, ScriptedJudge()) as engine, trio.open_nursery() as nursery:
+        stop = trio.Event()
+        port: int = await nursery.start(
+            partial(
+                serve_app,
+                create_app(engine, cfg),
+                bind_socket("127.0.0.1", 0),
+                shutdown_trigger=stop.wait,
+                grace_s=1.0,
+            )
+        )
+        yield port
+        stop.set()
+
+
+async def exchange(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """(status, lower-case headers, body) of one raw request on a new connection; the reply
+    must carry a Content-Length."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = await stream.receive_some()
+            assert chunk, data
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        length = int(headers["content-length"])
+        while len(body) < length:
+            chunk = await stream.receive_some()
+            assert chunk, body
+            body += chunk
+    return int(lines[0].split()[1]), headers, body
+
+
+def upgrade(path: str, *extra: str) -> bytes:
+    lines = [
+        f"GET {path} HTTP/1.1",
+        "Host: 127.0.0.1",
+        "Connection: Upgrade",
+        "Upgrade: websocket",
+        "Sec-WebSocket-Version: 13",
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+        *extra,
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+async def test_a_websocket_upgrade_gets_the_bearer_check_and_a_json_4xx(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    caplog.set_level(logging.INFO)
+    with trio.fail_after(LIMIT_S):
+        async with served(server={"api_key_env": TOKEN_ENV}) as port:
+            for path in ("/verify", "/ng-rollout/r1/verify", "/metrics", "/anything"):
+                status, headers, body = await exchange(port, upgrade(path))
+                assert status == 401, (path, body)
+                assert headers["content-type"] == "application/json"
+                assert headers["www-authenticate"] == "Bearer"
+                assert json.loads(body) == {"detail": "missing or invalid bearer token"}
+            authorized = f"Authorization: Bearer {TOKEN}"
+            for path in ("/verify", "/health"):
+                status, headers, body = await exchange(port, upgrade(path, authorized))
+                assert status == 404, (path, body)
+                assert json.loads(body) == {"detail": "no route speaks WebSocket"}
+            status, _, body = await exchange(port, upgrade("/health"))  # public: no token needed
+            assert (status, json.loads(body)) == (404, {"detail": "no route speaks WebSocket"})
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
