@@ -203,8 +203,10 @@ class App(QuartTrio):
             "",
         )
         expected = self.bearer_token
-        if expected is not None and path not in PUBLIC_PATHS and not _bearer_ok(
-            authorization, expected
+        if (
+            expected is not None
+            and path not in PUBLIC_PATHS
+            and not _bearer_ok(authorization, expected)
         ):
             status, detail, extra = 401, _AUTH_DETAIL, {"WWW-Authenticate": "Bearer"}
         else:
