@@ -182,6 +182,7 @@ def test_server_defaults() -> None:
     assert server.model_dump() == {
         "max_body_bytes": 67108864,
         "max_active_cohorts": 4096,
+        "max_compare_responses": 512,
         "api_key_env": None,
         "shutdown_grace_s": 5.0,
     }

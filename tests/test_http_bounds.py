@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 import trio
+from http_calls import call, member
 from judges import ScriptedJudge, settings
 
-from genrm_trio.app.serve import bind_socket, serve_app
+from genrm_trio.app.serve import bind_socket, open_bind_warning, serve_app
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.http.app import create_app
 
@@ -101,3 +102,65 @@ async def test_a_websocket_upgrade_gets_the_bearer_check_and_a_json_4xx(
             status, _, body = await exchange(port, upgrade("/health"))  # public: no token needed
             assert (status, json.loads(body)) == (404, {"detail": "no route speaks WebSocket"})
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+# --- smaller bounds (#40 item 8) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("host", "key_env", "warns"),
+    [
+        ("127.0.0.1", None, False),
+        ("127.0.0.2", None, False),  # all of 127/8 is loopback
+        ("0.0.0.0", None, True),
+        ("0.0.0.0", TOKEN_ENV, False),
+    ],
+)
+def test_binding_beyond_loopback_without_auth_warns(
+    host: str, key_env: str | None, warns: bool
+) -> None:
+    sock = bind_socket(host, 0)
+    try:
+        warning = open_bind_warning(sock, settings(server={"api_key_env": key_env}))
+    finally:
+        sock.close()
+    if warns:
+        assert warning == (
+            f"listening on {host} without authentication: anyone who can reach this address can "
+            "submit work that costs judge calls and read every result; set "
+            "server.api_key_env or bind 127.0.0.1"
+        )
+    else:
+        assert warning is None
+
+
+async def test_compare_responses_are_capped_before_any_judge_call() -> None:
+    cfg = settings(num_rollouts_per_prompt=2, server={"max_compare_responses": 3})
+    judge = ScriptedJudge()
+    history = [{"role": "user", "content": "Name a prime."}]
+
+    def responses(n: int) -> list[dict[str, Any]]:
+        return [member(i, f"answer {i}")["response"] for i in range(n)]
+
+    async with open_engine(cfg, judge) as engine:
+        app = create_app(engine, cfg)
+        body = {"conversation_history": history, "response_objs": responses(4)}
+        status, reply, _ = await call(app, "/compare", body=body)
+        assert (status, reply) == (
+            422,
+            {
+                "detail": [
+                    {
+                        "type": "too_long",
+                        "loc": ["body", "response_objs"],
+                        "msg": "at most 3 responses per request (server.max_compare_responses), "
+                        "got 4",
+                    }
+                ]
+            },
+        )
+        assert judge.calls == []
+        body = {"conversation_history": history, "response_objs": responses(3)}
+        status, reply, _ = await call(app, "/compare", body=body)
+        assert status == 200 and len(reply["rewards"]) == 3
+    assert settings().server.max_compare_responses == 512

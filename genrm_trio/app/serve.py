@@ -194,6 +194,25 @@ class RequestTracker:
             await self._idle.wait()
 
 
+def open_bind_warning(sock: socket.socket, settings: Settings) -> str | None:
+    """The start-up WARNING for a socket bound beyond loopback with no bearer token
+    (`server.api_key_env`): anyone who can reach the address may submit work that costs judge
+    calls and read every result (docs/reliability.md, "Security"). None otherwise."""
+    if settings.server.api_key_env:
+        return None
+    host = sock.getsockname()[0]
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:  # not an address (a Unix socket path): not reachable from the network
+        return None
+    return (
+        f"listening on {host} without authentication: anyone who can reach this address can "
+        "submit work that costs judge calls and read every result; set server.api_key_env "
+        "or bind 127.0.0.1"
+    )
+
+
 async def serve_app(
     app: Any,
     sock: socket.socket,
@@ -447,6 +466,9 @@ async def serve(
             check_not_in_use(os.fspath(settings.state_path))
         for line in settings.startup_warnings():
             log.warning("%s", line)
+        exposed = open_bind_warning(sock, settings)
+        if exposed is not None:
+            log.warning("%s", exposed)
         settings = with_admission(settings, check_fd_headroom(settings))
         if sim:
             log.warning("%s", SIM_WARNING)

@@ -315,6 +315,8 @@ class ServerSettings(_Strict):
 
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
     max_active_cohorts: int = Field(default=4096, ge=1)
+    # each /compare response is judged against others: the cap bounds one request's judge calls
+    max_compare_responses: int = Field(default=512, ge=2)
     api_key_env: str | None = None
     shutdown_grace_s: float = 5.0
 

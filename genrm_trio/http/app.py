@@ -181,8 +181,16 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
             )
         return 200, row, None
 
+    max_responses = settings.server.max_compare_responses
+
     async def compare_route(data: bytes) -> Reply:
         item = parse_compare(decode_body(data))
+        if len(item.responses) > max_responses:
+            message = (
+                f"at most {max_responses} responses per request (server.max_compare_responses), "
+                f"got {len(item.responses)}"
+            )
+            raise WireError([error("too_long", ("response_objs",), message)])
         if debug:
             log.info("compare: %d bytes, %d responses", len(data), len(item.responses))
         del data
