@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -19,6 +20,7 @@ import trio
 from http_calls import call, member
 from judges import ScriptedJudge, settings
 
+import genrm_trio.http.app as app_module
 from genrm_trio.app.serve import bind_socket, open_bind_warning, serve_app
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.http.app import create_app
@@ -164,3 +166,57 @@ async def test_compare_responses_are_capped_before_any_judge_call() -> None:
         status, reply, _ = await call(app, "/compare", body=body)
         assert status == 200 and len(reply["rewards"]) == 3
     assert settings().server.max_compare_responses == 512
+
+
+# --- nothing large runs on the loop (#40 item 3) ---------------------------------------------
+
+
+def _blocking(real: Callable[..., Any], released: threading.Event) -> Callable[..., Any]:
+    """`real`, after waiting (in whatever thread calls it) until /health has answered, 10 s at
+    most: on the event loop it would block /health, and the wait would time out."""
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        assert released.wait(10), "the loop did not answer /health meanwhile"
+        return real(*args, **kwargs)
+
+    return wrapped
+
+
+@pytest.mark.parametrize("route", ["/aggregate_metrics", "GET /checkpoint", "POST /checkpoint",
+                                   "/verify"])  # fmt: skip
+async def test_health_answers_while_a_large_request_is_worked_on(
+    route: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    released = threading.Event()
+    name = {
+        "/aggregate_metrics": "aggregate_metrics",
+        "GET /checkpoint": "export_checkpoint",
+        "POST /checkpoint": "parse_checkpoint",
+        "/verify": "parse_verify",
+    }[route]
+    monkeypatch.setattr(app_module, name, _blocking(getattr(app_module, name), released))
+    cfg = settings(num_rollouts_per_prompt=1)  # a /verify is answered at once
+    big = "x" * app_module.OFF_LOOP_BODY_BYTES  # a /verify body above the threshold
+    empty = {"version": 1, "cohorts": [], "watermarks": {}}
+    requests = {
+        "/aggregate_metrics": ("POST", "/aggregate_metrics", {"verify_responses": []}),
+        "GET /checkpoint": ("GET", "/checkpoint", None),
+        "POST /checkpoint": ("POST", "/checkpoint", empty),
+        "/verify": ("POST", "/verify", member(0, big, group="big")),
+    }
+    method, path, body = requests[route]
+    statuses: list[int] = []
+    with trio.fail_after(LIMIT_S):
+        async with open_engine(cfg, ScriptedJudge()) as engine:
+            app = create_app(engine, cfg)
+
+            async def slow() -> None:
+                status, _, _ = await call(app, path, method=method, body=body)
+                statuses.append(status)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(slow)
+                status, reply, _ = await call(app, "/health", method="GET")
+                assert (status, reply) == (200, {"status": "ok"})
+                released.set()
+    assert statuses == [200]

@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from functools import partial
+from typing import Final, Protocol
 
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -22,9 +24,9 @@ from genrm_trio.config import Settings, read_secret
 from genrm_trio.domain.checkpoint import (
     CheckpointError,
     RecordsEngine,
-    checkpoint,
+    export_checkpoint,
+    parse_checkpoint,
     report_body,
-    restore,
 )
 from genrm_trio.domain.codec import encode_json
 from genrm_trio.domain.gym_metrics import NumberTooLarge, aggregate_metrics
@@ -39,6 +41,8 @@ from genrm_trio.domain.model import (
     Scored,
     VerifyInput,
 )
+from genrm_trio.domain.records import TerminalRecord, WatermarkRecord
+from genrm_trio.engine.offload import score_off_loop
 from genrm_trio.http.asgi import PUBLIC_PATHS, App, Reply, error_reply
 from genrm_trio.http.openapi import openapi_document
 from genrm_trio.http.rows import HeldVerify
@@ -46,6 +50,7 @@ from genrm_trio.http.schema import (
     AggregateMetricsRequest,
     CloseSessionRequest,
     SeedSessionRequest,
+    VerifyRequest,
     WireError,
     decode_body,
     error,
@@ -149,12 +154,20 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
 
     # --- Gym routes (POST: served by App from ASGI) ----------------------------------------
 
+    # One large body, export or restore at a time is decoded in a worker thread: the loop
+    # keeps answering (a 36 MiB body stalled every client for 9 s), and their decoded forms,
+    # 25 times their bytes, do not add up (docs/reliability.md, "Security").
+    offload = trio.CapacityLimiter(1)
+
     async def verify_route(data: bytes) -> Reply:
-        parsed = parse_verify(decode_body(data))
-        del data
         # While the request waits for its group it keeps only what its reply needs, encoded
         # (HeldVerify); the decoded body goes now.
-        held = HeldVerify.of(parsed)
+        if len(data) < OFF_LOOP_BODY_BYTES:
+            parsed = parse_verify(decode_body(data))
+            held = HeldVerify.of(parsed)
+        else:
+            parsed, held = await score_off_loop(partial(_held_verify, data), offload)
+        del data
         pending = engine.verify(parsed.input)
         del parsed
         outcome = await pending
@@ -174,7 +187,7 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
             # services (serve, Gym's app.py) log at INFO, where DEBUG records never showed.
             log.info(
                 "verify task_index=%r group_id=%r rollout_index=%r -> %s",
-                held.rest.get("_ng_task_index"),
+                held.rest_dict().get("_ng_task_index"),
                 held.group_id,
                 held.rollout_index,
                 type(outcome).__name__,
@@ -219,22 +232,16 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
         return 200, {"resources_session_id": value["resources_session_id"]}, None
 
     async def aggregate(data: bytes) -> Reply:
-        value = decode_body(data)
-        validate(AggregateMetricsRequest, value)  # the rows are used as decoded, not copied
-        assert type(value) is dict
-        try:
-            reply = aggregate_metrics(value["verify_responses"])
-        except NumberTooLarge as exc:  # the statistics are pure; the 422 item is HTTP's
-            loc = ("verify_responses",)
-            raise WireError([error("number_too_large", loc, str(exc))]) from None
-        return 200, reply, None
+        return 200, await score_off_loop(partial(_aggregate_reply, data), offload), None
 
     async def checkpoint_restore(data: bytes) -> Reply:
-        value = decode_body(data)
+        n = settings.num_rollouts_per_prompt
         try:
-            report = await restore(engine, value, num_rollouts=settings.num_rollouts_per_prompt)
+            records, marks = await score_off_loop(partial(_parsed_checkpoint, data, n), offload)
         except CheckpointError as exc:
             raise RequestRejected(Rejection.INVALID, exc.message) from None
+        del data
+        report = await engine.restore_records(records, marks)
         return 200, report_body(report), None
 
     app.post_routes.update(
@@ -297,7 +304,10 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
 
     @app.get("/checkpoint")
     async def checkpoint_export() -> Response:
-        return _reply(200, checkpoint(engine))
+        # the records are immutable: read here, unpacked and encoded in the thread
+        records, marks = engine.terminal_records(), engine.watermark_records()
+        body = await score_off_loop(partial(_export_json, records, marks), offload)
+        return Response(body, status=200, content_type=_JSON)
 
     openapi: list[bytes] = []
 
@@ -309,6 +319,41 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
         return Response(openapi[0], status=200, content_type=_JSON)
 
     return app
+
+
+OFF_LOOP_BODY_BYTES: Final = 256 * 1024
+"""A `/verify` body from this size is decoded, validated and held (`HeldVerify`, its extra keys
+compressed) in a worker thread; smaller ones, the agent's usual few kilobytes, on the loop,
+where that takes well under a millisecond. Decoding runs at about 10 ms per 100 KiB of the
+densest JSON (`[[],[],…]`) on a busy core, so the loop stalls at most about 25 ms for one body."""
+
+
+def _held_verify(data: bytes) -> tuple[VerifyRequest, HeldVerify]:
+    parsed = parse_verify(decode_body(data))
+    return parsed, HeldVerify.of(parsed, pack_rest=True)
+
+
+def _aggregate_reply(data: bytes) -> bytes:
+    """The encoded `/aggregate_metrics` reply (pure: run off the loop)."""
+    value = decode_body(data)
+    validate(AggregateMetricsRequest, value)  # the rows are used as decoded, not copied
+    assert type(value) is dict
+    try:
+        reply = aggregate_metrics(value["verify_responses"])
+    except NumberTooLarge as exc:  # the statistics are pure; the 422 item is HTTP's
+        loc = ("verify_responses",)
+        raise WireError([error("number_too_large", loc, str(exc))]) from None
+    return encode_json(reply)
+
+
+def _parsed_checkpoint(
+    data: bytes, num_rollouts: int
+) -> tuple[list[TerminalRecord], list[WatermarkRecord]]:
+    return parse_checkpoint(decode_body(data), num_rollouts=num_rollouts)
+
+
+def _export_json(records: list[TerminalRecord], marks: list[WatermarkRecord]) -> bytes:
+    return encode_json(export_checkpoint(records, marks))
 
 
 _ENV_SEED_KEYS = frozenset({"resources_session_id", "episode_id", "task_id", "task_data"})
