@@ -24,6 +24,7 @@ import genrm_trio.http.app as app_module
 from genrm_trio.app.serve import bind_socket, open_bind_warning, serve_app
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.http.app import create_app
+from genrm_trio.http.schema import MAX_JSON_VALUES, decode_body
 
 TOKEN_ENV = "GENRM_TEST_BOUNDS_TOKEN"
 TOKEN = "bounds-token-1"
@@ -220,3 +221,32 @@ async def test_health_answers_while_a_large_request_is_worked_on(
                 assert (status, reply) == (200, {"status": "ok"})
                 released.set()
     assert statuses == [200]
+
+
+@pytest.mark.parametrize("path", ["/verify", "/compare", "/aggregate_metrics", "/checkpoint"])
+async def test_a_body_of_too_many_values_is_refused_before_it_is_decoded(path: str) -> None:
+    # (#40 item 2) a 60 MiB body of `[[],[],…]` decoded to 1.7 GB, even when refused with 422
+    count = MAX_JSON_VALUES // 2 + 1  # each "[]," is an opening bracket and a comma
+    raw = b"[" + b"[]," * count + b"[]]"
+    cfg = settings(num_rollouts_per_prompt=2)
+    async with open_engine(cfg, ScriptedJudge()) as engine:
+        status, reply, _ = await call(create_app(engine, cfg), path, raw=raw)
+    values = 2 * count + 3
+    assert (status, reply) == (
+        422,
+        {
+            "detail": [
+                {
+                    "type": "json_too_large",
+                    "loc": ["body"],
+                    "msg": f"JSON decode error: up to {values} values, more than the "
+                    f"{MAX_JSON_VALUES} a body may hold",
+                }
+            ]
+        },
+    )
+
+
+def test_a_large_body_within_the_value_budget_decodes() -> None:
+    raw = b'{"a": "' + b"x" * (2 << 20) + b'", "b": [1, 2]}'  # 2 MiB, a handful of values
+    assert decode_body(raw) == {"a": "x" * (2 << 20), "b": [1, 2]}

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 import trio
 from quart import Response, request
@@ -50,7 +50,6 @@ from genrm_trio.http.schema import (
     AggregateMetricsRequest,
     CloseSessionRequest,
     SeedSessionRequest,
-    VerifyRequest,
     WireError,
     decode_body,
     error,
@@ -165,11 +164,13 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
         if len(data) < OFF_LOOP_BODY_BYTES:
             parsed = parse_verify(decode_body(data))
             held = HeldVerify.of(parsed)
+            item = parsed.input
+            del parsed
         else:
-            parsed, held = await score_off_loop(partial(_held_verify, data), offload)
+            item, held = await score_off_loop(partial(_off_loop, _held_verify, data), offload)
         del data
-        pending = engine.verify(parsed.input)
-        del parsed
+        pending = engine.verify(item)
+        del item
         outcome = await pending
         row: object
         if type(outcome) is Scored:
@@ -197,7 +198,10 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
     max_responses = settings.server.max_compare_responses
 
     async def compare_route(data: bytes) -> Reply:
-        item = parse_compare(decode_body(data))
+        if len(data) < OFF_LOOP_BODY_BYTES:
+            item = parse_compare(decode_body(data))
+        else:
+            item = await score_off_loop(partial(_off_loop, _parsed_compare, data), offload)
         if len(item.responses) > max_responses:
             message = (
                 f"at most {max_responses} responses per request (server.max_compare_responses), "
@@ -232,12 +236,14 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
         return 200, {"resources_session_id": value["resources_session_id"]}, None
 
     async def aggregate(data: bytes) -> Reply:
-        return 200, await score_off_loop(partial(_aggregate_reply, data), offload), None
+        return 200, await score_off_loop(partial(_off_loop, _aggregate_reply, data), offload), None
 
     async def checkpoint_restore(data: bytes) -> Reply:
         n = settings.num_rollouts_per_prompt
         try:
-            records, marks = await score_off_loop(partial(_parsed_checkpoint, data, n), offload)
+            records, marks = await score_off_loop(
+                partial(_off_loop, _parsed_checkpoint, data, n), offload
+            )
         except CheckpointError as exc:
             raise RequestRejected(Rejection.INVALID, exc.message) from None
         del data
@@ -306,7 +312,7 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
     async def checkpoint_export() -> Response:
         # the records are immutable: read here, unpacked and encoded in the thread
         records, marks = engine.terminal_records(), engine.watermark_records()
-        body = await score_off_loop(partial(_export_json, records, marks), offload)
+        body = await score_off_loop(partial(_off_loop, _export_json, records, marks), offload)
         return Response(body, status=200, content_type=_JSON)
 
     openapi: list[bytes] = []
@@ -322,15 +328,34 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
 
 
 OFF_LOOP_BODY_BYTES: Final = 256 * 1024
-"""A `/verify` body from this size is decoded, validated and held (`HeldVerify`, its extra keys
-compressed) in a worker thread; smaller ones, the agent's usual few kilobytes, on the loop,
-where that takes well under a millisecond. Decoding runs at about 10 ms per 100 KiB of the
-densest JSON (`[[],[],…]`) on a busy core, so the loop stalls at most about 25 ms for one body."""
+"""A `/verify` or `/compare` body from this size is decoded and validated (a `/verify` also
+held: `HeldVerify`, its extra keys compressed) in a worker thread; smaller ones, the agent's
+usual few kilobytes, on the loop, where that takes well under a millisecond. Decoding runs at
+about 10 ms per 100 KiB of the densest JSON (`[[],[],…]`) on a busy core, so the loop stalls
+at most about 25 ms for one body."""
 
 
-def _held_verify(data: bytes) -> tuple[VerifyRequest, HeldVerify]:
+_T = TypeVar("_T")
+
+
+def _off_loop(work: Callable[..., _T], *args: Any) -> _T:
+    """`work(*args)` in the worker thread, leaving every decoded value there: an error is
+    re-raised without the traceback whose frames hold the decoded body, so that its (possibly
+    millions of) objects are freed in the thread, not by the loop."""
+    try:
+        return work(*args)
+    except Exception as exc:
+        raise exc.with_traceback(None) from None
+
+
+def _held_verify(data: bytes) -> tuple[VerifyInput, HeldVerify]:
+    """What a waiting `/verify` keeps (the decoded body itself is freed in the thread)."""
     parsed = parse_verify(decode_body(data))
-    return parsed, HeldVerify.of(parsed, pack_rest=True)
+    return parsed.input, HeldVerify.of(parsed, pack_rest=True)
+
+
+def _parsed_compare(data: bytes) -> CompareInput:
+    return parse_compare(decode_body(data))
 
 
 def _aggregate_reply(data: bytes) -> bytes:

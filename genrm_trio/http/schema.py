@@ -12,7 +12,7 @@ and inside the values of `responses_create_params` is opaque.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeVar, final
+from typing import Annotated, Any, Final, Literal, TypeVar, final
 
 from pydantic import (
     AliasChoices,
@@ -30,6 +30,7 @@ from genrm_trio.domain.codec import InvalidJSON, decode_json
 from genrm_trio.domain.model import CompareInput, JSONValue, VerifyInput
 
 __all__ = [
+    "MAX_JSON_VALUES",
     "ROLES",
     "VERIFY_FIELDS",
     "AggregateMetricsRequest",
@@ -66,9 +67,35 @@ def error(kind: str, loc: Loc, msg: str) -> dict[str, Any]:
     return {"type": kind, "loc": ["body", *loc], "msg": msg}
 
 
+MAX_JSON_VALUES: Final = 4_000_000
+"""The most JSON values a body may hold (counted from its separators, see `_values_at_most`).
+Decoded, a value costs 50 to 200 bytes whatever its text: a 60 MiB body of `[[],[],…]` was 20
+million lists and 1.7 GB. At this bound a body decodes to a few hundred megabytes at most
+(docs/reliability.md, "Security"); a `/verify` body is a few hundred values."""
+
+_COUNT_VALUES_FROM: Final = 1 << 20
+"""Bodies smaller than this (1 MiB) cannot hold MAX_JSON_VALUES values and are not counted."""
+
+
+def _values_at_most(body: bytes) -> int:
+    """An upper bound on the values in a JSON text: every value but the first follows a `,`, a
+    `:` or an opening bracket (strings holding those characters only raise it). C-speed counts,
+    a few milliseconds for 64 MiB."""
+    return 1 + sum(body.count(mark) for mark in (b",", b":", b"[", b"{"))
+
+
 def decode_body(body: bytes | bytearray) -> JSONValue:
     """A request body as one JSON value (:func:`decode_json`), or WireError with the one
-    `json_invalid` item of what the codec refused (its `loc` is the whole body)."""
+    `json_invalid` item of what the codec refused (its `loc` is the whole body), or the one
+    `json_too_large` item of a body with more than MAX_JSON_VALUES values."""
+    if len(body) >= _COUNT_VALUES_FROM:
+        values = _values_at_most(body if type(body) is bytes else bytes(body))
+        if values > MAX_JSON_VALUES:
+            message = (
+                f"JSON decode error: up to {values} values, more than the {MAX_JSON_VALUES} a "
+                "body may hold"
+            )
+            raise WireError([error("json_too_large", (), message)])
     try:
         return decode_json(body)
     except InvalidJSON as exc:
