@@ -22,6 +22,7 @@ from judges import ScriptedJudge, settings
 
 import genrm_trio.http.app as app_module
 from genrm_trio.app.serve import bind_socket, open_bind_warning, serve_app
+from genrm_trio.domain.codec import encode_json
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.http.app import create_app
 from genrm_trio.http.schema import MAX_JSON_VALUES, decode_body
@@ -197,13 +198,14 @@ async def test_health_answers_while_a_large_request_is_worked_on(
     }[route]
     monkeypatch.setattr(app_module, name, _blocking(getattr(app_module, name), released))
     cfg = settings(num_rollouts_per_prompt=1)  # a /verify is answered at once
-    big = "x" * app_module.OFF_LOOP_BODY_BYTES  # a /verify body above the threshold
+    # a /verify body with more values than are decoded on the loop
+    dense = {"extra": [[]] * (app_module.OFF_LOOP_VALUES // 2 + 1)}
     empty = {"version": 1, "cohorts": [], "watermarks": {}}
     requests = {
         "/aggregate_metrics": ("POST", "/aggregate_metrics", {"verify_responses": []}),
         "GET /checkpoint": ("GET", "/checkpoint", None),
         "POST /checkpoint": ("POST", "/checkpoint", empty),
-        "/verify": ("POST", "/verify", member(0, big, group="big")),
+        "/verify": ("POST", "/verify", member(0, "answer", group="big", **dense)),
     }
     method, path, body = requests[route]
     statuses: list[int] = []
@@ -250,3 +252,12 @@ async def test_a_body_of_too_many_values_is_refused_before_it_is_decoded(path: s
 def test_a_large_body_within_the_value_budget_decodes() -> None:
     raw = b'{"a": "' + b"x" * (2 << 20) + b'", "b": [1, 2]}'  # 2 MiB, a handful of values
     assert decode_body(raw) == {"a": "x" * (2 << 20), "b": [1, 2]}
+
+
+def test_only_bodies_that_decode_long_leave_the_loop() -> None:
+    # an answer of a megabyte is one string: decoded on the loop in about a millisecond
+    long_answer = encode_json(member(0, "x" * (1 << 20)))
+    assert not app_module._decodes_long(long_answer)
+    dense = encode_json(member(0, "a", extra=[[]] * (app_module.OFF_LOOP_VALUES // 2 + 1)))
+    assert len(dense) < 512 * 1024 and app_module._decodes_long(dense)
+    assert app_module._decodes_long(b'"' + b"x" * app_module.OFF_LOOP_BODY_BYTES + b'"')

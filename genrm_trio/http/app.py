@@ -56,6 +56,7 @@ from genrm_trio.http.schema import (
     parse_compare,
     parse_verify,
     validate,
+    values_at_most,
 )
 from genrm_trio.judge.answers import unread_fix
 from genrm_trio.judge.base import ReplicaStats
@@ -147,7 +148,7 @@ class _Routes:
     async def verify(self, data: bytes) -> Reply:
         # While the request waits for its group it keeps only what its reply needs, encoded
         # (HeldVerify); the decoded body goes now.
-        if len(data) < OFF_LOOP_BODY_BYTES:
+        if not _decodes_long(data):
             parsed = parse_verify(decode_body(data))
             held = HeldVerify.of(parsed)
             item = parsed.input
@@ -182,7 +183,7 @@ class _Routes:
         return 200, row, None
 
     async def compare(self, data: bytes) -> Reply:
-        if len(data) < OFF_LOOP_BODY_BYTES:
+        if not _decodes_long(data):
             item = parse_compare(decode_body(data))
         else:
             item = await score_off_loop(partial(_off_loop, _parsed_compare, data), self.offload)
@@ -336,12 +337,25 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
     return app
 
 
-OFF_LOOP_BODY_BYTES: Final = 256 * 1024
-"""A `/verify` or `/compare` body from this size is decoded and validated (a `/verify` also
-held: `HeldVerify`, its extra keys compressed) in a worker thread; smaller ones, the agent's
-usual few kilobytes, on the loop, where that takes well under a millisecond. Decoding runs at
-about 10 ms per 100 KiB of the densest JSON (`[[],[],…]`) on a busy core, so the loop stalls
-at most about 25 ms for one body."""
+OFF_LOOP_VALUES: Final = 100_000
+"""A `/verify` or `/compare` body with more JSON values than this (an upper bound from its
+separators, `values_at_most`) is decoded and validated (a `/verify` also held: `HeldVerify`, its
+extra keys compressed) in a worker thread. Decoding costs about 0.1-0.2 µs per value and
+1 ns per byte of string: an agent's body of a few hundred values, or one with a megabyte-long
+answer, takes well under a millisecond on the loop, and one at this bound about 10-20 ms."""
+
+OFF_LOOP_BODY_BYTES: Final = 16 << 20
+"""Any body from this size (16 MiB) is decoded off the loop, whatever it holds."""
+
+_COUNTED_FROM: Final = 64 * 1024
+"""Smaller bodies cannot hold OFF_LOOP_VALUES values and are not counted."""
+
+
+def _decodes_long(data: bytes) -> bool:
+    """Whether decoding `data` could hold the loop for more than a few milliseconds."""
+    if len(data) < _COUNTED_FROM:
+        return False
+    return len(data) >= OFF_LOOP_BODY_BYTES or values_at_most(data) > OFF_LOOP_VALUES
 
 
 _T = TypeVar("_T")

@@ -45,6 +45,7 @@ __all__ = [
     "parse_compare",
     "parse_verify",
     "validate",
+    "values_at_most",
 ]
 
 MAX_ERRORS = 64  # a 422 lists at most this many problems
@@ -68,7 +69,7 @@ def error(kind: str, loc: Loc, msg: str) -> dict[str, Any]:
 
 
 MAX_JSON_VALUES: Final = 4_000_000
-"""The most JSON values a body may hold (counted from its separators, see `_values_at_most`).
+"""The most JSON values a body may hold (counted from its separators, see `values_at_most`).
 Decoded, a value costs 50 to 200 bytes whatever its text: a 60 MiB body of `[[],[],…]` was 20
 million lists and 1.7 GB. At this bound a body decodes to a few hundred megabytes at most
 (docs/reliability.md, "Security"); a `/verify` body is a few hundred values."""
@@ -77,7 +78,7 @@ _COUNT_VALUES_FROM: Final = 1 << 20
 """Bodies smaller than this (1 MiB) cannot hold MAX_JSON_VALUES values and are not counted."""
 
 
-def _values_at_most(body: bytes) -> int:
+def values_at_most(body: bytes) -> int:
     """An upper bound on the values in a JSON text: every value but the first follows a `,`, a
     `:` or an opening bracket (strings holding those characters only raise it). C-speed counts,
     a few milliseconds for 64 MiB."""
@@ -89,7 +90,7 @@ def decode_body(body: bytes | bytearray) -> JSONValue:
     `json_invalid` item of what the codec refused (its `loc` is the whole body), or the one
     `json_too_large` item of a body with more than MAX_JSON_VALUES values."""
     if len(body) >= _COUNT_VALUES_FROM:
-        values = _values_at_most(body if type(body) is bytes else bytes(body))
+        values = values_at_most(body if type(body) is bytes else bytes(body))
         if values > MAX_JSON_VALUES:
             message = (
                 f"JSON decode error: up to {values} values, more than the {MAX_JSON_VALUES} a "
