@@ -28,7 +28,7 @@ from genrm_trio.domain.checkpoint import (
     parse_checkpoint,
     report_body,
 )
-from genrm_trio.domain.codec import encode_json
+from genrm_trio.domain.codec import encode_json, release_in_steps
 from genrm_trio.domain.gym_metrics import NumberTooLarge, aggregate_metrics
 from genrm_trio.domain.model import (
     CohortView,
@@ -372,18 +372,22 @@ def _off_loop(work: Callable[..., _T], *args: Any) -> _T:
 
 
 def _held_verify(data: bytes) -> tuple[VerifyInput, HeldVerify]:
-    """What a waiting `/verify` keeps (the decoded body itself is freed in the thread)."""
-    parsed = parse_verify(decode_body(data))
-    return parsed.input, HeldVerify.of(parsed, pack_rest=True)
+    """What a waiting `/verify` keeps; the rest of the decoded body is freed here, in the
+    thread, a member at a time (the engine's input holds the echoed fields' parts)."""
+    parsed = parse_verify(decode_body(data, in_steps=True))
+    held = HeldVerify.of(parsed, pack_rest=True)
+    for key in [key for key in parsed.body if key not in _ECHOED]:
+        release_in_steps(parsed.body.pop(key), levels=1)
+    return parsed.input, held
 
 
 def _parsed_compare(data: bytes) -> CompareInput:
-    return parse_compare(decode_body(data))
+    return parse_compare(decode_body(data, in_steps=True))
 
 
 def _aggregate_reply(data: bytes) -> bytes:
     """The encoded `/aggregate_metrics` reply (pure: run off the loop)."""
-    value = decode_body(data)
+    value = decode_body(data, in_steps=True)
     validate(AggregateMetricsRequest, value)  # the rows are used as decoded, not copied
     assert type(value) is dict
     try:
@@ -391,17 +395,27 @@ def _aggregate_reply(data: bytes) -> bytes:
     except NumberTooLarge as exc:  # the statistics are pure; the 422 item is HTTP's
         loc = ("verify_responses",)
         raise WireError([error("number_too_large", loc, str(exc))]) from None
+    finally:
+        release_in_steps(value)
     return encode_json(reply)
 
 
 def _parsed_checkpoint(
     data: bytes, num_rollouts: int
 ) -> tuple[list[TerminalRecord], list[WatermarkRecord]]:
-    return parse_checkpoint(decode_body(data), num_rollouts=num_rollouts)
+    value = decode_body(data, in_steps=True)
+    try:
+        return parse_checkpoint(value, num_rollouts=num_rollouts)
+    finally:
+        release_in_steps(value)  # the records hold copies (packed results, strings)
 
 
 def _export_json(records: list[TerminalRecord], marks: list[WatermarkRecord]) -> bytes:
     return encode_json(export_checkpoint(records, marks))
+
+
+_ECHOED: Final = frozenset({"responses_create_params", "response"})
+"""The `/verify` keys whose parts the engine's input holds (never released in steps)."""
 
 
 _ENV_SEED_KEYS = frozenset({"resources_session_id", "episode_id", "task_id", "task_data"})
