@@ -38,9 +38,9 @@ import trio
 from genrm_trio.client import (
     AsyncGenRMClient,
     GroupSizeError,
-    Masked,
+    MaskedRollout,
     RolloutResult,
-    Scored,
+    ScoredRollout,
     all_at_once,
     scored_mean,
 )
@@ -83,8 +83,8 @@ def impute_masked(results: Sequence[RolloutResult]) -> list[dict[str, float]]:
     mean = scored_mean(results)
     return [
         {
-            "score": result.reward if type(result) is Scored else mean,
-            "genrm_masked": 1.0 if type(result) is Masked else 0.0,
+            "score": result.reward if type(result) is ScoredRollout else mean,
+            "genrm_masked": 1.0 if type(result) is MaskedRollout else 0.0,
             "genrm_scored_mean": mean,
         }
         for result in results

@@ -526,7 +526,7 @@ async def test_sigterm_while_judging_delivers_503s_and_exits_0(
             _measured("SIGTERM -> 503s delivered", answered)
             for i in range(N):
                 assert replies[i].status == 503
-                assert replies[i].body == {"detail": SHUTTING_DOWN}
+                assert replies[i].body == {"detail": SHUTTING_DOWN, "reason": "shutting_down"}
             code = await trio.to_thread.run_sync(server.wait, grace_s + MARGIN_S)
             exited = trio.current_time() - signalled
             assert code == 0

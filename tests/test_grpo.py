@@ -35,10 +35,10 @@ from tiny_models import ML_PACKAGES, REQUIRE_ML_ENV, build_tiny_model
 from genrm_trio.client import (
     Completion,
     GenRMClient,
-    Masked,
+    MaskedRollout,
     Prompt,
     RolloutResult,
-    Scored,
+    ScoredRollout,
     verify_body,
 )
 from genrm_trio.domain.text import response_digest
@@ -201,16 +201,16 @@ def test_grpo_trains_two_steps_on_genrm_rewards_with_masked_rows_left_out(
         for position, (completion, result) in enumerate(zip(completions, results, strict=True)):
             record = records[(call * BATCH // N + position // N, position % N)]
             if record is None:
-                assert type(result) is Masked
+                assert type(result) is MaskedRollout
                 masked += 1
             else:
-                assert type(result) is Scored and result.reward == record["reward"]
+                assert type(result) is ScoredRollout and result.reward == record["reward"]
                 assert record["answer_text"] == completion
                 scored += 1
     # the run held masked and scored completions side by side in one group (with these flags
     # and seeds, every group of both steps): what the statistics below must keep apart
     mixed = [
-        {type(result) for result in results[start : start + N]} == {Masked, Scored}
+        {type(result) for result in results[start : start + N]} == {MaskedRollout, ScoredRollout}
         for _, results in reward.batches
         for start in range(0, BATCH, N)
     ]
@@ -219,7 +219,7 @@ def test_grpo_trains_two_steps_on_genrm_rewards_with_masked_rows_left_out(
     # TRL's statistics leave the None rows out: each step's logged mean and std are over the
     # scored rows (counting a None as 0 would change them wherever a step masked one)
     for entry, (_, results) in zip(logged, reward.batches, strict=True):
-        values = [float32(r.reward) for r in results if type(r) is Scored]
+        values = [float32(r.reward) for r in results if type(r) is ScoredRollout]
         assert entry["rewards/genrm/mean"] == pytest.approx(statistics.fmean(values), abs=1e-6)
         if len(values) > 1:
             assert entry["rewards/genrm/std"] == pytest.approx(statistics.stdev(values), abs=1e-5)
@@ -229,7 +229,7 @@ def test_grpo_trains_two_steps_on_genrm_rewards_with_masked_rows_left_out(
     # for the others; TRL's logged rewards are the server's, NaN for a masked row
     assert len(logs) == STEPS
     for (advantages, logged_rewards), (_, results) in zip(logs, reward.batches, strict=True):
-        rewards = [r.reward if type(r) is Scored else None for r in results]
+        rewards = [r.reward if type(r) is ScoredRollout else None for r in results]
         assert advantages == pytest.approx(expected_advantages(rewards), abs=1e-4)
         for value, expected in zip(logged_rewards, rewards, strict=True):
             if expected is None:

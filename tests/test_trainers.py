@@ -11,13 +11,16 @@ import socket
 import statistics
 import threading
 from argparse import Namespace
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
 from genrm_server import FAIL, PROMPT, N, Server, answers, server
+from procs import Proc, start_server
 
+import genrm_trio.slime
 import genrm_trio.verl
 from genrm_trio.client import (
     AsyncGenRMClient,
@@ -26,11 +29,11 @@ from genrm_trio.client import (
     GenRMUnavailable,
     GroupSettings,
     GroupSizeError,
-    Masked,
-    Scored,
+    MaskedRollout,
+    ScoredRollout,
 )
 from genrm_trio.slime import group_rm, post_process_rewards
-from genrm_trio.trl import BatchGroup, batch_groups, genrm_reward, masked_by
+from genrm_trio.trl import BatchGroup, GenRMReward, batch_groups, genrm_reward, masked_by
 from genrm_trio.verl import compute_score, group_positions
 
 pytestmark = pytest.mark.slow
@@ -61,7 +64,7 @@ def test_batch_groups_follow_trls_layout() -> None:
     ]
     with pytest.raises(GroupSizeError, match=r"a batch of 6 completions \(1 process\(es\) x 6\)"):
         batch_groups(["a"] * 6, group_size=4)
-    with pytest.raises(ValueError, match="completions 0 and 2 of the batch are in group 0"):
+    with pytest.raises(GroupSizeError, match="completions 0 and 2 of the batch are in group 0"):
         batch_groups(["a", "a", "b", "b"], group_size=4)
 
 
@@ -75,8 +78,78 @@ def test_trl_reward_scores_each_group_and_masks_with_none(server: Server) -> Non
     # member 1's pairs (0, 1) and (1, 2) fail: 0, 1 and 2 are None, 3 keeps its score
     assert rewards[N : N + 3] == [None, None, None]
     assert rewards[N + 3] == reference(server, OTHER, second)[3]
-    assert [type(result) for result in reward.last_results[N:]] == [Masked] * 3 + [Scored]
+    assert [type(result) for result in reward.last_results[N:]] == [MaskedRollout] * 3 + [
+        ScoredRollout
+    ]
     assert reward.calls == 1
+
+
+class FakeTrainer:
+    """What `genrm_reward` reads of TRL's `GRPOTrainer`, through the bound `log_metric` TRL
+    passes to reward functions (trl/trainer/grpo_trainer.py, `_calculate_rewards`)."""
+
+    def __init__(self, num_generations: int, num_generations_eval: int) -> None:
+        self.num_generations = num_generations
+        self.num_generations_eval = num_generations_eval
+        self.model = Namespace(training=True)
+
+    def _log_metric(self, name: str, value: float) -> None:
+        raise AssertionError("not called")  # pragma: no cover
+
+
+@pytest.fixture(scope="module")
+def servers_of_8_and_1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, Proc]]:
+    """Two more servers with the simulated judge: groups of 8, and the default (groups of 1)."""
+    started: dict[int, Proc] = {}
+    try:
+        for size in (8, 1):
+            directory = tmp_path_factory.mktemp(f"n{size}")
+            config = {"num_rollouts_per_prompt": size} if size > 1 else {}
+            started[size] = start_server(directory, config)
+        yield started
+    finally:
+        for proc in started.values():
+            proc.close()
+
+
+@pytest.mark.parametrize(
+    ("trl", "server_size", "error"),
+    [
+        (
+            16,
+            8,
+            r"num_generations is 16 but the genrm-trio server scores groups of "
+            r"num_rollouts_per_prompt=8: set num_generations to 8, or start the server with "
+            r"--num-rollouts-per-prompt 16 \(nothing was sent\)",
+        ),
+        (
+            4,
+            1,
+            r"num_generations is 4 but the genrm-trio server scores groups of "
+            r"num_rollouts_per_prompt=1 \(a server started without it scores groups of one\): "
+            r"set num_generations to 1, or start the server with --num-rollouts-per-prompt 4",
+        ),
+    ],
+)
+def test_trl_refuses_a_num_generations_other_than_the_servers_before_sending(
+    servers_of_8_and_1: dict[int, Proc], trl: int, server_size: int, error: str
+) -> None:
+    url = servers_of_8_and_1[server_size].url
+    trainer = FakeTrainer(trl, num_generations_eval=server_size)
+    texts = answers("size", n=2 * trl)
+    prompts = [PROMPT] * trl + [OTHER] * trl  # two of TRL's groups: whole groups of the server's
+    with pytest.raises(GroupSizeError, match=error):
+        genrm_reward(url)(prompts=prompts, completions=texts, log_metric=trainer._log_metric)
+    with pytest.raises(GroupSizeError, match=f"num_generations is {trl} but"):
+        genrm_reward(url, num_generations=trl)(prompts=prompts, completions=texts)
+    assert httpx.get(url + "/cohorts").json() == []  # nothing was sent
+    # evaluating, TRL's groups are num_generations_eval (here the server's): scored
+    trainer.model.training = False
+    prompts = [PROMPT] * server_size + [OTHER] * server_size
+    rewards = genrm_reward(url)(
+        prompts=prompts, completions=texts[: 2 * server_size], log_metric=trainer._log_metric
+    )
+    assert len(rewards) == 2 * server_size and all(isinstance(r, float) for r in rewards)
 
 
 def test_trl_conversational_format(server: Server) -> None:
@@ -119,9 +192,9 @@ def test_trl_raises_the_clients_error_not_an_exception_group() -> None:
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    reward = genrm_reward(f"http://127.0.0.1:{port}")
+    reward = GenRMReward(f"http://127.0.0.1:{port}", resends=0)
     reward._settings = GroupSettings(N, 10.0, 10.0)  # known: the members' requests fail
-    with pytest.raises(GenRMUnavailable, match="unreachable: ConnectError"):
+    with pytest.raises(GenRMUnavailable, match="unreachable after 1 tries: ConnectError"):
         reward(prompts=[PROMPT] * N + [OTHER] * N, completions=answers("a") + answers("b"))
 
 
@@ -293,3 +366,35 @@ def test_slime_group_rm_refuses_mixed_prompts(server: Server) -> None:
 
 def test_the_fail_tag_is_what_the_judge_fails_on() -> None:
     assert FAIL in answers("x", failing={0})[0] and FAIL not in answers("x")[0]
+
+
+def test_slime_refuses_a_group_of_another_size_and_samples_per_rollout(server: Server) -> None:
+    group = [Sample(PROMPT, text) for text in answers("slime-size", n=N + 1)]
+    with pytest.raises(
+        GroupSizeError,
+        match=rf"--n-samples-per-prompt is {N + 1} but the genrm-trio server scores groups of "
+        rf"num_rollouts_per_prompt={N}",
+    ):
+        asyncio.run(group_rm(slime_args(server), group))
+    nested: list[Any] = [[Sample(PROMPT, "a"), Sample(PROMPT, "b")]] * N
+    with pytest.raises(GroupSizeError, match="rollout 0 of the group is 2 samples"):
+        asyncio.run(group_rm(slime_args(server), nested))
+    with pytest.raises(GroupSizeError, match=rf"not whole groups of --n-samples-per-prompt={N}"):
+        post_process_rewards(slime_args(server), [Sample(PROMPT, "a", reward=1.0)] * (N + 1))
+    assert httpx.get(server.url + "/cohorts").json() == []  # nothing was sent
+
+
+def test_slime_keeps_one_client_per_event_loop_and_url(server: Server) -> None:
+    args = slime_args(server)
+    clients: list[object] = []
+
+    async def rollout(tag: str) -> None:  # several groups of one run, on one loop
+        for number in range(3):
+            group = [Sample(PROMPT, text) for text in answers(f"{tag}-{number}")]
+            await group_rm(args, group)
+            clients.append(genrm_trio.slime._CLIENTS[asyncio.get_running_loop()][server.url])
+
+    asyncio.run(rollout("loop-1"))
+    asyncio.run(rollout("loop-2"))
+    assert len({id(client) for client in clients[:3]}) == 1  # one client for the loop's groups
+    assert clients[3] is not clients[0]  # a new loop, a new client (the old pool was its loop's)
