@@ -40,9 +40,11 @@ docs/architecture.md, "Layers").
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar, final
@@ -73,6 +75,7 @@ __all__ = [
     "RolloutResult",
     "ScoredRollout",
     "all_at_once",
+    "loop_client",
     "one_error",
     "rewards_of",
     "scored_mean",
@@ -654,6 +657,29 @@ async def all_at_once(calls: Iterable[Callable[[], Coroutine[Any, Any, object]]]
                 tasks.start_soon(call)
     except BaseExceptionGroup as failed:
         raise one_error(failed)  # noqa: B904 - the group is in the note, not the chain
+
+
+_LoopKey = tuple[str, str | None, float | None]
+# One client per asyncio event loop and (URL, key, timeout): its pool and the server's group
+# settings serve every group of a run; dropped with the loop (a trainer's loop lives as long as
+# its rollouts).
+_LOOP_CLIENTS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[_LoopKey, AsyncGenRMClient]
+] = weakref.WeakKeyDictionary()
+
+
+def loop_client(
+    base_url: str, *, api_key: str | None = None, timeout: float | None = None
+) -> AsyncGenRMClient:
+    """The running asyncio loop's client of the server at `base_url`, made on first use: for
+    trainer hooks that are called once per group or per rollout (slime's `group_rm`, verl's
+    reward manager), so they share one connection pool rather than open one per call."""
+    clients = _LOOP_CLIENTS.setdefault(asyncio.get_running_loop(), {})
+    key = (base_url, api_key, timeout)
+    client = clients.get(key)
+    if client is None:
+        client = clients[key] = AsyncGenRMClient(base_url, api_key=api_key, timeout=timeout)
+    return client
 
 
 _T = TypeVar("_T")

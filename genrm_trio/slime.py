@@ -30,18 +30,16 @@ sample 0.0. Its batch must be whole groups of `--n-samples-per-prompt`.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import statistics
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from genrm_trio.client import (
-    AsyncGenRMClient,
     GroupSizeError,
     MaskedRollout,
     group_size_message,
+    loop_client,
     scored_mean,
 )
 
@@ -52,19 +50,6 @@ _GROUP_NORMALISED = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
 _STD_NORMALISED = ("grpo", "gspo", "cispo")
 _EPSILON = 1e-6  # slime's
 _MASKED = "genrm_masked"  # the metadata key of a masked sample: its reason
-# One client per event loop and URL: its pool and the server's group settings serve every group
-# of the run. Kept until the loop is collected (slime's loop lives as long as its rollouts).
-_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncGenRMClient]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _client(url: str) -> AsyncGenRMClient:
-    clients = _CLIENTS.setdefault(asyncio.get_running_loop(), {})
-    client = clients.get(url)
-    if client is None:
-        client = clients[url] = AsyncGenRMClient(url, api_key=os.environ.get(API_KEY_ENV) or None)
-    return client
 
 
 async def group_rm(args: Any, samples: Sequence[Any], **kwargs: Any) -> list[float]:
@@ -81,7 +66,7 @@ async def group_rm(args: Any, samples: Sequence[Any], **kwargs: Any) -> list[flo
     prompts = {repr(sample.prompt) for sample in samples}
     if len(prompts) != 1:
         raise GroupSizeError(f"group_rm: a group of {len(samples)} samples with different prompts")
-    client = _client(args.rm_url)
+    client = loop_client(args.rm_url, api_key=os.environ.get(API_KEY_ENV) or None)
     size = await client.num_rollouts_per_prompt()
     if len(samples) != size:
         raise GroupSizeError(group_size_message(len(samples), size, "--n-samples-per-prompt"))

@@ -85,11 +85,17 @@ class Recording(GenRMReward):
     def __init__(self, base_url: str) -> None:
         super().__init__(base_url)
         self.batches: list[tuple[list[Completion], list[RolloutResult]]] = []
+        self.num_generations_seen: list[int | None] = []
 
     def score_batch(
-        self, prompts: Sequence[Prompt], completions: Sequence[Completion]
+        self,
+        prompts: Sequence[Prompt],
+        completions: Sequence[Completion],
+        *,
+        num_generations: int | None = None,
     ) -> list[RolloutResult]:
-        results = super().score_batch(prompts, completions)
+        self.num_generations_seen.append(num_generations)  # read from the trainer
+        results = super().score_batch(prompts, completions, num_generations=num_generations)
         self.batches.append((list(completions), results))
         return results
 
@@ -191,6 +197,7 @@ def test_grpo_trains_two_steps_on_genrm_rewards_with_masked_rows_left_out(
     assert trainer.state.global_step == STEPS
     logged = [entry for entry in trainer.state.log_history if "rewards/genrm/mean" in entry]
     assert len(logged) == STEPS == len(reward.batches)
+    assert reward.num_generations_seen == [N] * STEPS  # TRL's, through its log_metric
 
     # every completion got the server's answer: None where it masked, its reward exactly
     records = server_records(genrm.url, str(reward.run_id))

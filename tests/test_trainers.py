@@ -1,8 +1,8 @@
 """The trainer adapters (docs/trainers.md), each called as its trainer calls it, with a batch
 built here, against a live `genrm-trio serve` (tests/genrm_server.py): TRL's reward function
-(`genrm_trio.trl`), verl's batch `custom_reward_function` (`genrm_trio.verl`) and slime's
-`--group-rm` function and reward post-processing (`genrm_trio.slime`). None of them needs the
-trainer installed; the real GRPO run is tests/test_grpo.py."""
+(`genrm_trio.trl`) and slime's `--group-rm` function and reward post-processing
+(`genrm_trio.slime`). None of them needs the trainer installed; the real GRPO run is
+tests/test_grpo.py, verl's reward manager is tests/test_verl.py."""
 
 from __future__ import annotations
 
@@ -20,21 +20,17 @@ import pytest
 from genrm_server import FAIL, PROMPT, N, Server, answers, server
 from procs import Proc, start_server
 
-import genrm_trio.slime
-import genrm_trio.verl
 from genrm_trio.client import (
-    AsyncGenRMClient,
     GenRMClient,
-    GenRMRequestError,
     GenRMUnavailable,
     GroupSettings,
     GroupSizeError,
     MaskedRollout,
     ScoredRollout,
+    loop_client,
 )
 from genrm_trio.slime import group_rm, post_process_rewards
 from genrm_trio.trl import BatchGroup, GenRMReward, batch_groups, genrm_reward, masked_by
-from genrm_trio.verl import compute_score, group_positions
 
 pytestmark = pytest.mark.slow
 __all__ = ["server"]  # the module's live server (a fixture)
@@ -229,72 +225,6 @@ def test_masked_by_gives_the_whole_row_none(server: Server) -> None:
     assert asyncio.run(wrapped(prompts=[PROMPT] * N, completions=texts)) == expected
 
 
-# --- verl -----------------------------------------------------------------------------------------
-
-
-def test_verl_groups_by_row_whatever_the_batch_order() -> None:
-    infos = [{"index": 7, "question": "q"}, {"index": 8, "question": "q"}] * 2
-    assert group_positions(infos, prompt_key="question", group_size=2) == [
-        ("q", [0, 2]),
-        ("q", [1, 3]),
-    ]
-    with pytest.raises(KeyError, match="extra_info has no 'prompt'"):
-        group_positions(infos, prompt_key="prompt", group_size=2)
-    with pytest.raises(GroupSizeError, match=r"set actor_rollout_ref\.rollout\.n"):
-        group_positions(infos[:3], prompt_key="question", group_size=2)
-
-
-def test_verl_batch_reward_function(server: Server) -> None:
-    clean, failing = answers("verl-a"), answers("verl-b", failing={0})
-    # verl's batch after balance_batch: the two rows' rollouts interleaved
-    order = [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2), (0, 3), (1, 3)]
-    texts = [(clean, failing)[row][i] for row, i in order]
-    infos = [{"index": row, "question": (PROMPT, OTHER)[row]} for row, _ in order]
-    scores = compute_score(
-        data_sources=["genrm"] * 8,
-        solution_strs=texts,
-        ground_truths=[None] * 8,
-        extra_infos=infos,
-        base_url=server.url,  # custom_reward_function.reward_kwargs
-    )
-    by_row: dict[int, list[dict[str, float]]] = {0: [], 1: []}
-    for (row, _), score in zip(order, scores, strict=True):
-        by_row[row].append(score)
-    assert [s["score"] for s in by_row[0]] == reference(server, PROMPT, clean)
-    assert [s["genrm_masked"] for s in by_row[0]] == [0.0] * N
-    # 0's pairs (3, 0) and (0, 1) fail: 3, 0 and 1 are masked and get the scored mean (2's
-    # reward), so their advantage is 0 and the group mean is the scored members' mean
-    expected = reference(server, OTHER, failing)
-    assert expected[:2] == [None, None] and expected[3] is None
-    assert [s["genrm_masked"] for s in by_row[1]] == [1.0, 1.0, 0.0, 1.0]
-    assert [s["score"] for s in by_row[1]] == [expected[2]] * N
-    assert {s["genrm_scored_mean"] for s in by_row[1]} == {expected[2]}
-
-
-def test_verl_raises_the_clients_error_not_an_exception_group(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    def refuse(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(409, json={"detail": "superseded"})
-
-    class Refused(AsyncGenRMClient):  # every /verify refused, for both groups of the batch
-        def __init__(self, base_url: str, **kwargs: Any) -> None:
-            http = httpx.AsyncClient(transport=httpx.MockTransport(refuse))
-            settings = GroupSettings(N, 10.0, 10.0)
-            super().__init__(base_url, http=http, group_settings=settings, **kwargs)
-
-    monkeypatch.setattr(genrm_trio.verl, "AsyncGenRMClient", Refused)
-    infos = [{"index": i // N, "question": (PROMPT, OTHER)[i // N]} for i in range(2 * N)]
-    with pytest.raises(GenRMRequestError, match="409: superseded"):
-        compute_score(
-            data_sources=["genrm"] * 2 * N,
-            solution_strs=answers("a") + answers("b"),
-            ground_truths=[None] * 2 * N,
-            extra_infos=infos,
-            base_url="http://genrm",
-        )
-
-
 # --- slime ----------------------------------------------------------------------------------------
 
 
@@ -392,7 +322,7 @@ def test_slime_keeps_one_client_per_event_loop_and_url(server: Server) -> None:
         for number in range(3):
             group = [Sample(PROMPT, text) for text in answers(f"{tag}-{number}")]
             await group_rm(args, group)
-            clients.append(genrm_trio.slime._CLIENTS[asyncio.get_running_loop()][server.url])
+            clients.append(loop_client(server.url))
 
     asyncio.run(rollout("loop-1"))
     asyncio.run(rollout("loop-2"))
