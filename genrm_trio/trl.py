@@ -34,6 +34,7 @@ Nothing here imports TRL: the extra `genrm-trio[trl]` installs it for you.
 from __future__ import annotations
 
 import inspect
+import logging
 import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -56,7 +57,16 @@ from genrm_trio.client import (
     rewards_of,
 )
 
-__all__ = ["BatchGroup", "GenRMReward", "batch_groups", "genrm_reward", "masked_by"]
+__all__ = [
+    "TRL_LOGGER",
+    "BatchGroup",
+    "GenRMReward",
+    "MaskedRowWarningFilter",
+    "batch_groups",
+    "genrm_reward",
+    "masked_by",
+    "trainer_num_generations",
+]
 
 RewardFunc = Callable[..., Any]
 
@@ -106,6 +116,22 @@ def batch_groups(
                 )
         out.append(BatchGroup(number, prompt, tuple(members)))
     return out
+
+
+TRL_LOGGER = "trl.trainer.grpo_trainer"
+"""The logger of TRL's `GRPOTrainer`, which warns about rows every reward function gave None."""
+
+
+class MaskedRowWarningFilter(logging.Filter):
+    """Drops TRL's warning "All reward functions returned None for the following kwargs: ...
+    Please ensure that at least one reward function returns a valid reward.", written for
+    every batch with such a row. For genrm-trio such a row is a masked completion, which TRL
+    leaves out of its group's statistics as it should: not a mistake. Every other record
+    passes. `logging.getLogger(TRL_LOGGER).addFilter(MaskedRowWarningFilter())`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # accelerate's logger adapter puts "[RANK 0] " first
+        return "All reward functions returned None for the following" not in str(record.msg)
 
 
 def trainer_num_generations(kwargs: Mapping[str, Any]) -> int | None:

@@ -305,3 +305,39 @@ def test_two_processes_split_a_group_and_the_server_joins_it(genrm: Proc) -> Non
     digests = [cohort["members"][str(i)]["response_digest"] for i in range(N)]
     sent = [verify_body("the prompt", text, group_id="g", rollout_index=0) for text in texts]
     assert digests == [response_digest(body["response"]) for body in sent]
+
+
+def test_the_trl_example_trains_three_steps_and_counts_masked_rows() -> None:
+    """examples/trl_grpo.py, as a user runs it (README, "With TRL"): its own tiny policy, the
+    simulated judge and a server; TRL's warning about masked rows is filtered out."""
+    require_trl()
+    example = Path(__file__).resolve().parent.parent / "examples" / "trl_grpo.py"
+    done = subprocess.run(
+        [sys.executable, str(example)], capture_output=True, text=True, timeout=600, check=False
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    fields = dict(field.split("=") for field in last.split())
+    assert fields["steps"] == "3" and fields["completions"] == "24", last
+    assert int(fields["scored"]) + int(fields["masked"]) == 24
+    assert int(fields["scored"]) > 0 and int(fields["masked"]) > 0  # the judge's faults masked
+    assert "All reward functions returned None" not in output
+
+
+def test_the_masked_row_filter_drops_only_trls_all_none_warning() -> None:
+    import logging
+
+    from genrm_trio.trl import MaskedRowWarningFilter
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("trl", logging.WARNING, __file__, 1, message, None, None)
+
+    quiet = MaskedRowWarningFilter()
+    warning = (
+        "[RANK 0] All reward functions returned None for the following kwargs:\n{}\n"
+        "Please ensure that at least one reward function returns a valid reward."
+    )
+    assert not quiet.filter(record(warning))
+    assert not quiet.filter(record(warning.removeprefix("[RANK 0] ")))
+    assert quiet.filter(record("Some other warning about reward functions"))
