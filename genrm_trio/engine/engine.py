@@ -1,14 +1,14 @@
 """The engine: `/verify` cohorts and `/compare` batches on one engine-owned trio nursery.
 
-``open_engine(settings, judge)`` opens the nursery that owns every cohort's run (engine/run.py:
-collection deadline, then evaluation under the group deadline; with ``eager_comparisons`` each
-comparison starts once both of its members are in, while the group collects) and every
-`/verify` judge call, each waiting for its slot in the critical-path judge queue
-(judge/queue.py); request handlers only attach waiters and wait, so a client disconnect cancels
-its own wait and never a cohort (docs/architecture.md, "How cancellation flows"). Cohort tasks
-start in a fresh, empty ``contextvars`` context so that no per-request variable leaks into
-shared judge calls. `/compare` runs in the request's own task and context, fail-fast, under
-``cohort_evaluation_timeout_s`` (docs/differences.md, D40 / D27).
+``open_engine(settings, judge)`` opens the nursery that owns every cohort's run
+(engine/group_run.py: collection deadline, then evaluation under the group deadline; with
+``eager_comparisons`` each comparison starts once both of its members are in, while the group
+collects) and every `/verify` judge call, each waiting for its slot in the critical-path judge
+queue (judge/queue.py); request handlers only attach waiters and wait, so a client disconnect
+cancels its own wait and never a cohort (docs/architecture.md, "How cancellation flows").
+Cohort tasks start in a fresh, empty ``contextvars`` context so that no per-request variable
+leaks into shared judge calls. `/compare` runs in the request's own task and context,
+fail-fast, under ``cohort_evaluation_timeout_s`` (docs/differences.md, D40 / D27).
 
 The request algorithm is docs/architecture.md "One /verify request", in order. The registry
 section (the registry's policy, `Registry.admit`: prune, watermarks, capacity, supersession;
@@ -61,10 +61,10 @@ from genrm_trio.domain.text import (
 from genrm_trio.engine.cohort import Cohort, Member, Waiter
 from genrm_trio.engine.compare import Comparisons
 from genrm_trio.engine.evaluation import MemberText, default_result
+from genrm_trio.engine.group_run import GroupRunner
 from genrm_trio.engine.keys import RUBRIC_REQUIRED, CohortKey, cohort_key
 from genrm_trio.engine.registry import Registry
 from genrm_trio.engine.restore import apply_restore, plan_restore
-from genrm_trio.engine.run import GroupRunner
 from genrm_trio.judge.attempts import Comparator, ComparatorStatistics
 from genrm_trio.judge.base import Judge, ReplicaReporting, ReplicaStats
 from genrm_trio.judge.queue import JudgeQueue, judge_queue
@@ -415,11 +415,11 @@ class Engine:
         return trio.current_time() + self._commit_timeout_s
 
     async def _run(self, cohort: Cohort) -> None:
-        """Collection, then evaluation (`GroupRunner.judge`, engine/run.py); finally commit the
-        record and release."""
+        """Collection, then evaluation (`GroupRunner.run_group`, engine/group_run.py); finally
+        commit the record and release."""
         try:
             with cohort.scope:
-                await self._runner.judge(cohort)
+                await self._runner.run_group(cohort)
         except Exception as exc:
             errors = leaves(exc)  # every leaf of a (nested) group, each with its traceback
             for n, error in enumerate(errors, 1):
