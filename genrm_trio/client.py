@@ -556,7 +556,10 @@ class AsyncGenRMClient:
         """One request, sent again while its connection breaks (up to `resends` times, with a
         doubling back-off): the same body, so a `/verify` member keeps its group id, attempt
         and index, and the server answers it from its group."""
-        content = None if body is None else json.dumps(body).encode()
+        content = None
+        if body is not None:  # as httpx's json= encodes it, once for every resend
+            text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            content = text.encode()
         backoff = _RESEND_BACKOFF_S
         for resend in range(self.resends + 1):
             try:
