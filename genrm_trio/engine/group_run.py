@@ -22,17 +22,25 @@ from typing import Final, final
 import trio
 
 from genrm_trio.config import Settings
-from genrm_trio.domain.scoring import PlannedComparison, plan_comparisons, plan_fixed_baseline
+from genrm_trio.domain.model import Masked, Scored
+from genrm_trio.domain.scoring import (
+    CYCLE_RATE,
+    PlannedComparison,
+    plan_comparisons,
+    plan_fixed_baseline,
+)
 from genrm_trio.domain.text import ID_LOGGED_LIMIT, judge_text, shown_id
 from genrm_trio.engine import machine
 from genrm_trio.engine.cohort import Cohort, Member
 from genrm_trio.engine.evaluation import (
+    POSITION_DISAGREEMENT,
     AllMasked,
     Evaluation,
     MemberText,
     judge_principle,
     score_cohort,
     scored_off_loop,
+    shown_preferences,
 )
 from genrm_trio.engine.offload import score_off_loop
 from genrm_trio.engine.readiness import Readiness, ReadinessIndex
@@ -298,6 +306,25 @@ class GroupRunner:
             log.debug(
                 "Discarding late GenRM completion for key=%s", shown_id(cohort.key, ID_LOGGED_LIMIT)
             )
+        else:
+            self._observe_judge(evaluation, outcome)
+
+    def _observe_judge(self, evaluation: Evaluation, outcome: dict[int, Scored | Masked]) -> None:
+        """A scored group's position preferences, order disagreement and preference cycles:
+        the judge on live traffic (docs/operations.md)."""
+        first, second, tie = shown_preferences(evaluation)
+        verdicts = self.metrics.judge_verdicts
+        verdicts.labels("first").inc(first)
+        verdicts.labels("second").inc(second)
+        verdicts.labels("tie").inc(tie)
+        row = next((o.result for o in outcome.values() if isinstance(o, Scored)), None)
+        if row is None:
+            return
+        disagreement, cycles = row.get(POSITION_DISAGREEMENT), row.get(CYCLE_RATE)
+        if isinstance(disagreement, float):  # None: no pair judged in both orders
+            self.metrics.group_position_disagreement.observe(disagreement)
+        if isinstance(cycles, float):  # absent or None: not bradley_terry, or no triangle
+            self.metrics.group_preference_cycles.observe(cycles)
 
     async def _verify_comparison(
         self,
