@@ -134,7 +134,7 @@ class GenRMRequestError(GenRMError):
     """The server refused a request (401, 404, 409, 413, 422, ...): `status` and `detail`."""
 
     def __init__(self, status: int, detail: object) -> None:
-        super().__init__(f"genrm-trio answered {status}: {detail}")
+        super().__init__(f"genrm-trio answered {status}: {detail!s:.1000}")
         self.status = status
         self.detail = detail
 
@@ -592,7 +592,8 @@ class AsyncGenRMClient:
         response = await self._http.send(request, stream=True)
         try:
             declared = response.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > limit:
+            # the length's digits bounded first: int() refuses a few thousand of them
+            if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
                 raise GenRMReplyError(self._too_large(path, f"{declared} bytes"))
             chunks: list[bytes] = []
             size = 0
