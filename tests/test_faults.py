@@ -206,7 +206,7 @@ async def test_stall_past_the_group_deadline_fails_the_group_fail_group(servers:
     _measured("stall, group deadline 1.5 s (fail_group)", elapsed)
     async with client() as http:
         samples = await metrics(http, base)
-    assert samples['genrm_trio_deadline_failures_total{deadline="evaluation"}'] >= 1
+    assert samples.value("genrm_trio_deadline_failures_total", deadline="evaluation") >= 1
     await _after(servers, base, "stall-group-after")
 
 
@@ -271,8 +271,8 @@ async def test_429_storm_honours_retry_after_and_recovers(servers: Servers) -> N
         assert_scored(reply)
     async with client() as http:
         after = await metrics(http, base)
-    key = 'genrm_trio_judge_retries_total{cause="http"}'
-    assert after[key] - before.get(key, 0.0) == 8
+    retries = "genrm_trio_judge_retries_total"
+    assert after.value(retries, cause="http") - before.value(retries, cause="http") == 8
     # Eight 429s over four concurrent comparisons: two Retry-After waits of 0.3 s each, not the
     # 0.1 s pacing (D13).
     assert 2 * 0.3 <= elapsed < 2 * 0.3 + MARGIN_S, elapsed

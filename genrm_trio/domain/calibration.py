@@ -33,8 +33,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, Final, Literal, assert_never, final
+from typing import Any, Final, Literal, assert_never, final, get_args
 
+from genrm_trio.config import AggregatorMethod, ComparisonStrategy, PositionBalance
 from genrm_trio.domain.scoring import (
     RANKING_MIDPOINT,
     JudgedComparison,
@@ -42,7 +43,7 @@ from genrm_trio.domain.scoring import (
     plan_comparisons,
     preference_cycle_rate,
 )
-from genrm_trio.domain.scoring.pairs import flip
+from genrm_trio.domain.scoring.pairs import flip, shown_swapped
 from genrm_trio.domain.text import HistoryError, normalize_history
 
 __all__ = [
@@ -71,7 +72,7 @@ __all__ = [
 
 TOLERANCE: Final = 0.02
 """How far below the best estimated τ the recommendation may be (docs/scoring.md)."""
-AGGREGATORS: Final = ("simple_tiebreaker", "bradley_terry")
+AGGREGATORS: Final[tuple[AggregatorMethod, ...]] = get_args(AggregatorMethod)
 TIED_SCORES_SHARE: Final = 0.9  # share of calls whose scores follow their ranking: comparative
 SIMULATED_GROUPS: Final = 400  # at 16 rollouts; `simulated_groups_for` scales it
 
@@ -244,7 +245,7 @@ class GroupJudgments:
 
 
 def group_from_compare_rows(
-    key: str, size: int, rows: Sequence[Mapping[str, Any]], position_balance: str
+    key: str, size: int, rows: Sequence[Mapping[str, Any]], position_balance: PositionBalance
 ) -> GroupJudgments:
     """A `/compare` reply's `comparison_results` (member orientation) as shown to the judge:
     under ``position_balance`` alternate the comparison (i, j, k) was shown j first iff
@@ -253,7 +254,7 @@ def group_from_compare_rows(
     for row in rows:
         i, j, k = int(row["response_i"]), int(row["response_j"]), int(row["judge_idx"])
         triple = (float(row["score_1"]), float(row["score_2"]), float(row["ranking"]))
-        if position_balance == "alternate" and (i + j + k) % 2 == 1:
+        if shown_swapped(position_balance, i, j, k):
             s1, s2, r = flip(triple)
             verdicts.append(ShownVerdict(j, i, s1, s2, r))
         else:
@@ -507,9 +508,9 @@ def fit_judge(groups: Sequence[GroupJudgments], measurement: Measurement) -> Jud
 class Schedule:
     """A way to score a group: the config keys a recommendation pastes (docs/configuration.md)."""
 
-    strategy: Literal["circular", "regular", "all_pairs"]
+    strategy: ComparisonStrategy
     judges: int
-    aggregator: str
+    aggregator: AggregatorMethod
     degree: int = 2  # comparisons_per_rollout (regular only)
 
     def calls(self, size: int) -> int:
@@ -529,10 +530,21 @@ class Schedule:
                 assert_never(self.strategy)
         return f"{graph} J={self.judges} {self.aggregator}"
 
+    @property
+    def comparisons_per_rollout(self) -> int | None:
+        """The key of `regular` only; None for the strategies without it."""
+        match self.strategy:
+            case "regular":
+                return self.degree
+            case "circular" | "all_pairs":
+                return None
+            case _:
+                assert_never(self.strategy)
+
     def config_lines(self) -> list[str]:
         lines = [f"comparison_strategy: {self.strategy}"]
-        if self.strategy == "regular":
-            lines.append(f"comparisons_per_rollout: {self.degree}")
+        if self.comparisons_per_rollout is not None:
+            lines.append(f"comparisons_per_rollout: {self.comparisons_per_rollout}")
         lines += [
             f"num_judges_per_comparison: {self.judges}",
             "position_balance: alternate",
@@ -543,7 +555,7 @@ class Schedule:
     def as_json(self) -> dict[str, Any]:
         return {
             "comparison_strategy": self.strategy,
-            "comparisons_per_rollout": self.degree if self.strategy == "regular" else None,
+            "comparisons_per_rollout": self.comparisons_per_rollout,
             "num_judges_per_comparison": self.judges,
             "position_balance": "alternate",
             "aggregator_method": self.aggregator,
@@ -568,7 +580,7 @@ def schedules_for(size: int) -> list[Schedule]:
     circular J = 1 and 2, regular d = 3 … N − 2 (`_degrees`; d = 2 is circular, N − 1 all_pairs;
     N·d even),
     all_pairs J = 1 and 2, each with both aggregators, all with `position_balance: alternate`."""
-    graphs: list[tuple[Literal["circular", "regular", "all_pairs"], int, int]] = [
+    graphs: list[tuple[ComparisonStrategy, int, int]] = [
         ("circular", 1, 2),
         ("circular", 2, 2),
     ]

@@ -28,7 +28,9 @@ from genrm_trio.domain.scoring import (
     group_metrics,
     mask_members,
     position_disagreement_rate,
+    swaps_positions,
 )
+from genrm_trio.engine.keys import rubric_mode
 from genrm_trio.judge.base import ComparisonResult, JudgeCall, Usage
 
 __all__ = [
@@ -211,7 +213,7 @@ def _rubric_valid(
 ) -> dict[int, float | None]:
     """``reward_rubric_aggregate_valid`` of each member (docs/scoring.md, "rubric validity")."""
     out: dict[int, float | None] = dict.fromkeys(population)
-    if settings.score_source != "rubric_mean":
+    if not rubric_mode(settings):
         return out
     valid: list[JudgedComparison] = []
     touched: set[int] = set()
@@ -234,13 +236,13 @@ def _metrics(
     metrics: dict[str, JSONValue] = dict(
         group_metrics(
             evaluation.stats(),
-            rubric_mode=settings.score_source == "rubric_mean",
+            rubric_mode=rubric_mode(settings),
             masked=masked,
             members=members,
             escalation=settings.judge.budget_escalation is not None,
         )
     )
-    if settings.position_balance == "alternate":
+    if swaps_positions(settings.position_balance):
         pairs = [(judged, evaluation.plan[c].swapped) for c, judged in evaluation.judged()]
         metrics[POSITION_DISAGREEMENT] = position_disagreement_rate(pairs)
     if evaluation.done_before_complete is not None:
@@ -266,13 +268,13 @@ def default_result(settings: Settings, text: MemberText) -> dict[str, JSONValue]
     }
     metrics = group_metrics(
         [],
-        rubric_mode=settings.score_source == "rubric_mean",
+        rubric_mode=rubric_mode(settings),
         masked=0,
         members=1,
         escalation=settings.judge.budget_escalation is not None,
     )
     result.update(metrics)
-    if settings.position_balance == "alternate":
+    if swaps_positions(settings.position_balance):
         result[POSITION_DISAGREEMENT] = None
     if settings.eager_comparisons:
         result[EAGER_RATE_KEY] = 0.0

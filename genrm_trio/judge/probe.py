@@ -15,7 +15,7 @@ import trio
 
 from genrm_trio.config import Settings
 from genrm_trio.judge.base import one_line
-from genrm_trio.judge.client import transport_error
+from genrm_trio.judge.client import Redactor, transport_error
 from genrm_trio.judge.network import NetworkBackend
 from genrm_trio.judge.pool import judge_pool
 from genrm_trio.judge.tls import proxy_variables_set
@@ -129,7 +129,8 @@ async def _probe_one(
     except trio.TooSlowError:
         problem = f"TimeoutError: no reply within {limit:g}s"
     except httpx.HTTPError as exc:
-        problem = transport_error(exc).describe()  # named as a judge call's failure would be
+        # named as a judge call's failure would be, and redacted as one
+        problem = transport_error(exc, Redactor(token)).describe()
     else:
         if 200 <= status <= 299:
             log.info("judge probe GET %s: HTTP %d", url, status)
