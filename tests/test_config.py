@@ -174,6 +174,11 @@ def test_judge_defaults() -> None:
         "max_response_bytes": 33554432,
         "max_response_bytes_total": 268435456,
         "ca_file": None,
+        "prompt": "genrm",
+        "prompt_template": None,
+        "structured_output": False,
+        "context_tokens": None,
+        "min_output_tokens": 256,
     }
     assert judge.endpoint == "unconfigured"
 

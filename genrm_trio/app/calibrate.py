@@ -400,7 +400,7 @@ def _judge(args: argparse.Namespace, settings: Settings) -> Judge:
             args.judgment, noise=args.judgment_noise, bias=args.judgment_bias
         )
         return SimJudge(SimConfig(judgment=model, record_calls=False))
-    from genrm_trio.judge.fleet import make_judge
+    from genrm_trio.judge.factory import make_judge
 
     if (
         args.judgment is not None

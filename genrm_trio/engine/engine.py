@@ -66,7 +66,8 @@ from genrm_trio.engine.keys import RUBRIC_REQUIRED, CohortKey, cohort_key, rubri
 from genrm_trio.engine.registry import Registry
 from genrm_trio.engine.restore import apply_restore, plan_restore
 from genrm_trio.judge.attempts import Comparator, ComparatorStatistics
-from genrm_trio.judge.base import Judge, ReplicaReporting, ReplicaStats
+from genrm_trio.judge.base import Judge, ReplicaStats
+from genrm_trio.judge.fleet import JudgeFleet, as_fleet
 from genrm_trio.judge.queue import JudgeQueue, judge_queue
 from genrm_trio.metrics import Metrics
 from genrm_trio.store.errors import CommitTimeout
@@ -145,7 +146,7 @@ class Engine:
     def __init__(
         self,
         settings: Settings,
-        judge: Judge,
+        fleet: JudgeFleet,
         metrics: Metrics,
         store: CohortStore | None,
         nursery: trio.Nursery,
@@ -163,13 +164,12 @@ class Engine:
         # the critical-path judge queue (judge/queue.py), open_engine's: one owner, shared by
         # the comparator (every attempt's slot), the group runs and /compare (their places)
         self._queue = queue
-        self._comparator = Comparator(judge, settings, metrics, queue=queue)
-        self._fleet = judge if isinstance(judge, ReplicaReporting) else None
-        if self._fleet is not None:
-            metrics.watch_replicas(self._fleet.replica_stats)
-            metrics.watch_judge(self._fleet)
-            # its probe loops: a judge that cannot be reached is waited for (judge/fleet.py)
-            nursery.start_soon(self._fleet.keep_watch)
+        self._comparator = Comparator(fleet, settings, metrics, queue=queue)
+        self._fleet = fleet
+        metrics.watch_replicas(fleet.replica_stats)
+        metrics.watch_judge(fleet)
+        # its probe loops: a judge that cannot be reached is waited for (judge/outage.py)
+        nursery.start_soon(fleet.keep_watch)
         self._registry = Registry(settings, metrics)
         self._lock = trio.Lock()
         self._closed = False
@@ -199,8 +199,8 @@ class Engine:
 
     def judge_replicas(self) -> list[ReplicaStats]:
         """Per-replica counters of the judge (``GET /judge/replicas``): one per base URL, a single
-        URL being a fleet of one; [] for a judge that reports none (a simulated one)."""
-        return [] if self._fleet is None else self._fleet.replica_stats()
+        URL being a fleet of one; [] for an in-process judge (a simulated one)."""
+        return self._fleet.replica_stats()
 
     def statistics(self) -> EngineStatistics:
         r = self._registry.statistics()
@@ -565,9 +565,10 @@ async def open_engine(
     The judge is not closed: it belongs to the caller.
     """
     metrics = metrics or Metrics()
-    queue = judge_queue(judge, settings, metrics)  # the judge queue's one owner
+    fleet = as_fleet(judge)  # one judge path: any judge is a fleet (judge/fleet.py)
+    queue = judge_queue(fleet, settings, metrics)  # the judge queue's one owner
     async with trio.open_nursery() as nursery:
-        engine = Engine(settings, judge, metrics, store, nursery, queue)
+        engine = Engine(settings, fleet, metrics, store, nursery, queue)
         try:
             yield engine
         finally:
@@ -579,4 +580,5 @@ async def open_engine(
                 await engine.aclose()
             if bound.cancelled_caught:
                 log.error("GenRM engine did not close within %ss; cancelling its tasks", close_s)
+            queue.close()  # a fleet that outlives this engine no longer holds its queue
             nursery.cancel_scope.cancel()

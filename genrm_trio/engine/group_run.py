@@ -272,11 +272,12 @@ class GroupRunner:
         s = self.settings
         timeout = s.cohort_evaluation_timeout_s
         if deadline:
+            # one group ended by its deadline, whatever its policy does with it
+            self.metrics.deadline_failures.labels("evaluation").inc()
             # comparisons that waited for a judge that could not be reached say so
             why = unreachable_note(self._comparator.unreachable_for())
             match s.evaluation_deadline_policy:  # exhaustive: mypy fails until each has a case
                 case "fail_group":
-                    self.metrics.deadline_failures.labels("evaluation").inc()
                     cohort.fail(
                         "judge", f"GenRM cohort evaluation deadline exceeded after {timeout}s{why}"
                     )
@@ -284,7 +285,6 @@ class GroupRunner:
                 case "mask_pending":  # docs/differences.md, D12
                     for c in evaluation.pending():
                         planned = evaluation.plan[c]
-                        self.metrics.deadline_failures.labels("evaluation").inc()
                         self._comparison_failed(
                             cohort,
                             evaluation,

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Final
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, final
 
 import httpx
 import trio
 
 from genrm_trio.config import Settings
-from genrm_trio.judge.base import one_line
+from genrm_trio.judge.base import PROBE_LIMIT_S, one_line
 from genrm_trio.judge.client import Redactor, transport_error
 from genrm_trio.judge.network import NetworkBackend
 from genrm_trio.judge.pool import judge_pool
@@ -24,10 +26,14 @@ from genrm_trio.judge.tls import proxy_variables_set
 # "genrm_trio.serve": operators filter on that name, and so do the tests (caplog).
 log = logging.getLogger("genrm_trio.serve")
 
-__all__ = ["PROBE_LIMIT_S", "log_proxy_use", "probe_judge"]
-
-PROBE_LIMIT_S: Final = 5.0
-"""The probe waits at most this long for each replica (less when judge_request_timeout_s is)."""
+__all__ = [
+    "PROBE_LIMIT_S",
+    "ProbeReport",
+    "log_proxy_use",
+    "probe_judge",
+    "served_window",
+    "with_context_window",
+]
 
 PROBE_IDS_SHOWN: Final = 8
 """At most this many of the judge's model ids are named in the model-mismatch warning."""
@@ -50,6 +56,38 @@ def _served_ids(body: bytes) -> list[str] | None:
         for entry in data
         if isinstance(entry, dict) and isinstance(entry.get("id"), str)
     ]
+
+
+def served_window(body: bytes, model: object) -> int | None:
+    """The context window a `GET /models` reply states, as vLLM and SGLang do (`max_model_len`
+    of the entry whose `id` is `model`; of the first entry when no model is configured or none
+    has that id), or None."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return None
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list):
+        return None
+    entries = [entry for entry in data if isinstance(entry, dict)]
+    chosen = next((entry for entry in entries if entry.get("id") == model), None)
+    if chosen is None and entries:
+        chosen = entries[0]
+    window = chosen.get("max_model_len") if chosen is not None else None
+    if isinstance(window, int) and not isinstance(window, bool) and window >= 1:
+        return window
+    return None
+
+
+def with_context_window(settings: Settings, windows: Sequence[int]) -> Settings:
+    """`settings` with `judge.context_tokens` set to the smallest window the probe read, when
+    the key is not set (a configured window wins: the operator may keep a margin of their own)."""
+    if settings.judge.context_tokens is not None or not windows:
+        return settings
+    window = min(windows)
+    log.info("judge context window: %d tokens (max_model_len from GET /models)", window)
+    judge = settings.judge.model_copy(update={"context_tokens": window})
+    return settings.model_copy(update={"judge": judge})
 
 
 def _check_model(settings: Settings, body: bytes) -> None:
@@ -75,29 +113,52 @@ def _check_model(settings: Settings, body: bytes) -> None:
     )
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class ProbeReport:
+    """What the start-up probe found: whether every replica answered 2xx, and the base URLs
+    whose connection could not be opened (refused, a name that does not resolve): those are
+    down from the start (`JudgeFleet.down_from_start`)."""
+
+    answered: bool
+    unreachable: tuple[str, ...] = ()
+    # the context window each replica that answered states (`served_window`), for
+    # `with_context_window`
+    windows: tuple[int, ...] = ()
+
+
 async def probe_judge(
     settings: Settings, token: str | None, *, backend: NetworkBackend | None = None
-) -> bool:
+) -> ProbeReport:
     """The start-up probe (docs/configuration.md, "Command line"): one `GET {base_url}/models`
-    per replica; a failure only warns.
+    per replica; a failure only warns (a replica that cannot be connected to is down from the
+    start: the caller tells the fleet).
 
     Bounded by min(5 s, judge_request_timeout_s); a fleet's replicas are probed concurrently.
-    Never POSTs and is not a judge call in any metric. Returns whether every replica answered 2xx.
+    Never POSTs and is not a judge call in any metric. Reports whether every replica answered 2xx.
     A 2xx listing models (`data[].id`) that does not include the configured model (`judge.model`,
     else a `model` in `genrm_responses_create_params`) logs one warning naming it and the served
     ids. Skipped (False) with `judge.probe: false`.
     """
     urls = settings.judge.base_urls
     if not urls:
-        return False
+        return ProbeReport(answered=False)
     if not settings.judge.probe:
         log.info("judge %s: not probed (judge.probe: false)", ", ".join(urls))
-        return False
+        return ProbeReport(answered=False)
     answered: list[bool] = []
+    unreachable: list[str] = []
+    windows: list[int] = []
     async with trio.open_nursery() as nursery:
         for base_url in urls:
-            nursery.start_soon(_probe_one, settings, token, base_url, answered, backend)
-    return len(answered) == len(urls) and all(answered)
+            nursery.start_soon(
+                _probe_one, settings, token, base_url, answered, unreachable, backend, windows
+            )
+    return ProbeReport(
+        answered=len(answered) == len(urls) and all(answered),
+        unreachable=tuple(url for url in urls if url in unreachable),
+        windows=tuple(windows),
+    )
 
 
 async def _probe_one(
@@ -105,7 +166,9 @@ async def _probe_one(
     token: str | None,
     base_url: str,
     answered: list[bool],
+    unreachable: list[str],
     backend: NetworkBackend | None,
+    windows: list[int],
 ) -> None:
     # The probe goes through a pool made as the judge calls' own are (`judge_pool`: TLS trust
     # from judge.ca_file or SSL_CERT_FILE/SSL_CERT_DIR, the reply cap), so that it fails where
@@ -130,11 +193,17 @@ async def _probe_one(
         problem = f"TimeoutError: no reply within {limit:g}s"
     except httpx.HTTPError as exc:
         # named as a judge call's failure would be, and redacted as one
-        problem = transport_error(exc, Redactor(token)).describe()
+        error = transport_error(exc, Redactor(token))
+        problem = error.describe()
+        if not error.reached:
+            unreachable.append(base_url)
     else:
         if 200 <= status <= 299:
             log.info("judge probe GET %s: HTTP %d", url, status)
             _check_model(settings, body)
+            window = served_window(body, settings.judge_create_params.get("model"))
+            if window is not None:
+                windows.append(window)
             answered.append(True)
             return
         problem = f"HTTP {status}"

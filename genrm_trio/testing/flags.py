@@ -91,6 +91,7 @@ def sim_config_from_args(
     length_model: str | None = None,
     capacity: int | None = None,
     judgment: JudgmentModel | None = None,
+    context_tokens: int | None = None,
 ) -> SimConfig:
     """Build a SimConfig from `sim-judge` flags (milliseconds, `--fault` specs). ValueError if bad.
 
@@ -117,4 +118,5 @@ def sim_config_from_args(
         length_model=None if length_model is None else LENGTH_PRESETS[length_model],
         capacity=capacity,
         judgment=judgment,
+        context_tokens=context_tokens,
     )
