@@ -650,17 +650,3 @@ async def test_a_reply_that_is_not_json_names_its_content_type_and_first_bytes(
         '{"type": "response.created"}\\n\\ndata: {"\'…)'
     )
     assert r.script.calls == 1  # not retried (D14)
-
-
-# DUMMY (scratch): judge.priority reaches every chat attempt's body, and only when set
-@pytest.mark.parametrize("priority", [None, 3])
-async def test_dummy_priority_in_every_chat_attempt(
-    autojump_clock: trio.testing.MockClock, priority: int | None
-) -> None:
-    judge: dict[str, Any] = {"api": "chat_completions"}
-    if priority is not None:
-        judge["priority"] = priority
-    r = Rig(Script(malformed("chat_completions"), answered("chat_completions")), judge=judge)
-    with trio.fail_after(BOUND):
-        await r.compare()
-    assert [body.get("priority") for body in r.script.bodies] == [priority, priority]

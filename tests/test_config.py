@@ -179,7 +179,6 @@ def test_judge_defaults() -> None:
         "structured_output": False,
         "context_tokens": None,
         "min_output_tokens": 256,
-        "priority": None,
     }
     assert judge.endpoint == "unconfigured"
 

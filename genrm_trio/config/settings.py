@@ -256,8 +256,6 @@ class JudgeSettings(_Strict):
     context_tokens: int | None = Field(default=None, ge=1)
     # an attempt refused for the window is resent once with a budget that fits, if at least this
     min_output_tokens: int = Field(default=DEFAULT_MIN_OUTPUT_TOKENS, ge=1)
-    # DUMMY: vLLM's request priority (lower first); None sends none
-    priority: int | None = None
 
     @field_validator("base_url", mode="before")
     @classmethod

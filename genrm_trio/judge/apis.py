@@ -417,8 +417,6 @@ def chat_body(
     body["stream"] = False
     if call.max_output_tokens is not None:
         body[ChatCompletionsApi.budget_key] = call.max_output_tokens
-    if call.priority is not None:
-        body["priority"] = call.priority
     return body
 
 

@@ -34,8 +34,6 @@ class JudgeCall:
     # A fleet's replica (its label) that failed this comparison's previous attempt: the fleet
     # sends this attempt elsewhere when it can. Single judges ignore it.
     avoid_replica: str | None = None
-    # DUMMY: vLLM's `priority` of this attempt (None: not sent)
-    priority: int | None = None
     # What this attempt's Comparator and a fleet tell each other (one per attempt of a fleet's
     # comparison; None for a single judge).
     ticket: AttemptTicket | None = field(default=None, compare=False, repr=False)

@@ -91,7 +91,6 @@ class ComparisonRules:
         # each attempt's budget fitted into the judge's context window (judge/context.py)
         self.context = ContextFit(settings.judge.context_tokens, settings.judge.min_output_tokens)
         self.escalation = settings.judge.budget_escalation
-        self.priority = settings.judge.priority
         self.rubric = settings.score_source == "rubric_mean"
         self.defaults = Verdict(
             settings.default_score, settings.default_score, settings.default_ranking
@@ -193,7 +192,6 @@ class Comparison:
         self._previous = ticket
         return dataclasses.replace(
             call,
-            priority=rules.priority,
             max_output_tokens=rules.context.budget(
                 call, budget if budget is not None else call.max_output_tokens
             ),
