@@ -10,7 +10,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, final
+from typing import Any, Final, final
 
 import httpx
 import trio
@@ -42,8 +42,9 @@ PROBE_ID_CHARS: Final = 80
 """Each named id is cut at this many characters."""
 
 
-def _served_ids(body: bytes) -> list[str] | None:
-    """The `id`s of an OpenAI `GET /models` reply (`{"data": [{"id": ...}, ...]}`), if it is one."""
+def _model_entries(body: bytes) -> list[dict[str, Any]] | None:
+    """The object entries of an OpenAI `GET /models` reply (`{"data": [{"id": ...}, ...]}`), if
+    it is one."""
     try:
         payload = json.loads(body)
     except ValueError:
@@ -51,25 +52,24 @@ def _served_ids(body: bytes) -> list[str] | None:
     data = payload.get("data") if isinstance(payload, dict) else None
     if not isinstance(data, list):
         return None
-    return [
-        entry["id"]
-        for entry in data
-        if isinstance(entry, dict) and isinstance(entry.get("id"), str)
-    ]
+    return [entry for entry in data if isinstance(entry, dict)]
+
+
+def _served_ids(body: bytes) -> list[str] | None:
+    """The `id`s of an OpenAI `GET /models` reply, if it is one."""
+    entries = _model_entries(body)
+    if entries is None:
+        return None
+    return [entry["id"] for entry in entries if isinstance(entry.get("id"), str)]
 
 
 def served_window(body: bytes, model: object) -> int | None:
     """The context window a `GET /models` reply states, as vLLM and SGLang do (`max_model_len`
     of the entry whose `id` is `model`; of the first entry when no model is configured or none
     has that id), or None."""
-    try:
-        payload = json.loads(body)
-    except ValueError:
+    entries = _model_entries(body)
+    if entries is None:
         return None
-    data = payload.get("data") if isinstance(payload, dict) else None
-    if not isinstance(data, list):
-        return None
-    entries = [entry for entry in data if isinstance(entry, dict)]
     chosen = next((entry for entry in entries if entry.get("id") == model), None)
     if chosen is None and entries:
         chosen = entries[0]
