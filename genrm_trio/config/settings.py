@@ -230,6 +230,12 @@ class JudgeSettings(_Strict):
     keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S
     max_response_bytes: int = Field(default=MAX_RESPONSE_BYTES, ge=1024)
     ca_file: str | None = None
+    # A hosted judge's limits (docs/configuration.md, "A judge with rate limits"); unset, the
+    # replies' x-ratelimit-* headers and 429s pace the calls.
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    price_per_million_input_tokens: float | None = Field(default=None, ge=0)
+    price_per_million_output_tokens: float | None = Field(default=None, ge=0)
 
     @field_validator("base_url", mode="before")
     @classmethod
@@ -269,6 +275,11 @@ class JudgeSettings(_Strict):
     @classmethod
     def _positive_seconds(cls, value: float) -> float:
         return _finite("value", value, positive=True)
+
+    @field_validator("price_per_million_input_tokens", "price_per_million_output_tokens")
+    @classmethod
+    def _price(cls, value: float | None) -> float | None:
+        return None if value is None else _finite("value", value, positive=False)
 
     @field_validator("replica_stall_s")
     @classmethod

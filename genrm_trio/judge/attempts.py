@@ -34,6 +34,7 @@ from typing import Final, final
 import trio
 
 from genrm_trio.config import Settings
+from genrm_trio.domain.ratelimit import RateLimitHeaders
 from genrm_trio.domain.verdict import Verdict, VerdictParseError, parse_overall, parse_rubric
 from genrm_trio.judge.base import (
     AttemptTicket,
@@ -52,6 +53,12 @@ from genrm_trio.judge.base import (
     ReplyStatus,
     Usage,
     one_line,
+)
+from genrm_trio.judge.limits import (
+    JudgeLimits,
+    RateLimitBeyondDeadline,
+    RoutesAroundLimits,
+    judge_limits,
 )
 from genrm_trio.judge.queue import JudgeQueue, QueueTicket, judge_queue
 from genrm_trio.metrics import Metrics
@@ -105,6 +112,15 @@ class _JudgeDown(Exception):
     """No judge replica can be reached now: the call waits for one (`Comparator._reach`)."""
 
 
+class _Throttled(Exception):
+    """The judge answered 429: its replica is held (judge/limits.py) and the call goes again
+    once the limits admit it; no attempt (`Comparator._reach`)."""
+
+    def __init__(self, replica: str | None) -> None:
+        super().__init__(replica)
+        self.replica = replica
+
+
 @final
 class Comparator:
     """Runs comparisons against one judge with the settings' retry budget and pacing."""
@@ -116,10 +132,13 @@ class Comparator:
         metrics: Metrics,
         *,
         queue: JudgeQueue | None = None,
+        limits: JudgeLimits | None = None,
         rng: random.Random | None = None,
     ) -> None:
         """`queue`: the judge queue every attempt takes a slot of, which `open_engine` builds
-        and shares (None: one of its own, `judge_queue`, for a comparator used alone)."""
+        and shares (None: one of its own, `judge_queue`, for a comparator used alone);
+        `limits`: the judge's rate limits every attempt is admitted under (None: those
+        `settings.judge` configures, `judge_limits`)."""
         self._judge = judge
         # A fleet: attempts carry tickets, and with several replicas a failure of the replica
         # (not of the request) is worth another attempt elsewhere.
@@ -129,6 +148,13 @@ class Comparator:
         self._metrics = metrics
         self._rng = rng if rng is not None else random.Random()
         self._queue = queue if queue is not None else judge_queue(judge, settings, metrics)
+        if limits is None:
+            replicas = self._fleet.replicas if self._fleet is not None else ()
+            limits = judge_limits(settings, metrics, replicas)
+        self._limits = limits
+        if isinstance(judge, RoutesAroundLimits):
+            # a fleet routes new calls away from the replicas a 429 holds
+            judge.route_around(limits.closed)
         self._timeout = settings.judge_request_timeout_s
         self._attempts = settings.attempts
         params = settings.judge_create_params
@@ -185,6 +211,13 @@ class Comparator:
                 return await self._attempt(call, ticket)
             except _JudgeDown:
                 continue  # it went down while this call waited for its slot: not sent
+            except _Throttled as throttled:
+                # a 429 is no attempt: sent again once the limits admit it (judge/limits.py)
+                if call.ticket is not None:
+                    call.ticket.not_sent()
+                if self._elsewhere:
+                    call = dataclasses.replace(call, avoid_replica=throttled.replica)
+                continue
             except JudgeAttemptError as error:
                 if error.reached or fleet is None or not fleet.watched:
                     raise
@@ -200,16 +233,48 @@ class Comparator:
         fleet is never known to be unreachable)."""
         return None if self._fleet is None else self._fleet.unreachable_for()
 
+    @property
+    def limits(self) -> JudgeLimits:
+        """The judge's rate limits every attempt is admitted under (judge/limits.py)."""
+        return self._limits
+
     async def _attempt(self, call: JudgeCall, ticket: QueueTicket) -> JudgeReply:
-        """One judge call holding a concurrency slot, under the per-attempt deadline."""
-        await self._queue.acquire(ticket)  # by priority: complete groups first
+        """One judge call admitted by the rate limits, then holding a concurrency slot, under
+        the per-attempt deadline."""
+        limits = self._limits
+        permit = limits.try_admit(call)
+        if permit is None:
+            permit = await limits.admit(call, ticket)  # by priority too; no slot held
+        if self._elsewhere and permit.label is not None:
+            call = dataclasses.replace(call, prefer_replica=permit.label)
         try:
-            fleet = self._fleet
-            if fleet is not None and fleet.watched and fleet.unreachable_for() is not None:
-                raise _JudgeDown
-            return await self._timed_attempt(call)
+            await self._queue.acquire(ticket)  # by priority: complete groups first
+            try:
+                fleet = self._fleet
+                if fleet is not None and fleet.watched and fleet.unreachable_for() is not None:
+                    raise _JudgeDown
+                reply = await self._timed_attempt(call)
+            finally:
+                self._queue.release()
+        except JudgeHTTPError as error:
+            if error.status == 429:
+                said = error.rate_limit
+                if said is None and error.retry_after is not None:
+                    said = RateLimitHeaders(retry_after_s=error.retry_after)
+                limits.rejected(permit, error.replica, said)
+                raise _Throttled(error.replica) from error
+            limits.answered(permit, error.replica, error.rate_limit, call, None, None)
+            raise
+        except JudgeBadJSON as error:
+            limits.answered(permit, error.replica, None, call, None, None)
+            raise
         finally:
-            self._queue.release()
+            limits.release(permit)
+        where = call.ticket.replica if call.ticket is not None else None
+        limits.answered(
+            permit, where, reply.rate_limit, call, reply.input_tokens, reply.output_tokens
+        )
+        return reply
 
     async def _timed_attempt(self, call: JudgeCall) -> JudgeReply:
         """The attempt itself (its slot held), under `judge_request_timeout_s`."""
@@ -374,6 +439,13 @@ class Comparator:
                 previous = attempt_call.ticket
             try:
                 reply = await self._reach(attempt_call, ticket)
+            except RateLimitBeyondDeadline as held:
+                raise JudgeError(
+                    f"GenRM judge {self._judge.endpoint} {self._judge.path} pair={pair}: {held}",
+                    usage=usage(),
+                    attempts=n - 1,
+                    escalations=escalations,
+                ) from None
             except JudgeAttemptError as error:
                 retryable = error.retryable or (error.retry_elsewhere and self._elsewhere)
                 if retryable and n < total:

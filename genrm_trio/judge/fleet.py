@@ -218,6 +218,8 @@ class JudgeFleet:
         self._down_total = 0.0  # seconds of outages that are over
         self._back_event = trio.Event()  # set when an outage ends (a new one per outage)
         self._capacity_watchers: list[Callable[[], None]] = []  # the judge queue's
+        # whether the judge's rate limits hold a replica now (judge/limits.py): routed around
+        self._rate_closed: Callable[[str, float], bool] | None = None
 
     def __repr__(self) -> str:
         return f"JudgeFleet({[replica.url for replica in self._replicas]!r})"
@@ -238,7 +240,9 @@ class JudgeFleet:
 
     # --- routing --------------------------------------------------------------------------
 
-    def _pick(self, avoid: str | None, now: float) -> tuple[_Replica, bool] | None:
+    def _pick(
+        self, avoid: str | None, now: float, prefer: str | None = None
+    ) -> tuple[_Replica, bool] | None:
         """(replica, is a trial of an ejected replica), or None when every replica is full."""
         replicas = self._replicas
         count = len(replicas)
@@ -248,12 +252,15 @@ class JudgeFleet:
         fallback_key = (True, math.inf)
         cap = self._cap
         in_service = False
+        closed = self._rate_closed
         for offset in range(count):
             replica = replicas[(self._next + offset) % count]
             in_service = in_service or not replica.ejected
             if cap is not None and replica.in_flight >= cap:
                 continue
-            held = replica.hold_until > now
+            held = replica.label != prefer and (
+                replica.hold_until > now or (closed is not None and closed(replica.label, now))
+            )
             if replica.ejected:
                 if due_a_trial(replica, now):
                     key = (held, replica.label == avoid, 0)
@@ -278,9 +285,9 @@ class JudgeFleet:
         self._next = (chosen.index + 1) % count
         return chosen, trial
 
-    async def _choose(self, avoid: str | None) -> tuple[_Replica, bool]:
+    async def _choose(self, avoid: str | None, prefer: str | None) -> tuple[_Replica, bool]:
         while True:
-            picked = self._pick(avoid, trio.current_time())
+            picked = self._pick(avoid, trio.current_time(), prefer)
             if picked is not None:
                 return picked
             # Every replica is at judge.max_concurrency_per_replica: wait for a finished call.
@@ -309,6 +316,11 @@ class JudgeFleet:
         """Call `changed` when a replica is back in service: its slots are usable at once."""
         self._capacity_watchers.append(changed)
 
+    def route_around(self, closed: Callable[[str, float], bool]) -> None:
+        """Send new calls to the replicas the judge's rate limits leave open (`closed(label,
+        now)` says which they hold; judge/limits.py) while another can take them."""
+        self._rate_closed = closed
+
     def held_back_for(self) -> float | None:
         """Seconds until a replica may take a call again when every one an attempt could go to
         now (in service, or ejected and due a trial; every replica when all are backing off, as
@@ -328,7 +340,7 @@ class JudgeFleet:
     async def attempt(self, call: JudgeCall) -> JudgeReply:
         if self._closed:
             raise RuntimeError("JudgeFleet is closed")
-        replica, trial = await self._choose(call.avoid_replica)
+        replica, trial = await self._choose(call.avoid_replica, call.prefer_replica)
         started = trio.current_time()
         replica.in_flight += 1
         replica.calls += 1
@@ -354,6 +366,11 @@ class JudgeFleet:
             self._finished(replica, started, answered=not isinstance(error, JudgeTransportError))
             if not error.reached:
                 self._unreachable(replica, trial, error)
+            elif isinstance(error, JudgeHTTPError) and error.status == 429:
+                # throttled is serving: held by the rate limits (judge/limits.py), never ejected
+                self._answered(replica, trial)
+                if error.retry_after is not None:
+                    replica.hold_until = trio.current_time() + error.retry_after
             elif error.retryable or error.retry_elsewhere:
                 if isinstance(error, JudgeHTTPError) and error.status >= 500:
                     self._server_error(replica, trial, error, call.ticket)
