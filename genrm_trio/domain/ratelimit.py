@@ -26,6 +26,7 @@ _UNIT_SECONDS: Final = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6
 _PART: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|us|µs|h|m|s)")
 
 RATE_LIMIT_PREFIX: Final = b"x-ratelimit-"
+_ROUNDING: Final = 1e-9
 
 
 def parse_duration(text: str | None) -> float | None:
@@ -181,7 +182,9 @@ class TokenBucket:
         """Seconds from `now` until `cost` can be taken (0: now)."""
         self.refill(now)
         need = min(cost, self.capacity) - self.level
-        return 0.0 if need <= 0 else need / self.rate
+        # within rounding of the clock's floats, it is there: a client and a server that
+        # computed the same refill must agree
+        return 0.0 if need <= _ROUNDING * self.capacity else need / self.rate
 
     def take(self, cost: float, now: float) -> None:
         self.refill(now)

@@ -186,7 +186,7 @@ class JudgeLimits:
         price_per_million_output_tokens: float | None = None,
         replicas: Sequence[str] = (),
     ) -> None:
-        now = trio.current_time()
+        now = -math.inf  # full at the first call, whenever it comes (built outside trio too)
         self._metrics = metrics
         self._requests = (
             None
@@ -249,8 +249,7 @@ class JudgeLimits:
                         return permit
                 else:
                     wait = math.inf
-                with trio.move_on_after(wait):
-                    await waiter.event.wait()
+                await self._sleep(waiter, wait)
                 waiter.event = trio.Event()
         finally:
             self._waiting.remove(waiter)
@@ -258,6 +257,25 @@ class JudgeLimits:
             self._throttled_s += waited
             self._metrics.judge_throttled_seconds.inc(waited)
             self._kick()
+
+    @staticmethod
+    async def _sleep(waiter: _Waiter, wait: float) -> None:
+        """Until `wait` is over or `waiter` is kicked; and, while its group collects, until the
+        group completes, whose deadline (set then) the hold is checked against again."""
+        group = waiter.ticket.group
+        with trio.move_on_after(wait):
+            if group.complete:
+                await waiter.event.wait()
+                return
+            async with trio.open_nursery() as nursery:
+
+                async def completed() -> None:
+                    await group.wait_complete()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(completed)
+                await waiter.event.wait()
+                nursery.cancel_scope.cancel()
 
     def _counts_tokens(self) -> bool:
         replicas = self._replicas.values()
@@ -449,13 +467,19 @@ class JudgeLimits:
             return bucket
         # refilled to the limit in reset_s: the rate at which the server gives budget back
         rate = (limit - remaining) / reset_s if reset_s and limit > remaining else limit / 60.0
+        # (the server refuses a call rather than go below empty: never less than nothing left)
+        left = max(0, remaining - since)
         if bucket is None:
             bucket = TokenBucket(limit, rate, now)
         else:
             bucket.refill(now)
             bucket.capacity = limit
             bucket.rate = rate
-        bucket.set_level(remaining - since, now)
+            # Concurrent calls reach the server in another order than they were admitted in, so
+            # a reply can tell of a fuller bucket than the one the calls after it found: it
+            # only ever lowers the level (the refill raises it; a 429 says when it was too high).
+            left = min(left, bucket.level)
+        bucket.set_level(left, now)
         return bucket
 
     # --- observability ------------------------------------------------------------------------
