@@ -468,7 +468,7 @@ class JudgeLimits:
         # refilled to the limit in reset_s: the rate at which the server gives budget back
         rate = (limit - remaining) / reset_s if reset_s and limit > remaining else limit / 60.0
         # (the server refuses a call rather than go below empty: never less than nothing left)
-        left = max(0, remaining - since)
+        left: float = max(0, remaining - since)
         if bucket is None:
             bucket = TokenBucket(limit, rate, now)
         else:
