@@ -174,7 +174,7 @@ async def run_level(
     """Drive `in_flight` concurrent callers for `seconds` after a 1 s warm-up."""
     from genrm_trio.config import settings_from_mapping
     from genrm_trio.judge.base import JudgeCall, ReplyStatus
-    from genrm_trio.judge.fleet import make_judge
+    from genrm_trio.judge.factory import make_judge
 
     settings = settings_from_mapping(
         {"judge": {"api": "genrm_model", "base_url": url, "max_concurrency": max(in_flight, 1)}}

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     )
     from genrm_trio.engine.engine import Engine, EngineStatistics, open_engine
     from genrm_trio.judge.base import Judge, JudgeCall, JudgeReply, ReplyStatus
-    from genrm_trio.judge.client import make_http_judge
-    from genrm_trio.judge.fleet import JudgeFleet, make_judge
+    from genrm_trio.judge.factory import make_judge
+    from genrm_trio.judge.fleet import JudgeFleet
 
 __version__ = "0.1.0"
 
@@ -47,9 +47,8 @@ _EXPORTS = {
     "JudgeCall": "genrm_trio.judge.base",
     "JudgeReply": "genrm_trio.judge.base",
     "ReplyStatus": "genrm_trio.judge.base",
-    "make_http_judge": "genrm_trio.judge.client",
     "JudgeFleet": "genrm_trio.judge.fleet",
-    "make_judge": "genrm_trio.judge.fleet",
+    "make_judge": "genrm_trio.judge.factory",
     "Engine": "genrm_trio.engine.engine",
     "EngineStatistics": "genrm_trio.engine.engine",
     "open_engine": "genrm_trio.engine.engine",
@@ -89,7 +88,6 @@ __all__ = [
     "VerifyInput",
     "__version__",
     "load_settings",
-    "make_http_judge",
     "make_judge",
     "open_engine",
 ]

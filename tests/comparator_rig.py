@@ -15,6 +15,8 @@ from genrm_trio.config import Settings, settings_from_mapping
 from genrm_trio.judge.attempts import Comparator
 from genrm_trio.judge.base import ComparisonResult, JudgeCall, JudgeError
 from genrm_trio.judge.client import HttpJudge, make_http_judge
+from genrm_trio.judge.fleet import as_fleet
+from genrm_trio.judge.queue import judge_queue
 from genrm_trio.metrics import Metrics
 
 HISTORY = [{"role": "user", "content": "What is 2+2?"}]
@@ -82,7 +84,9 @@ class Rig:
         self.settings = settings(**overrides)
         self.metrics = Metrics()
         self.judge: HttpJudge = make_http_judge(self.settings, backend=script.network)
-        self.comparator = Comparator(self.judge, self.settings, self.metrics, rng=rng)
+        fleet = as_fleet(self.judge)
+        self.queue = judge_queue(fleet, self.settings, self.metrics)
+        self.comparator = Comparator(fleet, self.settings, self.metrics, queue=self.queue, rng=rng)
 
     async def compare(
         self, pair: tuple[int, int] = PAIR, expected_rubric_ids: list[int] | None = None
@@ -103,7 +107,7 @@ class Rig:
     def assert_idle(self) -> None:
         stats = self.comparator.statistics()
         assert (stats.in_flight, stats.queued, stats.comparisons_active) == (0, 0, 0)
-        assert self.comparator.queue.borrowed_tokens == 0
+        assert self.queue.statistics().in_use == 0
         assert self.judge.in_flight == 0
         assert self.metric("genrm_trio_judge_inflight") == 0
         assert self.metric("genrm_trio_judge_queued") == 0

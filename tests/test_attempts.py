@@ -31,6 +31,8 @@ from genrm_trio.domain.verdict import Verdict
 from genrm_trio.judge.attempts import MAX_BACKOFF_S, RETRY_AFTER_JITTER, Comparator
 from genrm_trio.judge.base import ComparisonResult, JudgeError, Usage
 from genrm_trio.judge.client import make_http_judge
+from genrm_trio.judge.fleet import as_fleet
+from genrm_trio.judge.queue import judge_queue
 from genrm_trio.metrics import Metrics
 
 PREFIX = "GenRM judge judge.test:8000 /v1/responses pair=(0, 1) deadline=0.2s: "
@@ -581,7 +583,7 @@ async def test_a_retry_after_slept_while_collecting_keeps_its_time_when_the_dead
     the sleep still fits: the sleep ends when it was chosen to (its jitter kept); only a
     deadline it no longer fits sizes it again (tests/test_engine_eager.py)."""
     rig = Rig(Script(http(503, retry_after="7"), valid()), rng=random.Random(7))
-    queue = rig.comparator.queue
+    queue = rig.queue
     group = queue.group(complete=False)
     start = trio.current_time()
 
@@ -720,7 +722,7 @@ async def test_slot_is_released_before_the_retry_sleep(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(rig.compare)
             await trio.sleep(1)  # the comparison is sleeping before its retry
-            assert rig.comparator.queue.borrowed_tokens == 0
+            assert rig.queue.statistics().in_use == 0
             assert rig.comparator.statistics().in_flight == 0
     assert rig.script.times == [start, start + 10]
 
@@ -769,7 +771,9 @@ async def test_cancel_mid_attempt_over_a_real_socket_closes_the_connection() -> 
             judge={"base_url": f"http://127.0.0.1:{port}/v1"}, judge_request_timeout_s=30
         )
         judge = make_http_judge(config)
-        comparator = Comparator(judge, config, Metrics())
+        fleet = as_fleet(judge)
+        queue = judge_queue(fleet, config, Metrics())
+        comparator = Comparator(fleet, config, Metrics(), queue=queue)
         with trio.fail_after(5):
             async with trio.open_nursery() as calls:
                 calls.start_soon(lambda: comparator.compare(CALL, pair=PAIR, judge_pass=0))
@@ -778,7 +782,7 @@ async def test_cancel_mid_attempt_over_a_real_socket_closes_the_connection() -> 
                 calls.cancel_scope.cancel()
             await closed.wait()
         assert (judge.open_connections, judge.in_flight) == (0, 0)
-        assert comparator.queue.borrowed_tokens == 0
+        assert queue.statistics().in_use == 0
         assert comparator.statistics().in_flight == 0
         await judge.aclose()
         nursery.cancel_scope.cancel()

@@ -30,7 +30,7 @@ from genrm_trio.app.cli import COMMANDS, _serve_settings, build_parser, main
 from genrm_trio.app.demo import run_demo
 from genrm_trio.app.serve import bind_socket, serve
 from genrm_trio.config import Settings, settings_from_mapping
-from genrm_trio.judge.probe import probe_judge
+from genrm_trio.judge.probe import ProbeReport, probe_judge
 from genrm_trio.testing import SimConfig, serve_sim_judge
 
 SHUTTING_DOWN = "GenRM server is shutting down"
@@ -511,7 +511,9 @@ async def test_probe_warns_once_and_never_fails(caplog: pytest.LogCaptureFixture
     closed.close()
     settings = settings_from_mapping({"judge": {"base_url": f"http://127.0.0.1:{dead_port}/v1"}})
     with trio.fail_after(10):
-        assert await probe_judge(settings, None) is False
+        report = await probe_judge(settings, None)
+    # refused: no answer, and down from the start (serve then opens the engine in an outage)
+    assert report == ProbeReport(answered=False, unreachable=(f"http://127.0.0.1:{dead_port}/v1",))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert warnings[0].startswith(
@@ -524,7 +526,7 @@ async def test_probe_warns_once_and_never_fails(caplog: pytest.LogCaptureFixture
         async with trio.open_nursery() as nursery:
             sim_port = await nursery.start(partial(serve_sim_judge, SimConfig()))
             ok = settings_from_mapping({"judge": {"base_url": f"http://127.0.0.1:{sim_port}/v1"}})
-            assert await probe_judge(ok, None) is True
+            assert await probe_judge(ok, None) == ProbeReport(answered=True)
             nursery.cancel_scope.cancel()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
@@ -540,7 +542,7 @@ async def test_probe_warns_when_the_judge_does_not_serve_the_configured_model(
             port = await nursery.start(partial(serve_sim_judge, SimConfig()))
             url = f"http://127.0.0.1:{port}/v1"
             wrong = settings_from_mapping({"judge": {"base_url": url, "model": "qwen3-genrm"}})
-            assert await probe_judge(wrong, None) is True  # a warning, never a failure
+            assert (await probe_judge(wrong, None)).answered is True  # a warning, never a failure
             assert warnings() == [
                 "judge probe: judge.model 'qwen3-genrm' is not among the models the judge serves "
                 "('genrm-sim'); judge calls naming it will likely fail"
@@ -552,14 +554,15 @@ async def test_probe_warns_when_the_judge_does_not_serve_the_configured_model(
                     "genrm_responses_create_params": {"input": [], "model": "other"},
                 }
             )
-            assert await probe_judge(from_params, None) is True
+            assert (await probe_judge(from_params, None)).answered is True
             assert len(warnings()) == 1
             assert warnings()[0].startswith(
                 "judge probe: genrm_responses_create_params.model 'other' is not among"
             )
             caplog.clear()
             for fine in ({"base_url": url, "model": "genrm-sim"}, {"base_url": url}):
-                assert await probe_judge(settings_from_mapping({"judge": fine}), None) is True
+                report = await probe_judge(settings_from_mapping({"judge": fine}), None)
+                assert report.answered is True
             assert warnings() == []
             nursery.cancel_scope.cancel()
 

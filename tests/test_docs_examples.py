@@ -74,7 +74,7 @@ def test_the_embedding_names_are_exported() -> None:
         "Scored",
         "Masked",
         "GroupFailed",
-        "make_http_judge",
+        "make_judge",
         "Settings",
         "load_settings",
         "ConfigError",

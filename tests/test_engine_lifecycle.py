@@ -25,7 +25,7 @@ from trio.testing import MockClock
 
 from genrm_trio.domain.model import GroupFailed, Rejection, RequestRejected, Scored
 from genrm_trio.domain.records import OpenRecord, TerminalRecord, WatermarkRecord
-from genrm_trio.engine import run as run_module
+from genrm_trio.engine import group_run
 from genrm_trio.engine.engine import open_engine
 
 KEY = "group_id::g::group_attempt::0"
@@ -245,7 +245,7 @@ async def test_input_failure_releases_every_waiter_without_judging(
         raise TypeError("cannot convert response")
 
     # a step of every group's run (the plan itself is made once, when the engine opens)
-    monkeypatch.setattr(run_module, "judge_principle", broken)
+    monkeypatch.setattr(group_run, "judge_principle", broken)
     judge = ScriptedJudge()
     async with running(settings(), judge) as engine:
         replies = await gather(engine, [member(0), member(1)])

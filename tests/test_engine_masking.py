@@ -487,6 +487,28 @@ async def test_mask_pending_with_everything_pending_fails_the_group(
     )
 
 
+@pytest.mark.parametrize("hanging", [2, 4])
+async def test_the_evaluation_deadline_counts_the_group_once_under_mask_pending(
+    autojump_clock: MockClock, hanging: int
+) -> None:
+    """`genrm_trio_deadline_failures_total{deadline="evaluation"}` counts groups (issue 36 item
+    9): one group of 4 reaching its deadline with 2 or all 4 comparisons pending counts 1, as it
+    does under fail_group, not one per pending comparison."""
+    pending = [("a0", "a1"), ("a2", "a3"), ("a1", "a2"), ("a3", "a0")][:hanging]
+    judge = ScriptedJudge(pairs={pair: hang() for pair in pending})
+    config = settings(
+        num_rollouts_per_prompt=4,
+        cohort_evaluation_timeout_s=0.5,
+        judge_request_timeout_s=5.0,
+        evaluation_deadline_policy="mask_pending",
+    )
+    async with running(config, judge) as engine:
+        await gather(engine, [member(i) for i in range(4)])
+        assert engine.metrics.deadline_failures.labels("evaluation")._value.get() == 1
+        assert engine.metrics.failed_comparisons._value.get() == hanging
+    assert sum(c.cancelled for c in judge.calls) == hanging
+
+
 async def test_fail_group_is_the_default_deadline_policy(autojump_clock: MockClock) -> None:
     judge = ScriptedJudge(pairs={("a0", "a1"): hang()})
     config = settings(

@@ -39,7 +39,8 @@ from genrm_trio.judge.base import (
     JudgeTransportError,
     ReplyStatus,
 )
-from genrm_trio.judge.fleet import JudgeFleet, make_judge
+from genrm_trio.judge.factory import make_judge
+from genrm_trio.judge.fleet import JudgeFleet
 
 CALL = JudgeCall([{"role": "user", "content": "q"}], "a1", "a2", None)
 
@@ -275,11 +276,14 @@ async def test_an_outage_of_the_whole_fleet_leaves_no_replica_ejected_once_it_an
         nursery.start_soon(judge.attempt, CALL)
     assert [t for t, o in b.log if o == "ok"] == [2.5]
     assert [s.ejected for s in judge.replica_stats()] == [False, False]
+    # Refused calls that reached a server (`reached`) are failures, not "cannot be reached":
+    # every replica ejected for them is no outage (issue 37: failing is not unreachable).
     back = [r.getMessage() for r in caplog.records if "is back" in r.getMessage()]
     assert back == [
-        "judge is back after 1.0s unreachable (replica a:8000 answered an attempt)",
+        "judge replica a:8000 is back after 1.1s out (it answered an attempt)",
         "judge replica b:8000 is back after 2.5s out (it answered a trial attempt)",
     ]
+    assert not [r for r in caplog.records if "unreachable" in r.getMessage()]
 
 
 class Poisoned(NamedReplica):
@@ -702,8 +706,10 @@ def test_replica_settings_reach_the_fleet_and_its_judges() -> None:
     )
     judge = make_judge(config)
     assert isinstance(judge, JudgeFleet)
-    assert (judge._cap, judge._threshold, judge._backoff) == (7, 2, 1.5)
-    assert judge._stall_after == 30.0  # and not the attempt deadline: the Comparator reports it
+    router = judge._router
+    assert (router.cap, router.threshold, router.backoff) == (7, 2, 1.5)
+    # and not the attempt deadline: the Comparator reports it
+    assert judge._stall.stall_after == 30.0
     pools = [replica.judge._pool for replica in judge._replicas]  # type: ignore[attr-defined]
     assert [pool._keepalive_expiry for pool in pools] == [2.5, 2.5]
     assert [pool._max_body for pool in pools] == [4096, 4096]

@@ -24,7 +24,7 @@ from genrm_trio.judge.base import (
     ReplyStatus,
 )
 from genrm_trio.judge.fleet import JudgeFleet
-from genrm_trio.judge.queue import QueueGroup
+from genrm_trio.judge.queue import QueueGroup, judge_queue
 from genrm_trio.metrics import Metrics
 
 CALL = JudgeCall([{"role": "user", "content": "q"}], "a1", "a2", None)
@@ -84,8 +84,9 @@ async def test_calls_an_ejected_replica_cannot_take_wait_in_the_queue_by_priorit
         eject_backoff_s=100.0,
     )
     metrics = Metrics()
-    comparator = Comparator(judge, settings(cap=1, replicas=2, timeout_s=1.5), metrics)
-    queue = comparator.queue
+    config = settings(cap=1, replicas=2, timeout_s=1.5)
+    queue = judge_queue(judge, config, metrics)
+    comparator = Comparator(judge, config, metrics, queue=queue)
     with pytest.raises(JudgeTransportError):
         await judge.attempt(CALL)  # round robin: a first; it refuses and is out
     assert [s.ejected for s in judge.replica_stats()] == [True, False]
@@ -126,7 +127,9 @@ async def test_a_replica_back_in_service_gives_its_slots_back(
         eject_after_failures=1,
         eject_backoff_s=5.0,
     )
-    comparator = Comparator(judge, settings(cap=1, replicas=2, timeout_s=10.0), Metrics())
+    config = settings(cap=1, replicas=2, timeout_s=10.0)
+    queue = judge_queue(judge, config, Metrics())
+    comparator = Comparator(judge, config, Metrics(), queue=queue)
     with pytest.raises(JudgeTransportError):
         await judge.attempt(CALL)
     flaky.refuses = False  # healed, but out until 5.0
@@ -144,7 +147,7 @@ async def test_a_replica_back_in_service_gives_its_slots_back(
     assert flaky.starts == [0.0, 5.0]
     assert sorted(ends) == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 6.0]
     assert [s.ejected for s in judge.replica_stats()] == [False, False]
-    assert comparator.queue.statistics().in_use == 0
+    assert queue.statistics().in_use == 0
 
 
 class Restarting(Replica):
@@ -176,7 +179,9 @@ async def test_a_replica_back_from_its_probe_gets_a_waiting_call_at_once(
         eject_backoff_s=100.0,
         outage_probe_s=5.0,
     )
-    comparator = Comparator(judge, settings(cap=1, replicas=2, timeout_s=30.0), Metrics())
+    config = settings(cap=1, replicas=2, timeout_s=30.0)
+    queue = judge_queue(judge, config, Metrics())
+    comparator = Comparator(judge, config, Metrics(), queue=queue)
     ends: dict[str, float] = {}
 
     async def comparison(name: str, at: float) -> None:
@@ -199,7 +204,7 @@ async def test_a_replica_back_from_its_probe_gets_a_waiting_call_at_once(
     assert down.starts == [0.0, 1.5]
     assert busy.starts == [0.0]
     assert ends == {"first": 10.0, "second": 2.5}
-    assert comparator.queue.statistics().in_use == 0
+    assert queue.statistics().in_use == 0
 
 
 def test_a_release_without_a_slot_held_raises() -> None:
@@ -216,15 +221,13 @@ async def test_the_queue_is_the_one_count_of_attempts_in_flight_and_queued(
 ) -> None:
     """open_engine's queue, handed to the comparator: its statistics, the comparator's and the
     two gauges read the same counts."""
-    from genrm_trio.judge.queue import judge_queue
-
     slow = Replica("a", latency=5.0)
     judge = JudgeFleet(fleet_entries(slow), max_in_flight_per_replica=1)
     metrics = Metrics()
     config = settings(cap=1, replicas=1, timeout_s=30.0)
     queue = judge_queue(judge, config, metrics)
     comparator = Comparator(judge, config, metrics, queue=queue)
-    assert comparator.queue is queue
+    assert comparator.statistics().max_concurrency == queue.statistics().total == 1
     async with trio.open_nursery() as nursery:
         for _ in range(3):
             nursery.start_soon(lambda: comparator.compare(CALL, pair=(0, 1), judge_pass=0))

@@ -30,7 +30,8 @@ from genrm_trio.judge.base import (
     ReplyStatus,
 )
 from genrm_trio.judge.client import make_http_judge
-from genrm_trio.judge.fleet import JudgeFleet, make_judge
+from genrm_trio.judge.factory import make_judge
+from genrm_trio.judge.fleet import JudgeFleet
 from genrm_trio.judge.http1 import WATCHED_SEND_BYTES
 from genrm_trio.metrics import Metrics
 from genrm_trio.testing.network import (

@@ -5,6 +5,7 @@ cancellation without leaks, a closed port)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -1044,7 +1045,7 @@ async def test_an_untrusted_certificate_is_one_attempt_and_another_replica_answe
 
     from genrm_trio.judge.attempts import Comparator
     from genrm_trio.judge.base import JudgeError
-    from genrm_trio.judge.fleet import make_judge
+    from genrm_trio.judge.factory import make_judge
     from genrm_trio.metrics import Metrics
 
     ca_file, server_context = judge_tls  # a certificate for j.test only
@@ -1087,18 +1088,20 @@ def test_every_judge_api_value_has_one_object_and_one_simulated_side() -> None:
     from genrm_trio.testing.asgi import SIM_APIS
 
     names = set(get_args(JudgeApiName))
-    assert (
-        names
-        == set(JUDGE_APIS)
-        == set(SIM_APIS)
-        == {
-            "genrm_model",
-            "openai_responses",
-            "chat_completions",
-        }
-    )
-    assert set(get_args(JudgeSettings.model_fields["api"].annotation)) == names
-    assert len(set(JUDGE_APIS.values())) == len(names)  # one object per value, none shared
+    assert names == {"genrm_model", "openai_responses", "chat_completions"}
+    # the settings take exactly these values (the key's type is the same Literal) ...
+    assert JudgeSettings.model_fields["api"].annotation is JudgeApiName
+    for name in names:
+        assert settings_from_mapping({"judge": {"api": name}}).judge.api == name
+    with pytest.raises(ConfigError, match=r"judge\.api"):
+        settings_from_mapping({"judge": {"api": "completions"}})
+    # ... and each has its client object and its simulated side, none shared between values
+    assert len(set(JUDGE_APIS.values())) == len(names)
+    for name in names:  # each simulated side reads the output budget its client sends
+        api = JUDGE_APIS[name]({})
+        body = api.body(dataclasses.replace(CALL, max_output_tokens=77))
+        assert body[SIM_APIS[name].budget_key] == 77, name
+        assert SIM_APIS[name].call(body).response_1 == CALL.response_1, name
     for name in names:
         assert JUDGE_APIS[name].name == name
     # the simulated judge serves each API at the path the client posts to
@@ -1148,7 +1151,9 @@ async def test_a_judge_key_reaches_the_probe_as_it_reaches_the_calls(
     config = settings(max_response_bytes=1024)
     caplog.set_level(logging.WARNING, logger="genrm_trio.serve")
     with trio.fail_after(60):
-        assert await probe_judge(config, None, backend=recorder.network) is False
+        # too large a reply: no answer, but the judge is reached (not down from the start)
+        report = await probe_judge(config, None, backend=recorder.network)
+        assert (report.answered, report.unreachable) == (False, ())
         with pytest.raises(JudgeTransportError) as info:
             await make_http_judge(config, backend=recorder.network).attempt(CALL)
     assert info.value.type_name == "ResponseTooLarge"

@@ -43,7 +43,7 @@ from genrm_trio.judge.base import (
 )
 from genrm_trio.judge.client import make_http_judge
 from genrm_trio.judge.pool import KeepAlivePool, StaleConnectionError
-from genrm_trio.judge.probe import log_proxy_use, probe_judge
+from genrm_trio.judge.probe import ProbeReport, log_proxy_use, probe_judge
 from genrm_trio.testing.network import response_bytes
 
 BODY = json.dumps(responses_reply()).encode()
@@ -371,7 +371,7 @@ async def test_private_ca_is_trusted_by_calls_and_probe_alike(
         config = _https(listeners[0].socket.getsockname()[1], **judge_keys)
         judge = make_http_judge(config)
         with trio.fail_after(10):
-            probed = await probe_judge(config, None)
+            probed = (await probe_judge(config, None)).answered
             try:
                 outcome: object = await judge.attempt(CALL)
             except JudgeTransportError as exc:
@@ -515,8 +515,11 @@ async def test_the_probe_asks_every_replica_of_a_fleet(caplog: pytest.LogCapture
         urls = [f"http://127.0.0.1:{server.port}/v1", f"http://127.0.0.1:{dead_port}/v1"]
         config = settings_from_mapping({"judge": {"base_url": urls}})
         with trio.fail_after(10):
-            assert await probe_judge(config, None) is False  # one of two did not answer
-            assert await probe_judge(settings_from_mapping({"judge": {"base_url": urls[:1]}}), None)
+            # one of two did not answer: it refused, so it is down from the start
+            report = await probe_judge(config, None)
+            assert report == ProbeReport(answered=False, unreachable=(urls[1],))
+            one = await probe_judge(settings_from_mapping({"judge": {"base_url": urls[:1]}}), None)
+            assert one == ProbeReport(answered=True)
     assert server.requests[0].startswith(b"GET /v1/models HTTP/1.1\r\n")
     lines = [r.getMessage() for r in caplog.records if "judge probe" in r.getMessage()]
     assert lines.count(f"judge probe GET {urls[0]}/models: HTTP 200") == 2

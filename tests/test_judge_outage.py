@@ -7,10 +7,12 @@ the log lines and the metrics say so while it lasts. A single judge is a fleet o
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 from fake_replicas import NamedReplica, fleet_entries
 from judges import default_verdict, member, verdict_text, verify
@@ -41,6 +43,7 @@ class Server(NamedReplica):
     name: str
     latency: float = 1.0
     up: bool = True
+    failing: int | None = None  # answer every call at once with this HTTP status (probes: 200)
     calls: list[tuple[float, str]] = field(default_factory=list)  # (start, "ok" | "refused")
     probes: list[tuple[float, bool]] = field(default_factory=list)  # (when, answered)
 
@@ -55,6 +58,9 @@ class Server(NamedReplica):
         if call.response_1 == "poison":
             self.calls.append((started, "500"))
             raise JudgeHTTPError(500, b"template error")
+        if self.failing is not None:
+            self.calls.append((started, str(self.failing)))
+            raise JudgeHTTPError(self.failing, b"failing")
         await trio.sleep(self.latency)
         self.calls.append((started, "ok"))
         return JudgeReply(
@@ -114,6 +120,10 @@ def sample(engine: Engine, name: str) -> float | None:
     return engine.metrics.registry.get_sample_value(name)
 
 
+def sample_labelled(engine: Engine, name: str, **labels: str) -> float | None:
+    return engine.metrics.registry.get_sample_value(name, labels)
+
+
 def masked(engine: Engine) -> float:
     """Every masked rollout, whatever its cause."""
     registry = engine.metrics.registry
@@ -167,6 +177,11 @@ async def test_a_single_judge_down_for_30s_masks_nothing_and_costs_no_attempt(
         }
         metrics["masked"] = masked(engine)
         unreached = engine.statistics().judge.unreached
+        calls = engine.statistics().judge.calls
+        outcomes = {
+            outcome: sample_labelled(engine, "genrm_trio_judge_calls_total", outcome=outcome)
+            for outcome in ("completed", "transport_error")
+        }
     assert all(isinstance(r, Scored) for rows in replies.values() for r in rows), replies
     # g0: 4 answers; g1: 4 calls refused at t = 3 (not attempts), then, like g2's 4, sent when
     # the probe at 35.5 finds the judge back; all answered at 36.5.
@@ -186,9 +201,15 @@ async def test_a_single_judge_down_for_30s_masks_nothing_and_costs_no_attempt(
         "genrm_trio_judge_unreachable_seconds_total": 32.5,
         "masked": 0.0,
     }
+    # A refused call is no attempt (issue 36 item 9): /judge/replicas counts the 12 attempts
+    # (one per comparison) and no failure; it counted 16 calls and 4 failures before.
     stats = judge.replica_stats()[0]
-    assert (stats.ejected, stats.calls, stats.failures) == (False, 16, 4)
+    assert (stats.ejected, stats.calls, stats.failures) == (False, 12, 0)
     assert unreached == 4  # g1's refused calls, none of them an attempt
+    # and neither the comparator's calls nor judge_calls_total count them (they counted 16 calls
+    # and 4 transport errors before)
+    assert calls == 12
+    assert outcomes == {"completed": 12.0, "transport_error": 0.0}
     lines = [(r.levelname, r.getMessage()) for r in caplog.records if "judge" in r.getMessage()]
     outage_lines = [line for line in lines if "unreachable" in line[1]]
     assert outage_lines == [
@@ -348,6 +369,254 @@ async def test_a_500_after_a_call_sent_again_is_still_the_requests_fault(
     stats = judge.replica_stats()
     assert [(s.failures, s.consecutive_failures, s.ejected) for s in stats] == [
         (2, 0, False),
-        (1, 1, True),  # b: out until a probe reaches it
+        (0, 1, True),  # b: out until a probe reaches it; its refusal was no attempt
         (2, 0, False),
     ]
+
+
+# --- failing is not unreachable; down is down from the start (issue 37 item 3) ------------------
+
+
+@pytest.mark.parametrize("status", [500])
+async def test_a_judge_that_fails_every_call_is_failing_not_unreachable(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture, status: int
+) -> None:
+    """Every call answered 500, `GET /models` 200, under a watched engine: the
+    replica is ejected and keeps the trial back-off, but it can be reached, so there is no
+    outage: no "unreachable" line, no probe, `/readyz` keeps its 200 and the gauge its 0, and
+    comparisons spend their attempts 0.1 s apart (no wait for a probe). Before, each ejection
+    started an outage (38 cycles in 20 s)."""
+    caplog.set_level(logging.INFO, logger="genrm_trio.judge")
+    server = Server("a", failing=status)
+    judge = fleet(server)
+    replies: dict[str, list[object]] = {}
+    readiness: list[tuple[str | None, float | None]] = []
+
+    async def watch(engine: Engine) -> None:
+        for t in range(21):
+            await trio.sleep_until(float(t))
+            readiness.append((engine.judge_unreachable(), sample(engine, GAUGE)))
+
+    async with open_engine(config(), judge) as engine, trio.open_nursery() as nursery:
+        nursery.start_soon(watch, engine)
+        for g, at in enumerate((0.0, 5.0, 10.0, 15.0)):
+            nursery.start_soon(group, engine, f"g{g}", at, replies)
+    stats = engine.statistics().judge
+    assert readiness == [(None, 0.0)] * 21
+    assert judge.unreachable_seconds() == 0.0
+    assert server.probes == []
+    assert not [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert all(isinstance(r, GroupFailed) for rows in replies.values() for r in rows), replies
+    # each comparison spent its 4 attempts, 0.1 s apart from its group's start
+    assert stats.calls == 4 * stats.failures == len(server.calls)
+    assert sorted({round(t % 5.0, 6) for t, _ in server.calls}) == [0.0, 0.1, 0.2, 0.3]
+    [replica] = judge.replica_stats()
+    assert replica.ejections >= 1 and replica.failures == len(server.calls)
+
+
+async def test_a_bare_429_storm_is_throttled_serving_never_ejected_nor_unreachable(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every call answered a bare 429 (no Retry-After, no x-ratelimit-* headers) under a watched
+    engine: each holds the replica for a doubling back-off (judge/limits.py), one call tries
+    when a hold ends, and a comparison whose next hold would end past its group's deadline fails
+    then with that reason. Throttled is serving: the replica is never ejected and nothing counts
+    as a failure, no "unreachable" line, no probe, `/readyz` keeps its 200 and the gauge its 0."""
+    caplog.set_level(logging.INFO, logger="genrm_trio.judge")
+    server = Server("a", failing=429)
+    judge = fleet(server)
+    replies: dict[str, list[object]] = {}
+    readiness: list[tuple[str | None, float | None]] = []
+
+    async def watch(engine: Engine) -> None:
+        for t in range(21):
+            await trio.sleep_until(float(t))
+            readiness.append((engine.judge_unreachable(), sample(engine, GAUGE)))
+
+    async with open_engine(config(), judge) as engine, trio.open_nursery() as nursery:
+        nursery.start_soon(watch, engine)
+        for g, at in enumerate((0.0, 5.0, 10.0, 15.0)):
+            nursery.start_soon(group, engine, f"g{g}", at, replies)
+    limited = "genrm_trio_judge_rate_limited_total"
+    assert readiness == [(None, 0.0)] * 21
+    assert judge.unreachable_seconds() == 0.0
+    assert server.probes == []
+    assert not [r for r in caplog.records if "unreachable" in r.getMessage()]
+    for rows in replies.values():
+        for row in rows:
+            assert isinstance(row, GroupFailed), row
+            assert "the judge's rate limit holds its calls for" in row.message, row
+    [replica] = judge.replica_stats()
+    assert (replica.ejections, replica.failures, replica.ejected) == (0, 0, False)
+    assert sample(engine, limited) == len(server.calls) == engine.statistics().judge.calls
+    # the first wave at 0 is one hold of 1 s; then one call at 1, 3, 7, 15: holds 1, 2, 4, 8, 16
+    # g0's four comparisons at 0 are one hold of 1 s; then one call each time a hold ends, the
+    # back-off doubling to its 32 s cap; at 287 the next hold (to 319) would end past every
+    # group's deadline (300 to 315): all sixteen comparisons fail then, with the reason
+    trials = [1.0, 3.0, 7.0, 15.0, 31.0, *(63.0 + 32.0 * k for k in range(8))]
+    assert sorted(t for t, _ in server.calls) == [0.0] * 4 + trials
+    assert trials[-1] == 287.0
+
+
+GAUGE = "genrm_trio_judge_unreachable"
+
+
+async def test_a_judge_down_at_start_is_an_outage_from_the_first_second(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The start-up probe could not connect (`down_from_start`, what `serve` calls with the
+    probe's report): from t = 0 `/readyz` answers 503, the gauge is 1 and the probe loop runs;
+    a group at t = 1 waits without a call until the probe at 7.5 finds the judge (up at 4)."""
+    caplog.set_level(logging.INFO, logger="genrm_trio.judge")
+    server = Server("a", up=False)
+    judge = fleet(server)
+    judge.down_from_start([server.url], "its start-up probe could not connect")
+    replies: dict[str, list[object]] = {}
+    seen: dict[str, object] = {}
+
+    async def restart(engine: Engine) -> None:
+        await trio.lowlevel.checkpoint()
+        seen["readyz"] = engine.judge_unreachable()
+        seen["gauge"] = sample(engine, GAUGE)
+        await trio.sleep_until(4.0)
+        server.up = True
+
+    async with open_engine(config(), judge) as engine, trio.open_nursery() as nursery:
+        nursery.start_soon(restart, engine)
+        nursery.start_soon(group, engine, "g0", 1.0, replies)
+    assert seen == {
+        "readyz": "judge unreachable for 0s: no judge replica can be reached",
+        "gauge": 1.0,
+    }
+    assert server.probes == [(0.5, False), (1.5, False), (3.5, False), (7.5, True)]
+    assert {t for t, _ in server.calls} == {7.5} and set(server.outcomes()) == {"ok"}
+    assert all(isinstance(r, Scored) for r in replies["g0"]), replies
+    assert judge.unreachable_seconds() == 7.5
+    lines = [r.getMessage() for r in caplog.records if "unreachable" in r.getMessage()]
+    assert lines == [
+        "judge unreachable: no replica can be reached (a:8000: its start-up probe could not "
+        "connect); comparisons wait for it within their deadlines; probing GET /models",
+        "judge is back after 7.5s unreachable (replica a:8000 answered a probe)",
+    ]
+
+
+# --- a fleet shared by two engines (issue 36 item 2) ---------------------------------------------
+
+
+async def test_a_shared_fleet_stays_watched_when_the_engine_watching_it_closes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Engines A (opened first: its nursery runs the probe loops) and B share a fleet; A closes
+    at 1. The judge goes down at 2: B's group at 3 waits for the probe loops, now in B's
+    nursery, which find the judge back (up at 6) at 6.5; nothing is spent. Before, A kept the
+    watch and its end left the fleet unwatched: B's calls were spent as attempts."""
+    server = Server("a")
+    judge = fleet(server)
+    replies: dict[str, list[object]] = {}
+
+    async def engine_a(closed: trio.Event) -> None:
+        async with open_engine(config(), judge):
+            await trio.sleep_until(1.0)
+        closed.set()
+
+    async def outage() -> None:
+        await trio.sleep_until(2.0)
+        server.up = False
+        await trio.sleep_until(6.0)
+        server.up = True
+
+    closed = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(engine_a, closed)
+        await trio.lowlevel.checkpoint()
+        async with open_engine(config(), judge) as b:
+            await closed.wait()
+            assert judge.watched
+            nursery.start_soon(outage)
+            await group(b, "g", 3.0, replies)
+    assert all(isinstance(r, Scored) for r in replies["g"]), replies
+    assert [t for t, _ in server.probes] == [3.5, 4.5, 6.5]
+    assert [t for t, outcome in server.calls if outcome == "refused"] == [3.0] * 4
+    assert {t for t, outcome in server.calls if outcome == "ok"} == {6.5}
+    assert not judge.watched
+
+
+async def test_waiters_are_woken_when_the_last_watch_ends(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """While the judge is down a call waits in `wait_reachable`; when the last watcher ends (at
+    5, the judge still down) the wait ends at once: unwatched, calls go out instead."""
+    server = Server("a", up=False)
+    judge = fleet(server)
+    woken: list[float] = []
+
+    async def waiter() -> None:
+        await judge.wait_reachable()
+        woken.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        watch = trio.CancelScope()
+
+        async def keep_watch() -> None:
+            with watch:
+                await judge.keep_watch()
+
+        nursery.start_soon(keep_watch)
+        await trio.lowlevel.checkpoint()
+        with pytest.raises(JudgeTransportError):
+            await judge.attempt(JudgeCall([], "x", "y", None))
+        assert judge.unreachable_for() == 0.0
+        nursery.start_soon(waiter)
+        await trio.sleep_until(5.0)
+        assert woken == []
+        watch.cancel()
+    assert woken == [5.0]
+    assert judge.unreachable_for() == 5.0  # still down: the wait ended with the watch
+
+
+async def test_an_engine_that_closes_stops_listening_to_the_fleets_capacity(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Each engine's judge queue listens to the fleet's capacity while the engine is open, and
+    no longer after (so the fleet holds no closed queue, nor its metrics)."""
+    judge = fleet(Server("a"))
+    async with open_engine(config(), judge):
+        async with open_engine(config(), judge):
+            assert len(judge._capacity_watchers) == 2
+        assert len(judge._capacity_watchers) == 1
+    assert judge._capacity_watchers == []
+    told: list[int] = []
+    stop = judge.watch_capacity(lambda: told.append(1))
+    stop()
+    stop()  # idempotent
+    assert judge._capacity_watchers == []
+
+
+class SlowToClose(NamedReplica):
+    def __init__(self, name: str, close_s: float) -> None:
+        self.name = name
+        self.close_s = close_s
+        self.closing: list[float] = []
+
+    async def attempt(self, call: JudgeCall) -> JudgeReply:
+        raise AssertionError("not called")
+
+    async def aclose(self) -> None:
+        self.closing.append(trio.current_time())
+        await trio.sleep(self.close_s)
+
+
+@pytest.mark.parametrize(("close_s", "took"), [(0.6, 0.6), (math.inf, 1.0)])
+async def test_aclose_closes_every_replica_at_once_within_one_second(
+    autojump_clock: trio.testing.MockClock, close_s: float, took: float
+) -> None:
+    """Three replicas each taking `close_s` to close: all start at once and the fleet is closed
+    after `close_s`, or after 1 s in all when they never finish (before: one shielded second
+    each, one after another: 1.8 s or 3 s)."""
+    replicas = [SlowToClose(name, close_s) for name in ("a", "b", "c")]
+    judge = JudgeFleet(fleet_entries(*replicas))
+    await judge.aclose()
+    assert trio.current_time() == took
+    assert [r.closing for r in replicas] == [[0.0]] * 3
+    await judge.aclose()  # idempotent
+    assert [r.closing for r in replicas] == [[0.0]] * 3

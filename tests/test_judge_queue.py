@@ -12,7 +12,8 @@ from trio.testing import MockClock
 
 from genrm_trio.config import settings_from_mapping
 from genrm_trio.judge.attempts import Comparator
-from genrm_trio.judge.queue import JudgeQueue, Priority, QueueTicket
+from genrm_trio.judge.fleet import JudgeFleet
+from genrm_trio.judge.queue import JudgeQueue, Priority, QueueTicket, judge_queue
 from genrm_trio.metrics import QUEUE_PRIORITY_LABELS, Metrics
 from genrm_trio.testing import SimJudge
 
@@ -66,7 +67,7 @@ async def test_slots_are_granted_at_once_until_full(autojump_clock: MockClock) -
         assert holder.order == ["a", "b"]
         stats = queue.statistics()
         assert (stats.in_use, stats.waiting, stats.waiting_complete) == (2, 1, 1)
-        assert (queue.borrowed_tokens, queue.total_tokens) == (2, 2)
+        assert (queue.statistics().in_use, queue.statistics().total) == (2, 2)
         await trio.sleep(3)
         holder.finish("a")
         await trio.testing.wait_all_tasks_blocked()
@@ -257,5 +258,6 @@ def test_the_comparator_queue_has_the_fleets_real_capacity() -> None:
             judge["max_concurrency_per_replica"] = per_replica
         config = settings_from_mapping({"judge": judge})
         comparator = Comparator(SimJudge(), config, Metrics())
-        assert comparator.queue.total_tokens == total
+        fleet = JudgeFleet([(url, SimJudge()) for url in urls])
+        assert judge_queue(fleet, config, Metrics()).statistics().total == total
         assert comparator.statistics().max_concurrency == total

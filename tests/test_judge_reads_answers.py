@@ -1,6 +1,6 @@
 """The judge always reads the answers (issue 28 item 1): the judge APIs that put them in the
-prompt, the check on the prompt tokens the judge reports (judge/answers.py) at the fleet, and the
-judge's token counters; against an in-memory "plain OpenAI server" that counts only what its
+prompt, the check on the prompt tokens the judge reports (judge/answer_check.py) at the fleet,
+and the judge's token counters; against an in-memory "plain OpenAI server" that counts only what its
 model would see, and against the simulated judge standing in for Gym's genrm_model server."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import trio
 from asgi_judges import reply_json, request_json
 
 from genrm_trio.config import settings_from_mapping
-from genrm_trio.judge.answers import (
+from genrm_trio.judge.answer_check import (
     MAX_BYTES_PER_TOKEN,
     MAX_PROMPTS,
     MIN_DIFFERENCE_BYTES,
@@ -22,7 +22,7 @@ from genrm_trio.judge.answers import (
 )
 from genrm_trio.judge.apis import interpret_chat, interpret_responses, judge_api
 from genrm_trio.judge.base import JudgeCall, ReplyStatus
-from genrm_trio.judge.fleet import make_judge
+from genrm_trio.judge.factory import make_judge
 from genrm_trio.metrics import Metrics
 from genrm_trio.testing.asgi import sim_asgi_app
 from genrm_trio.testing.network import MemoryNetwork, serve_asgi

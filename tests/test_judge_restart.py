@@ -20,7 +20,8 @@ from procs import Proc, start_judge
 from genrm_trio.config import Settings
 from genrm_trio.domain.model import Scored
 from genrm_trio.engine.engine import open_engine
-from genrm_trio.judge.fleet import JudgeFleet, make_judge
+from genrm_trio.judge.factory import make_judge
+from genrm_trio.judge.fleet import JudgeFleet
 
 N = 4
 GROUPS = 16

@@ -30,7 +30,8 @@ from genrm_trio.domain.model import Scored, VerifyInput
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.judge.base import JudgeCall, JudgeError, ReplyStatus
 from genrm_trio.judge.client import HttpJudge, make_http_judge
-from genrm_trio.judge.fleet import JudgeFleet, make_judge
+from genrm_trio.judge.factory import make_judge
+from genrm_trio.judge.fleet import JudgeFleet
 
 pytestmark = pytest.mark.slow
 

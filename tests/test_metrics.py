@@ -20,7 +20,6 @@ from genrm_trio.domain.model import GroupFailed, Masked, Scored
 from genrm_trio.domain.records import TerminalRecord
 from genrm_trio.engine import machine
 from genrm_trio.engine.engine import Engine
-from genrm_trio.judge import attempts
 from genrm_trio.judge.base import (
     JudgeAttemptError,
     JudgeBadJSON,
@@ -30,6 +29,7 @@ from genrm_trio.judge.base import (
     JudgeTransportError,
     ReplyStatus,
 )
+from genrm_trio.judge.comparison import outcome_of
 from genrm_trio.metrics import (
     ACTIVE_STATE_LABELS,
     DEADLINE_LABELS,
@@ -172,10 +172,10 @@ def test_the_label_values_are_the_engines_own() -> None:
     ]
     # one example of every kind of failed attempt: a new kind fails here until it has one
     assert {type(error) for error in errors} == _subclasses(JudgeAttemptError)
-    outcomes = {status.value for status in ReplyStatus} | {attempts._outcome(e)[0] for e in errors}
+    outcomes = {status.value for status in ReplyStatus} | {outcome_of(e)[0] for e in errors}
     assert outcomes == set(JUDGE_OUTCOME_LABELS)
     # retried: the retryable ones, and in a fleet those retried on another replica (a timeout)
-    retried = {attempts._outcome(e)[1] for e in errors if e.retryable or e.retry_elsewhere}
+    retried = {outcome_of(e)[1] for e in errors if e.retryable or e.retry_elsewhere}
     assert retried | {"unusable", "parse", "budget"} == set(RETRY_CAUSE_LABELS)
 
 

@@ -31,7 +31,7 @@ from genrm_trio.domain.ratelimit import (
 from genrm_trio.domain.verdict import Verdict
 from genrm_trio.judge import client as client_module
 from genrm_trio.judge.attempts import Comparator
-from genrm_trio.judge.fleet import make_judge
+from genrm_trio.judge.factory import make_judge
 from genrm_trio.judge.limits import HOLD_FIRST_S, HOLD_MAX_S
 from genrm_trio.metrics import Metrics
 from genrm_trio.testing import sim_asgi_app
@@ -343,7 +343,7 @@ async def test_throttled_is_serving_a_bare_429_storm_never_ejects_nor_says_unrea
         SimRateLimits(requests_per_minute=1, headers=False, retry_after="none"),
         eject_after_failures=1,
     )
-    fleet: Any = comparator._judge
+    fleet: Any = comparator._fleet
     with caplog.at_level(logging.DEBUG, "genrm_trio"), trio.fail_after(BOUND):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(fleet.keep_watch)

@@ -27,7 +27,7 @@ from genrm_trio.domain.scoring import (
 )
 from genrm_trio.domain.scoring import bradley_terry as bt
 from genrm_trio.engine import compare as compare_module
-from genrm_trio.engine import run as run_module
+from genrm_trio.engine import group_run
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.engine.evaluation import scored_off_loop
 from genrm_trio.engine.offload import score_off_loop
@@ -142,7 +142,7 @@ async def test_a_large_group_is_scored_in_a_worker_thread(
     """N = 64, regular d = 8, Bradley–Terry. score_cohort runs outside the event loop's thread,
     and the rewards are the direct path's. The clock stands still (a thread would let an
     autojumping clock leap, and a real one races the attempt deadlines on a loaded machine)."""
-    threads = calling_threads(monkeypatch, run_module, "score_cohort")
+    threads = calling_threads(monkeypatch, group_run, "score_cohort")
     n = 64
     config = settings(
         num_rollouts_per_prompt=n,

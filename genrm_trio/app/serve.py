@@ -467,7 +467,7 @@ async def _serve_on(
     # Imported here so that `bind_socket` and `serve_app` (used by sim-judge) stay light.
     from genrm_trio.app.compose import durable_engine
     from genrm_trio.http.app import create_app
-    from genrm_trio.judge.fleet import make_judge
+    from genrm_trio.judge.factory import make_judge
     from genrm_trio.judge.probe import log_proxy_use, probe_judge
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -501,11 +501,17 @@ async def _serve_on(
             nonlocal listening
             the_judge = judge
             try:
+                down: tuple[str, ...] = ()
                 if not sim:
                     log_proxy_use()
-                    await probe_judge(settings, token)
-                if the_judge is None:
-                    the_judge = _sim_judge() if sim else make_judge(settings)
+                    down = (await probe_judge(settings, token)).unreachable
+                if the_judge is None and sim:
+                    the_judge = _sim_judge()
+                elif the_judge is None:
+                    fleet = make_judge(settings)
+                    if down:  # an outage from the first second: /readyz 503, probes running
+                        fleet.down_from_start(down, "its start-up probe could not connect")
+                    the_judge = fleet
                 # the durable store (state_path) loads before the socket listens
                 async with durable_engine(settings, the_judge) as engine:
                     app = create_app(engine, settings)

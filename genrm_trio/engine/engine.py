@@ -1,14 +1,14 @@
 """The engine: `/verify` cohorts and `/compare` batches on one engine-owned trio nursery.
 
-``open_engine(settings, judge)`` opens the nursery that owns every cohort's run (engine/run.py:
-collection deadline, then evaluation under the group deadline; with ``eager_comparisons`` each
-comparison starts once both of its members are in, while the group collects) and every
-`/verify` judge call, each waiting for its slot in the critical-path judge queue
-(judge/queue.py); request handlers only attach waiters and wait, so a client disconnect cancels
-its own wait and never a cohort (docs/architecture.md, "How cancellation flows"). Cohort tasks
-start in a fresh, empty ``contextvars`` context so that no per-request variable leaks into
-shared judge calls. `/compare` runs in the request's own task and context, fail-fast, under
-``cohort_evaluation_timeout_s`` (docs/differences.md, D40 / D27).
+``open_engine(settings, judge)`` opens the nursery that owns every cohort's run
+(engine/group_run.py: collection deadline, then evaluation under the group deadline; with
+``eager_comparisons`` each comparison starts once both of its members are in, while the group
+collects) and every `/verify` judge call, each waiting for its slot in the critical-path judge
+queue (judge/queue.py); request handlers only attach waiters and wait, so a client disconnect
+cancels its own wait and never a cohort (docs/architecture.md, "How cancellation flows").
+Cohort tasks start in a fresh, empty ``contextvars`` context so that no per-request variable
+leaks into shared judge calls. `/compare` runs in the request's own task and context,
+fail-fast, under ``cohort_evaluation_timeout_s`` (docs/differences.md, D40 / D27).
 
 The request algorithm is docs/architecture.md "One /verify request", in order. The registry
 section (the registry's policy, `Registry.admit`: prune, watermarks, capacity, supersession;
@@ -61,12 +61,13 @@ from genrm_trio.domain.text import (
 from genrm_trio.engine.cohort import Cohort, Member, Waiter
 from genrm_trio.engine.compare import Comparisons
 from genrm_trio.engine.evaluation import MemberText, default_result
+from genrm_trio.engine.group_run import GroupRunner
 from genrm_trio.engine.keys import RUBRIC_REQUIRED, CohortKey, cohort_key
 from genrm_trio.engine.registry import Registry
 from genrm_trio.engine.restore import apply_restore, plan_restore
-from genrm_trio.engine.run import GroupRunner
 from genrm_trio.judge.attempts import Comparator, ComparatorStatistics
-from genrm_trio.judge.base import Judge, ReplicaReporting, ReplicaStats
+from genrm_trio.judge.base import Judge, ReplicaStats
+from genrm_trio.judge.fleet import JudgeFleet, as_fleet
 from genrm_trio.judge.queue import JudgeQueue, judge_queue
 from genrm_trio.metrics import Metrics
 from genrm_trio.store.errors import CommitTimeout
@@ -145,7 +146,7 @@ class Engine:
     def __init__(
         self,
         settings: Settings,
-        judge: Judge,
+        fleet: JudgeFleet,
         metrics: Metrics,
         store: CohortStore | None,
         nursery: trio.Nursery,
@@ -163,13 +164,12 @@ class Engine:
         # the critical-path judge queue (judge/queue.py), open_engine's: one owner, shared by
         # the comparator (every attempt's slot), the group runs and /compare (their places)
         self._queue = queue
-        self._comparator = Comparator(judge, settings, metrics, queue=queue)
-        self._fleet = judge if isinstance(judge, ReplicaReporting) else None
-        if self._fleet is not None:
-            metrics.watch_replicas(self._fleet.replica_stats)
-            metrics.watch_judge(self._fleet)
-            # its probe loops: a judge that cannot be reached is waited for (judge/fleet.py)
-            nursery.start_soon(self._fleet.keep_watch)
+        self._comparator = Comparator(fleet, settings, metrics, queue=queue)
+        self._fleet = fleet
+        metrics.watch_replicas(fleet.replica_stats)
+        metrics.watch_judge(fleet)
+        # its probe loops: a judge that cannot be reached is waited for (judge/outage.py)
+        nursery.start_soon(fleet.keep_watch)
         self._registry = Registry(settings, metrics)
         self._lock = trio.Lock()
         self._closed = False
@@ -199,8 +199,8 @@ class Engine:
 
     def judge_replicas(self) -> list[ReplicaStats]:
         """Per-replica counters of the judge (``GET /judge/replicas``): one per base URL, a single
-        URL being a fleet of one; [] for a judge that reports none (a simulated one)."""
-        return [] if self._fleet is None else self._fleet.replica_stats()
+        URL being a fleet of one; [] for an in-process judge (a simulated one)."""
+        return self._fleet.replica_stats()
 
     def statistics(self) -> EngineStatistics:
         r = self._registry.statistics()
@@ -415,11 +415,11 @@ class Engine:
         return trio.current_time() + self._commit_timeout_s
 
     async def _run(self, cohort: Cohort) -> None:
-        """Collection, then evaluation (`GroupRunner.judge`, engine/run.py); finally commit the
-        record and release."""
+        """Collection, then evaluation (`GroupRunner.run_group`, engine/group_run.py); finally
+        commit the record and release."""
         try:
             with cohort.scope:
-                await self._runner.judge(cohort)
+                await self._runner.run_group(cohort)
         except Exception as exc:
             errors = leaves(exc)  # every leaf of a (nested) group, each with its traceback
             for n, error in enumerate(errors, 1):
@@ -563,9 +563,10 @@ async def open_engine(
     The judge is not closed: it belongs to the caller.
     """
     metrics = metrics or Metrics()
-    queue = judge_queue(judge, settings, metrics)  # the judge queue's one owner
+    fleet = as_fleet(judge)  # one judge path: any judge is a fleet (judge/fleet.py)
+    queue = judge_queue(fleet, settings, metrics)  # the judge queue's one owner
     async with trio.open_nursery() as nursery:
-        engine = Engine(settings, judge, metrics, store, nursery, queue)
+        engine = Engine(settings, fleet, metrics, store, nursery, queue)
         try:
             yield engine
         finally:
@@ -577,4 +578,5 @@ async def open_engine(
                 await engine.aclose()
             if bound.cancelled_caught:
                 log.error("GenRM engine did not close within %ss; cancelling its tasks", close_s)
+            queue.close()  # a fleet that outlives this engine no longer holds its queue
             nursery.cancel_scope.cancel()

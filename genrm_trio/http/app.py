@@ -53,7 +53,7 @@ from genrm_trio.http.schema import (
     parse_verify,
     validate,
 )
-from genrm_trio.judge.answers import unread_fix
+from genrm_trio.judge.answer_check import unread_fix
 from genrm_trio.judge.base import ReplicaStats
 from genrm_trio.metrics import Metrics
 
@@ -105,7 +105,7 @@ def replica_view(stats: ReplicaStats) -> dict[str, object]:
 
 def not_ready_reason(replicas: Sequence[ReplicaStats], api: str) -> str | None:
     """Why `GET /readyz` answers 503, or None: a judge replica whose prompt tokens show that
-    the judge does not read the answers (judge/answers.py), with the fix for `judge.api`."""
+    the judge does not read the answers (judge/answer_check.py), with the fix for `judge.api`."""
     for stats in replicas:
         if stats.answers_unread is not None:
             return (

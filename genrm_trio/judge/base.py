@@ -134,6 +134,12 @@ class Judge(Protocol):
     async def aclose(self) -> None: ...
 
 
+PROBE_LIMIT_S = 5.0
+"""A probe (`GET /models`: the start-up probe, judge/probe.py, and the outage's, judge/outage.py)
+waits at most this long for each replica (the start-up one less when judge_request_timeout_s is).
+"""
+
+
 def one_line(text: str, limit: int = 1000) -> str:
     """`text` for a log line: every run of whitespace (CR, LF, tabs of an HTML error page) one
     space, cut at `limit` characters (marked with an ellipsis)."""
@@ -162,7 +168,7 @@ class JudgeAttemptError(Exception):
     replica: str | None = None  # the fleet replica (its label) the attempt went to, if any
     # False: the request never reached a server (its connection could not be opened: refused,
     # reset while connecting, a name that does not resolve). Such a call is no attempt of its
-    # comparison when the judge waits out outages (`ReplicaReporting.watched`).
+    # comparison when the judge waits out outages (`JudgeFleet.watched`).
     reached: bool = True
 
     def describe(self) -> str:
@@ -307,60 +313,10 @@ class ReplicaStats:
     input_tokens: int = 0
     output_tokens: int = 0
     reasoning_tokens: int = 0
-    # judge.answers.AnswerCheck: why its prompt tokens show that the model does not read the
+    # judge.answer_check.AnswerCheck: why its prompt tokens show that the model does not read the
     # answers (None: no sign of it), and how many prompts showed it
     answers_unread: str | None = None
     prompts_unread: int = 0
-
-
-@runtime_checkable
-class ReplicaReporting(Protocol):
-    """A judge that spreads its calls over replicas and reports each one (`JudgeFleet`); the
-    engine, `/metrics` and the `Comparator` see it through this protocol only."""
-
-    @property
-    def replicas(self) -> list[str]:
-        """The replicas' labels, in configuration order."""
-        ...
-
-    def replica_stats(self) -> list[ReplicaStats]: ...
-
-    def capacity(self) -> int | None:
-        """Attempts it can place at once now (its replicas in service), or None: no limit of its
-        own. The judge queue hands out no more slots than this."""
-        ...
-
-    def watch_capacity(self, changed: Callable[[], None]) -> None:
-        """Call `changed` whenever `capacity()` may have grown (a replica back in service)."""
-        ...
-
-    def held_back_for(self) -> float | None:
-        """Seconds until a replica may take a call again when every one the next attempt could
-        go to is holding back after a `Retry-After`; None when one can take it now."""
-        ...
-
-    @property
-    def watched(self) -> bool:
-        """Its probe loops run (`keep_watch`): a call that reaches no replica is then no
-        attempt, and comparisons wait out an outage (`wait_reachable`)."""
-        ...
-
-    async def keep_watch(self) -> None:
-        """Probe the replicas that cannot be reached until they answer; runs until cancelled
-        (the engine runs it in its nursery)."""
-        ...
-
-    async def wait_reachable(self) -> None:
-        """Return once a replica can be reached (at once when one can, or when not watched)."""
-        ...
-
-    def unreachable_for(self) -> float | None:
-        """Seconds since no replica could be reached, or None when one can."""
-        ...
-
-    def unreachable_seconds(self) -> float:
-        """Seconds, in all, during which no replica could be reached."""
-        ...
 
 
 @runtime_checkable

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Final
+from dataclasses import dataclass
+from typing import Final, final
 
 import httpx
 import trio
 
 from genrm_trio.config import Settings
-from genrm_trio.judge.base import one_line
+from genrm_trio.judge.base import PROBE_LIMIT_S, one_line
 from genrm_trio.judge.client import transport_error
 from genrm_trio.judge.network import NetworkBackend
 from genrm_trio.judge.pool import judge_pool
@@ -24,10 +25,7 @@ from genrm_trio.judge.tls import proxy_variables_set
 # "genrm_trio.serve": operators filter on that name, and so do the tests (caplog).
 log = logging.getLogger("genrm_trio.serve")
 
-__all__ = ["PROBE_LIMIT_S", "log_proxy_use", "probe_judge"]
-
-PROBE_LIMIT_S: Final = 5.0
-"""The probe waits at most this long for each replica (less when judge_request_timeout_s is)."""
+__all__ = ["PROBE_LIMIT_S", "ProbeReport", "log_proxy_use", "probe_judge"]
 
 PROBE_IDS_SHOWN: Final = 8
 """At most this many of the judge's model ids are named in the model-mismatch warning."""
@@ -75,29 +73,47 @@ def _check_model(settings: Settings, body: bytes) -> None:
     )
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class ProbeReport:
+    """What the start-up probe found: whether every replica answered 2xx, and the base URLs
+    whose connection could not be opened (refused, a name that does not resolve): those are
+    down from the start (`JudgeFleet.down_from_start`)."""
+
+    answered: bool
+    unreachable: tuple[str, ...] = ()
+
+
 async def probe_judge(
     settings: Settings, token: str | None, *, backend: NetworkBackend | None = None
-) -> bool:
+) -> ProbeReport:
     """The start-up probe (docs/configuration.md, "Command line"): one `GET {base_url}/models`
-    per replica; a failure only warns.
+    per replica; a failure only warns (a replica that cannot be connected to is down from the
+    start: the caller tells the fleet).
 
     Bounded by min(5 s, judge_request_timeout_s); a fleet's replicas are probed concurrently.
-    Never POSTs and is not a judge call in any metric. Returns whether every replica answered 2xx.
+    Never POSTs and is not a judge call in any metric. Reports whether every replica answered 2xx.
     A 2xx listing models (`data[].id`) that does not include the configured model (`judge.model`,
     else a `model` in `genrm_responses_create_params`) logs one warning naming it and the served
     ids. Skipped (False) with `judge.probe: false`.
     """
     urls = settings.judge.base_urls
     if not urls:
-        return False
+        return ProbeReport(answered=False)
     if not settings.judge.probe:
         log.info("judge %s: not probed (judge.probe: false)", ", ".join(urls))
-        return False
+        return ProbeReport(answered=False)
     answered: list[bool] = []
+    unreachable: list[str] = []
     async with trio.open_nursery() as nursery:
         for base_url in urls:
-            nursery.start_soon(_probe_one, settings, token, base_url, answered, backend)
-    return len(answered) == len(urls) and all(answered)
+            nursery.start_soon(
+                _probe_one, settings, token, base_url, answered, unreachable, backend
+            )
+    return ProbeReport(
+        answered=len(answered) == len(urls) and all(answered),
+        unreachable=tuple(url for url in urls if url in unreachable),
+    )
 
 
 async def _probe_one(
@@ -105,6 +121,7 @@ async def _probe_one(
     token: str | None,
     base_url: str,
     answered: list[bool],
+    unreachable: list[str],
     backend: NetworkBackend | None,
 ) -> None:
     # The probe goes through a pool made as the judge calls' own are (`judge_pool`: TLS trust
@@ -129,7 +146,10 @@ async def _probe_one(
     except trio.TooSlowError:
         problem = f"TimeoutError: no reply within {limit:g}s"
     except httpx.HTTPError as exc:
-        problem = transport_error(exc).describe()  # named as a judge call's failure would be
+        error = transport_error(exc)
+        problem = error.describe()  # named as a judge call's failure would be
+        if not error.reached:
+            unreachable.append(base_url)
     else:
         if 200 <= status <= 299:
             log.info("judge probe GET %s: HTTP %d", url, status)

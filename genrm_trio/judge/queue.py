@@ -42,14 +42,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal, final
 
 import trio
 
 from genrm_trio.config import Settings
-from genrm_trio.judge.base import Judge, ReplicaReporting
+from genrm_trio.judge.fleet import JudgeFleet
 from genrm_trio.metrics import Metrics
 
 __all__ = [
@@ -157,13 +156,15 @@ class JudgeQueue:
         total: int,
         metrics: Metrics,
         *,
-        capacity: Callable[[], int | None] | None = None,
+        fleet: JudgeFleet | None = None,
     ) -> None:
+        """`fleet`: the judge, which says how many slots are usable now (`capacity`) and when
+        that grows (`watch_capacity`, until `close`); None: `total`, always."""
         if total < 1:
             raise ValueError("a judge queue needs at least one slot")
         self._total = total
         # the slots usable now, when the judge says (a fleet with replicas out); None: `total`
-        self._capacity = capacity
+        self._capacity = None if fleet is None else fleet.capacity
         self._metrics = metrics
         self._in_use = 0
         self._ready = itertools.count()
@@ -175,6 +176,8 @@ class JudgeQueue:
         self._live = {"complete": 0, "collecting": 0}
         self._granted = {"complete": 0, "collecting": 0}
         self._promotions = 0
+        # stops the judge telling this queue that its capacity grew (`close`)
+        self._unwatch = None if fleet is None else fleet.watch_capacity(self.capacity_changed)
         # the one count of attempts in flight and queued: the gauges read it at scrape time
         metrics.judge_inflight.set_function(lambda: self._in_use)
         metrics.judge_queued.set_function(lambda: self._live["complete"] + self._live["collecting"])
@@ -192,14 +195,6 @@ class JudgeQueue:
         return QueueTicket(group, next(self._ready))
 
     # --- the CapacityLimiter-like surface -----------------------------------------------------
-
-    @property
-    def total_tokens(self) -> int:
-        return self._total
-
-    @property
-    def borrowed_tokens(self) -> int:
-        return self._in_use
 
     def statistics(self) -> QueueStatistics:
         return QueueStatistics(
@@ -253,6 +248,13 @@ class JudgeQueue:
             raise RuntimeError("JudgeQueue.release() without a slot held")
         self._in_use -= 1
         self._grant()
+
+    def close(self) -> None:
+        """The queue's engine closed: the judge, which may outlive it (a fleet shared by two
+        engines), stops telling it of capacity, so that it no longer holds this queue."""
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
 
     def capacity_changed(self) -> None:
         """The judge can place more (or fewer) attempts now (a fleet's replica back in
@@ -337,16 +339,8 @@ class JudgeQueue:
             heapq.heapify(self._complete)
 
 
-def judge_queue(judge: Judge, settings: Settings, metrics: Metrics) -> JudgeQueue:
-    """The judge queue of `judge`: `settings.judge.total_concurrency` slots; a fleet also tells
-    it how many it can place now (`capacity`) and when that changes (`watch_capacity`)."""
-    fleet = judge if isinstance(judge, ReplicaReporting) else None
-    queue = JudgeQueue(
-        settings.judge.total_concurrency,
-        metrics,
-        # a fleet with replicas out places fewer: the rest wait here, not inside the fleet
-        capacity=None if fleet is None else fleet.capacity,
-    )
-    if fleet is not None:
-        fleet.watch_capacity(queue.capacity_changed)
-    return queue
+def judge_queue(fleet: JudgeFleet, settings: Settings, metrics: Metrics) -> JudgeQueue:
+    """The judge queue of `fleet`: `settings.judge.total_concurrency` slots; the fleet also tells
+    it how many it can place now (`capacity`: with replicas out it places fewer, and the rest
+    wait here, not inside the fleet) and when that grows (`watch_capacity`, until `close`)."""
+    return JudgeQueue(settings.judge.total_concurrency, metrics, fleet=fleet)

@@ -2,7 +2,7 @@
 
 :class:`GroupRunner` holds what every group's run shares (the settings, the judge's `Comparator`,
 the critical-path judge queue, the comparison plan of rollout-cohort groups); its
-:meth:`~GroupRunner.judge` is the body of a cohort's run task, from its first member to its
+:meth:`~GroupRunner.run_group` is the body of a cohort's run task, from its first member to its
 published scores (docs/architecture.md, "One group"). :class:`GroupRun` is one group's state
 between collection and evaluation: its evaluation, which comparisons have started
 (engine/readiness.py) and its place in the judge queue.
@@ -103,7 +103,7 @@ class GroupRunner:
         )
         return plan, ReadinessIndex(plan, size)
 
-    async def judge(self, cohort: Cohort) -> None:
+    async def run_group(self, cohort: Cohort) -> None:
         """One group from its first member to its scores (docs/architecture.md, "One group").
 
         Returns when the cohort is terminal or its scores are published; a failure of the group
@@ -263,17 +263,17 @@ class GroupRunner:
         s = self.settings
         timeout = s.cohort_evaluation_timeout_s
         if deadline:
+            # one group ended by its deadline, whatever its policy does with it
+            self.metrics.deadline_failures.labels("evaluation").inc()
             # comparisons that waited for a judge that could not be reached say so
             why = unreachable_note(self._comparator.unreachable_for())
             if s.evaluation_deadline_policy == "fail_group":
-                self.metrics.deadline_failures.labels("evaluation").inc()
                 cohort.fail(
                     "judge", f"GenRM cohort evaluation deadline exceeded after {timeout}s{why}"
                 )
                 return
             for c in evaluation.pending():  # mask_pending (docs/differences.md, D12)
                 planned = evaluation.plan[c]
-                self.metrics.deadline_failures.labels("evaluation").inc()
                 self._comparison_failed(
                     cohort,
                     evaluation,
