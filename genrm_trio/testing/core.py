@@ -115,6 +115,10 @@ class SimStatistics:
     busy_s: float = 0.0  # call-seconds served: utilisation = busy_s / (capacity x elapsed)
     hang_ups: int = 0  # calls whose caller went away before the answer (queued or served)
     rate_limited: int = 0  # calls answered 429 by the rate limits (not in `calls`)
+    # with rate limits: the tokens the calls served were charged (prompt + max_tokens), and the
+    # seconds from the first served call to the last (what a throughput is measured over)
+    limited_tokens: int = 0
+    limited_span_s: float = 0.0
 
 
 def token_count(text_length: int) -> int:
@@ -317,6 +321,11 @@ class SimCore:
         self.in_flight -= 1
 
     def statistics(self) -> SimStatistics:
+        limiter = self._limiter
+        span = 0.0
+        if limiter is not None and limiter.first_admitted is not None:
+            assert limiter.last_admitted is not None
+            span = limiter.last_admitted - limiter.first_admitted
         return SimStatistics(
             calls=self.n_calls,
             faults=sum(self.faults_by_kind.values()),
@@ -332,7 +341,9 @@ class SimCore:
             max_queued=self.max_queued,
             busy_s=self.busy_s,
             hang_ups=self.hang_ups,
-            rate_limited=0 if self._limiter is None else self._limiter.refused,
+            rate_limited=0 if limiter is None else limiter.refused,
+            limited_tokens=0 if limiter is None else limiter.tokens_admitted,
+            limited_span_s=span,
         )
 
 

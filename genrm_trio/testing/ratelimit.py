@@ -63,6 +63,8 @@ class SimLimiter:
         self.refused = 0  # 429 replies
         self.admitted = 0
         self.tokens_admitted = 0
+        self.first_admitted: float | None = None  # trio time of the first call served
+        self.last_admitted: float | None = None
 
     def admit(self, tokens: int) -> tuple[bool, list[tuple[bytes, bytes]]]:
         """(whether a call of `tokens` is served, the headers of its reply)."""
@@ -76,6 +78,9 @@ class SimLimiter:
         if served:
             self.admitted += 1
             self.tokens_admitted += tokens
+            if self.first_admitted is None:
+                self.first_admitted = now
+            self.last_admitted = now
             if self._requests is not None:
                 self._requests.take(1, now)
             if self._tokens is not None:
