@@ -51,6 +51,7 @@ import trio.testing
 
 from genrm_trio import GroupFailed, Masked, Scored, Settings, open_engine
 from genrm_trio.config import DEFAULT_BRADLEY_TERRY_PRIOR
+from genrm_trio.domain.calibration import kendall_tau_b  # one τ for the benchmarks and calibrate
 from genrm_trio.domain.scoring import (
     CYCLE_RATE,
     JudgedComparison,
@@ -190,30 +191,6 @@ def failure_draw(seed: int, key: bytes, occurrence: int) -> float:
     """The uniform in [0, 1) that decides whether this call fails (it does when below p)."""
     digest = hashlib.sha256(f"{seed}\0failure\0{occurrence}\0".encode() + key).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
-
-
-def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Kendall's τ-b (ties in either ranking handled); None when either side is constant."""
-    concordant = discordant = ties_x = ties_y = 0
-    n = len(x)
-    for a in range(n):
-        for b in range(a + 1, n):
-            dx, dy = x[a] - x[b], y[a] - y[b]
-            if dx == 0 and dy == 0:
-                continue
-            if dx == 0:
-                ties_x += 1
-            elif dy == 0:
-                ties_y += 1
-            elif (dx > 0) == (dy > 0):
-                concordant += 1
-            else:
-                discordant += 1
-    pairs_x = concordant + discordant + ties_y  # pairs not tied in x
-    pairs_y = concordant + discordant + ties_x
-    if pairs_x == 0 or pairs_y == 0:
-        return None
-    return (concordant - discordant) / math.sqrt(pairs_x * pairs_y)
 
 
 @dataclass

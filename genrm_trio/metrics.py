@@ -18,6 +18,7 @@ from prometheus_client import (
     Gauge,
     Histogram,
     ProcessCollector,
+    Summary,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
@@ -54,6 +55,8 @@ MASKED_CAUSE_LABELS: Final = (MASKED_ALONE, MASKED_WHOLE_GROUP)
 comparisons; the rest of its group scored), or one of a group whose every rollout was masked (a
 judge-kind group failure). Summed, the rows answered with `mask_sample: true`."""
 QUEUE_PRIORITY_LABELS: Final = ("complete", "collecting")
+# the answer a verdict's ranking prefers as the judge was shown the pair (tie: 3.5)
+PREFERRED_POSITION_LABELS: Final = ("first", "second", "tie")
 """The `priority` label of `genrm_trio_judge_queue_wait_seconds`: `judge.queue.Priority`."""
 
 
@@ -322,6 +325,26 @@ class Metrics:
             ["cause"],
             registry=r,
         )
+        # the judge on live traffic (docs/operations.md): what `genrm-trio calibrate` measures
+        self.judge_verdicts = Counter(
+            "genrm_trio_judge_verdicts",
+            "Parsed overall verdicts of scored groups' comparisons by the answer their ranking "
+            "prefers as shown (first, second, tie): the judge's position bias over any window",
+            ["preferred"],
+            registry=r,
+        )
+        self.group_position_disagreement = Summary(
+            "genrm_trio_group_position_disagreement_rate",
+            "Per scored group with pairs judged in both orders (position_balance: alternate), "
+            "the share of those pairs whose two orders disagree",
+            registry=r,
+        )
+        self.group_preference_cycles = Summary(
+            "genrm_trio_group_preference_cycle_rate",
+            "Per scored bradley_terry group with a decided triangle, the share of its decided "
+            "triangles that are cyclic",
+            registry=r,
+        )
         self.failed_comparisons = Counter(
             "genrm_trio_failed_comparisons", "Comparisons that ended in a judge error", registry=r
         )
@@ -346,6 +369,8 @@ class Metrics:
             self.judge_queue_wait_seconds.labels(priority)
         for cause in MASKED_CAUSE_LABELS:
             self.masked_rollouts.labels(cause)
+        for position in PREFERRED_POSITION_LABELS:
+            self.judge_verdicts.labels(position)
         # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ... (Linux)
         ProcessCollector(registry=r)
         self._replicas = _ReplicaCollector()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import trio
 import yaml
 
 from genrm_trio.app.bench import verify_body
+from genrm_trio.app.top_frame import Series, parse_metrics
 from genrm_trio.testing.procs import START_TIMEOUT_S, Proc, command, start
 
 __all__ = ["Proc", "command", "start"]  # the harness, re-exported for the tests
@@ -153,27 +153,11 @@ def assert_masked(reply: Reply, *fragments: str) -> str:
     return str(reason)
 
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text → {"name{labels}": value} (samples only)."""
-    samples: dict[str, float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match is not None:
-            samples[match.group(1) + (match.group(2) or "")] = float(match.group(3))
-    return samples
-
-
-async def metrics(http: httpx.AsyncClient, base: str) -> dict[str, float]:
+async def metrics(http: httpx.AsyncClient, base: str) -> Series:
+    """The server's `/metrics`, read by the one parser (`genrm-trio top`'s, prometheus_client's)."""
     response = await http.get(f"{base}/metrics")
     assert response.status_code == 200
     return parse_metrics(response.text)
-
-
-def active_cohorts_total(samples: Mapping[str, float]) -> float:
-    return sum(v for k, v in samples.items() if k.startswith("genrm_trio_active_cohorts"))
 
 
 async def assert_quiet(http: httpx.AsyncClient, base: str, *, within: float = 5.0) -> None:
@@ -184,9 +168,9 @@ async def assert_quiet(http: httpx.AsyncClient, base: str, *, within: float = 5.
             samples = await metrics(http, base)
             if (
                 cohorts == []
-                and samples["genrm_trio_judge_inflight"] == 0
-                and samples["genrm_trio_judge_queued"] == 0
-                and active_cohorts_total(samples) == 0
+                and samples.total("genrm_trio_judge_inflight") == 0
+                and samples.total("genrm_trio_judge_queued") == 0
+                and samples.total("genrm_trio_active_cohorts") == 0  # every state
             ):
                 return
             await trio.sleep(0.05)

@@ -308,9 +308,9 @@ def test_no_command_is_a_usage_error_with_the_usage_line(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert usage_error(captured.err, "") == (
-        "genrm-trio: error: a command is required: serve, demo, sim-judge, bench, checkpoint, "
-        "gym-root, grafana-dashboard, prometheus-rules, prometheus-config or top (genrm-trio "
-        "--help describes them)"
+        "genrm-trio: error: a command is required: serve, demo, sim-judge, bench, calibrate, "
+        "checkpoint, gym-root, grafana-dashboard, prometheus-rules, prometheus-config or top "
+        "(genrm-trio --help describes them)"
     )
 
 

@@ -151,10 +151,10 @@ async def test_comparisons_the_machine_refuses_to_start_early_start_with_the_com
     """Readiness claims a comparison only once `machine.start_comparisons` agreed: one it
     refuses is not lost but starts when the group is complete (with the old order, claim then
     trigger, it never started and the group failed at its deadline)."""
-    refused: list[int] = []
+    refused: list[float] = []
 
-    def refuse(model: object, *, count: int) -> bool:
-        refused.append(count)
+    def refuse(model: object) -> bool:
+        refused.append(trio.current_time() - t0)
         return False
 
     monkeypatch.setattr(machine, "start_comparisons", refuse)
@@ -163,7 +163,7 @@ async def test_comparisons_the_machine_refuses_to_start_early_start_with_the_com
     async with running(eager(num_rollouts_per_prompt=4), judge) as engine:
         replies, at = await arrive(engine, [(float(i), member(i)) for i in range(4)])
         assert metric(engine, "genrm_trio_eager_comparisons_total") == 0
-    assert refused == [1, 1]  # (0, 1) at 1 s, (1, 2) at 2 s
+    assert refused == [1.0, 2.0]  # (0, 1) ready at 1 s, (1, 2) at 2 s: asked once each
     assert sorted(starts(judge, t0)) == [
         ("a0", "a1", 3.0),
         ("a1", "a2", 3.0),

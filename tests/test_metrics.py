@@ -12,7 +12,17 @@ from pathlib import Path
 import pytest
 import trio
 from fake_replicas import replica_stats
-from judges import ScriptedJudge, gather, http_error, member, running, settings, verify
+from judges import (
+    ScriptedJudge,
+    Step,
+    gather,
+    http_error,
+    member,
+    ok,
+    running,
+    settings,
+    verify,
+)
 from prometheus_client.parser import text_string_to_metric_families
 from trio.testing import MockClock
 
@@ -35,6 +45,7 @@ from genrm_trio.metrics import (
     DEADLINE_LABELS,
     JUDGE_OUTCOME_LABELS,
     MASKED_CAUSE_LABELS,
+    PREFERRED_POSITION_LABELS,
     RETRY_CAUSE_LABELS,
     TERMINAL_STATE_LABELS,
     Metrics,
@@ -125,6 +136,65 @@ async def test_a_cohort_view_shows_its_age(autojump_clock: MockClock) -> None:
         nursery.start_soon(verify, engine, member(1))
 
 
+# --- the judge on live traffic: position bias, order disagreement, cycles -----------------------
+
+VERDICTS = "genrm_trio_judge_verdicts_total"
+DISAGREEMENT = "genrm_trio_group_position_disagreement_rate"
+CYCLES = "genrm_trio_group_preference_cycle_rate"
+BOTH_ORDERS = {
+    "num_rollouts_per_prompt": 4,
+    "comparison_strategy": "all_pairs",
+    "num_judges_per_comparison": 2,
+    "position_balance": "alternate",
+    "aggregator_method": "bradley_terry",
+}
+
+
+async def test_a_consistent_judge_shows_no_position_bias_disagreement_or_cycle(
+    autojump_clock: MockClock,
+) -> None:
+    """Qualities 1..4, the ranking following their difference: each pair's better answer wins
+    in both orders, first in one and second in the other (12 calls: 6 and 6)."""
+    async with running(settings(**BOTH_ORDERS), ScriptedJudge()) as engine:
+        replies = await gather(engine, [member(i) for i in range(4)])
+        assert all(isinstance(r, Scored) for r in replies)
+        assert value(engine, VERDICTS, preferred="first") == 6
+        assert value(engine, VERDICTS, preferred="second") == 6
+        assert value(engine, VERDICTS, preferred="tie") == 0
+        assert value(engine, f"{DISAGREEMENT}_count") == 1
+        assert value(engine, f"{DISAGREEMENT}_sum") == 0.0
+        assert value(engine, f"{CYCLES}_count") == 1
+        assert value(engine, f"{CYCLES}_sum") == 0.0
+
+
+async def test_a_judge_that_always_prefers_the_first_answer(autojump_clock: MockClock) -> None:
+    """Every call prefers the answer shown first: 12 of 12 first, every pair's two orders
+    disagree (rate 1.0), and no pair has a decided preference, so no triangle is observed."""
+    judge = ScriptedJudge(script=lambda r1, r2, n: ok(4, 2, 2))
+    async with running(settings(**BOTH_ORDERS), judge) as engine:
+        await gather(engine, [member(i) for i in range(4)])
+        assert value(engine, VERDICTS, preferred="first") == 12
+        assert value(engine, VERDICTS, preferred="second") == 0
+        assert value(engine, f"{DISAGREEMENT}_count") == 1
+        assert value(engine, f"{DISAGREEMENT}_sum") == 1.0
+        assert value(engine, f"{CYCLES}_count") == 0
+
+
+async def test_one_order_per_pair_counts_positions_only(autojump_clock: MockClock) -> None:
+    """circular, J = 1, simple_tiebreaker: no pair is seen in both orders and the method reports
+    no cycles; ties (3.5) and unparsed fallbacks are told apart."""
+    script = {("a0", "a1"): ok(3, 3, 3.5), ("a1", "a2"): Step(text="no verdict here")}
+    config = settings(num_rollouts_per_prompt=4, genrm_parse_retries=0)
+    async with running(config, ScriptedJudge(pairs=script)) as engine:
+        await gather(engine, [member(i) for i in range(4)])
+        # (0,1) tie; (1,2) unparsed: left out; (2,3) a3 better: second; (3,0) a3 better: first
+        assert value(engine, VERDICTS, preferred="tie") == 1
+        assert value(engine, VERDICTS, preferred="first") == 1
+        assert value(engine, VERDICTS, preferred="second") == 1
+        assert value(engine, f"{DISAGREEMENT}_count") == 0
+        assert value(engine, f"{CYCLES}_count") == 0
+
+
 # --- what a fresh registry exports ------------------------------------------------------------
 
 
@@ -145,6 +215,8 @@ def test_every_closed_label_value_is_exported_at_zero_from_the_start() -> None:
         assert exported[("genrm_trio_judge_retries_total", (("cause", cause),))] == 0
     for cause in MASKED_CAUSE_LABELS:
         assert exported[("genrm_trio_masked_rollouts_total", (("cause", cause),))] == 0
+    for position in PREFERRED_POSITION_LABELS:
+        assert exported[(VERDICTS, (("preferred", position),))] == 0
     assert exported[(f"{LATENCY}_count", ())] == 0
     assert exported[(f"{LATENCY}_bucket", (("le", "+Inf"),))] == 0
 

@@ -156,10 +156,13 @@ async def test_a_plain_server_reads_the_answers_and_usage_is_the_metrics(
     assert grown > 400 and most - fewest > grown // 8, counts
     # usage as the server reported it, summed, is the metrics
     tokens_in, tokens_out = proxy.usage()
-    label = f'{{replica="{proxy.url.removeprefix("http://")}"}}'
-    assert samples[REPLICA.format("input") + label] == tokens_in > 0
-    assert samples[REPLICA.format("output") + label] == tokens_out == 2 * 4  # verdict, EOS
-    assert samples["genrm_trio_judge_comparisons_total"] == 4
+    replica = proxy.url.removeprefix("http://")
+    tokens = {
+        side: samples.total(REPLICA.format(side), replica=replica) for side in ("input", "output")
+    }
+    assert tokens["input"] == tokens_in > 0
+    assert tokens["output"] == tokens_out == 2 * 4  # verdict, EOS
+    assert samples.total("genrm_trio_judge_comparisons_total") == 4
     assert [r["answers_unread"] for r in replicas] == [None]
     assert ready.status_code == 200
 
@@ -187,8 +190,8 @@ async def test_gyms_protocol_at_a_plain_server_is_found_at_the_first_group(
     evidence = replica["answers_unread"]
     assert "answers alone need" in evidence or "does not grow with the answers" in evidence
     assert replica["prompts_unread"] == 1
-    label = f'{{replica="{replica["replica"]}"}}'
-    assert samples["genrm_trio_judge_replica_answers_unread_prompts_total" + label] == 1
+    unread = "genrm_trio_judge_replica_answers_unread_prompts_total"
+    assert samples.total(unread, replica=replica["replica"]) == 1
     assert ready.status_code == 503
     assert ready.json()["reason"].startswith("the judge does not read the answers")
     assert "set judge.api: chat_completions (or openai_responses)" in ready.json()["reason"]
@@ -241,11 +244,11 @@ async def test_output_budget_exhaustion_escalates_on_finish_reason_length(
         assert "exhausted max_output_tokens from 16 up to 64 without emitting a verdict" in reason
     cut = [line for line in server.log().splitlines() if "finish_reason=length" in line]
     assert len(cut) == 8 and all("contains no verdict" in line for line in cut)
-    assert samples["genrm_trio_judge_budget_escalations_total"] == 4
+    assert samples.total("genrm_trio_judge_budget_escalations_total") == 4
     tokens_in, tokens_out = proxy.usage()
-    label = f'{{replica="{proxy.url.removeprefix("http://")}"}}'
-    assert samples[REPLICA.format("input") + label] == tokens_in
-    assert samples[REPLICA.format("output") + label] == tokens_out == sum(budgets)
+    replica = proxy.url.removeprefix("http://")
+    assert samples.total(REPLICA.format("input"), replica=replica) == tokens_in
+    assert samples.total(REPLICA.format("output"), replica=replica) == tokens_out == sum(budgets)
 
 
 async def test_a_strict_chat_template_fails_with_the_hint(
@@ -320,10 +323,9 @@ async def test_a_judge_killed_and_restarted_mid_step_masks_nothing(
     for g in range(groups):
         for reply in replies[g]:
             assert_scored(reply)
-    masked = [v for k, v in samples.items() if k.startswith("genrm_trio_masked_rollouts_total")]
-    assert masked and sum(masked) == 0
+    assert samples.total("genrm_trio_masked_rollouts_total") == 0  # exported, and 0 in every label
     assert down == [503] and ready.status_code == 200
-    assert samples["genrm_trio_judge_unreachable_seconds_total"] > 0
+    assert samples.value("genrm_trio_judge_unreachable_seconds_total") > 0
     log = server.log()
     assert "judge unreachable: no replica can be reached" in log
     assert "judge is back after" in log

@@ -25,7 +25,6 @@ from genrm_trio.config import (
     PositionBalance,
 )
 from genrm_trio.domain.scoring import (
-    AGGREGATORS,
     BT_LOG_LIKELIHOOD,
     CYCLE_RATE,
     AllMasked,
@@ -36,6 +35,7 @@ from genrm_trio.domain.scoring import (
     PlannedComparison,
     ScoringInput,
     aggregate,
+    aggregator,
     bradley_terry_scores,
     components,
     density_weights,
@@ -45,6 +45,7 @@ from genrm_trio.domain.scoring import (
     plan_comparisons,
     plan_fixed_baseline,
     preference_cycle_rate,
+    tiebreak_scores,
 )
 
 
@@ -554,8 +555,13 @@ class TestPreferenceCycles:
 
 
 class TestVocabularies:
-    def test_the_aggregation_table_is_the_settings_vocabulary(self) -> None:
-        assert set(AGGREGATORS) == set(get_args(AggregatorMethod))
+    def test_each_method_of_the_settings_vocabulary_has_its_own_scorer(self) -> None:
+        # mypy --strict fails on `aggregator`'s match until a new method has its case; at run
+        # time every method of the vocabulary maps to a scorer of its own
+        methods = get_args(AggregatorMethod)
+        assert len({aggregator(m) for m in methods}) == len(methods) == 2
+        assert aggregator("simple_tiebreaker") is tiebreak_scores
+        assert aggregator("bradley_terry") is bradley_terry_scores
 
     def test_pair_plans_check_against_the_settings_vocabularies(self) -> None:
         # a value outside the vocabulary is refused, and the error lists exactly the vocabulary

@@ -16,7 +16,7 @@ import trio.testing
 from judges import NO_ADJ, ScriptedJudge, compare_input, member, member_oriented, settings
 
 from genrm_trio.config import ComparisonStrategy
-from genrm_trio.domain.model import Scored
+from genrm_trio.domain.model import SHUTTING_DOWN, GroupFailed, Scored
 from genrm_trio.domain.scoring import (
     JudgedComparison,
     PairObservations,
@@ -221,6 +221,52 @@ async def test_a_large_regular_compare_batch_chooses_its_graph_off_the_loop(
     assert planned[0][1] != loop and planned[1][1] == loop
     assert len(judge.calls) == 64 * 8 // 2 + 16 * 8 // 2
     assert len(big.rewards) == 64 and len(small.rewards) == 16
+
+
+async def test_a_shutdown_waits_for_a_scoring_thread_already_running(
+    mock_clock: trio.testing.MockClock, monkeypatch: Any
+) -> None:
+    """The S of the stop's bound (docs/architecture.md, "How cancellation flows"): a thread
+    cannot be cancelled, so `Engine.aclose` returns only once the group's `score_cohort` has,
+    and the group, failed by the shutdown meanwhile, publishes nothing. Events, not sleeps;
+    the clock stands still."""
+    started, release = threading.Event(), threading.Event()
+    original = group_run.score_cohort
+
+    def held(*args: Any) -> Any:
+        started.set()
+        release.wait()
+        return original(*args)
+
+    monkeypatch.setattr(group_run, "score_cohort", held)
+    n = 64  # regular d = 8: 256 comparisons, scored off the loop
+    config = settings(
+        num_rollouts_per_prompt=n, comparison_strategy="regular", comparisons_per_rollout=8
+    )
+    judge = ScriptedJudge()
+    replies: list[Any] = [None] * n
+    closed: list[float] = []
+    async with open_engine(config, judge) as engine:
+
+        async def one(i: int) -> None:
+            replies[i] = await engine.verify(member(i))
+
+        async def close() -> None:
+            await engine.aclose()
+            closed.append(trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            for i in range(n):
+                nursery.start_soon(one, i)
+            await trio.to_thread.run_sync(started.wait)
+            nursery.start_soon(close)
+            await trio.testing.wait_all_tasks_blocked()
+            assert closed == []  # the cohort is failed, its task still waits for the thread
+            assert engine.statistics().running_tasks == 1
+            release.set()
+    assert closed == [0.0]
+    assert len(judge.calls) == 256
+    assert replies == [GroupFailed("cohort", SHUTTING_DOWN)] * n
 
 
 async def test_score_off_loop_pauses_the_collector_and_restores_it() -> None:

@@ -33,9 +33,6 @@ class Model:
     def on_enter_judging(self, event: EventData) -> None:
         self.events.append(("enter", "judging", event.event.name))
 
-    def on_comparisons_started(self, event: EventData) -> None:
-        self.events.append(("started", str(event.kwargs["count"]), event.event.name))
-
     def on_enter_terminal(self, event: EventData) -> None:
         self.events.append(("enter", self.state, event.event.name))
         self.payloads.append(dict(event.kwargs))
@@ -98,25 +95,20 @@ def test_terminal_states_never_change(state: str) -> None:
 
 def test_start_comparisons_is_internal_to_collecting() -> None:
     """Collecting with comparisons in flight is still `collecting` (eager_comparisons): the
-    internal transition runs its callback and no entry callback; the state-change hook sees no
-    destination (`Cohort.on_state_changed` ignores it, so the state gauges stay put)."""
+    internal transition runs no entry callback; the state-change hook sees no destination
+    (`Cohort.on_state_changed` ignores it, so the state gauges stay put)."""
     model = Model(full=False)
-    assert machine.start_comparisons(model, count=2)
-    assert machine.start_comparisons(model, count=1)
+    assert machine.start_comparisons(model)
+    assert machine.start_comparisons(model)
     assert model.state == "collecting"
-    assert model.events == [
-        ("started", "2", "start_comparisons"),
-        ("changed", "collecting", None),
-        ("started", "1", "start_comparisons"),
-        ("changed", "collecting", None),
-    ]
+    assert model.events == [("changed", "collecting", None), ("changed", "collecting", None)]
     model.full = True
     assert machine.start_judging(model)
     model.events.clear()
     # once judging (or terminal), comparisons start with the evaluation: a no-op here
-    assert not machine.start_comparisons(model, count=1)
+    assert not machine.start_comparisons(model)
     assert machine.fail(model, failure="boom")
-    assert not machine.start_comparisons(model, count=1)
+    assert not machine.start_comparisons(model)
     assert model.events == [("enter", "failed", "fail"), ("changed", "judging", "failed")]
 
 

@@ -592,7 +592,7 @@ async def test_a_failed_transaction_rolls_back_and_the_store_goes_on(tmp_path: P
 
             async def submit_explode() -> None:
                 try:
-                    await store._submit(explode)
+                    await store._enqueue(explode).wait()
                 except StoreError as exc:
                     errors.append(str(exc))
 
@@ -1076,7 +1076,7 @@ async def test_random_commits_keep_counts_and_file_in_step(tmp_path: Path, seed:
             await store.commit_watermark(WatermarkRecord(f"w{rng.randrange(8)}", 0, DIGEST))
         elif action == 4:
             with pytest.raises(StoreError):
-                await store._submit(explode)
+                await store._enqueue(explode).wait()
         else:
             wall.now += rng.choice([1.0, 30.0, -5.0])
 

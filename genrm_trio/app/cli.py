@@ -1,6 +1,6 @@
 """The `genrm-trio` command (docs/configuration.md, "Command line"): serve, sim-judge, demo,
-bench, checkpoint, gym-root, and the watching commands of app/watch.py (grafana-dashboard,
-prometheus-rules, prometheus-config, top).
+bench, calibrate, checkpoint, gym-root, and the watching commands of app/watch.py
+(grafana-dashboard, prometheus-rules, prometheus-config, top).
 
 Exit codes: 0 after a graceful stop, 2 for a usage or config error, 1 for any other start-up
 failure. A usage mistake (an unknown command or flag, a flag without its value, a value argparse
@@ -54,8 +54,8 @@ from genrm_trio.config import (
 from genrm_trio.domain.exceptions import describe, first_leaf
 
 COMMANDS: Final = (
-    "serve, demo, sim-judge, bench, checkpoint, gym-root, grafana-dashboard, prometheus-rules, "
-    "prometheus-config or top"
+    "serve, demo, sim-judge, bench, calibrate, checkpoint, gym-root, grafana-dashboard, "
+    "prometheus-rules, prometheus-config or top"
 )
 FLAGS_FILE: Final = "<flags>"
 
@@ -668,6 +668,24 @@ def _add_bench(sub: Any) -> None:
     parser.set_defaults(handler=run_bench_command)
 
 
+def _add_calibrate(sub: Any) -> None:
+    from genrm_trio.app.calibrate import add_calibrate_arguments, run_calibrate_command
+
+    parser = sub.add_parser(
+        "calibrate",
+        help="measure the judge on your rollouts and recommend a comparison schedule",
+        description=(
+            "Judge every pair of a few rollout groups in both orders (N(N-1) calls a group) "
+            "with the config's judge, measure its position bias, order consistency and cycle "
+            "share, estimate each schedule's Kendall tau under the fitted judge, and print the "
+            'cheapest schedule within 0.02 of the best (docs/operations.md, "Calibrating the '
+            'judge").'
+        ),
+    )
+    add_calibrate_arguments(parser)
+    parser.set_defaults(handler=run_calibrate_command)
+
+
 # --- entry point --------------------------------------------------------------------------------
 
 
@@ -683,6 +701,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_demo,
         _add_sim_judge,
         _add_bench,
+        _add_calibrate,
         add_checkpoint_arguments,
         _add_gym_root,
         add_watch_commands,

@@ -13,7 +13,7 @@ import zlib
 from array import array
 from collections.abc import ItemsView, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Literal, final
+from typing import Any, Final, Literal, assert_never, final
 
 from genrm_trio.domain.codec import compact_json
 from genrm_trio.domain.model import FailureKind, JSONValue
@@ -296,9 +296,13 @@ class TerminalRecord:
     @property
     def state(self) -> Literal["scored", "partially_masked", "failed"]:
         """The internal state machine name of this outcome."""
-        if self.phase == "failed":
-            return "failed"
-        return "partially_masked" if self.masked else "scored"
+        match self.phase:  # exhaustive: mypy fails here until a new phase has its case
+            case "failed":
+                return "failed"
+            case "completed":
+                return "partially_masked" if self.masked else "scored"
+            case _:
+                assert_never(self.phase)
 
     @property
     def retained(self) -> bool:
@@ -307,7 +311,7 @@ class TerminalRecord:
         A completed legacy cohort without masked members is deleted at publish; a store should
         then drop its ``open`` record and keep nothing.
         """
-        return not (self.legacy and self.phase == "completed" and not self.masked)
+        return not (self.legacy and self.state == "scored")
 
 
 @final

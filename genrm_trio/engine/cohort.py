@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Final, Protocol, final
+from typing import TYPE_CHECKING, Final, Protocol, assert_never, final
 
 import trio
 from transitions import EventData
@@ -196,7 +196,6 @@ class Cohort:
         self.comparisons_total = 0
         self.comparisons_done = 0
         self.comparisons_failed = 0
-        self.comparisons_started = 0  # started while collecting (eager_comparisons)
         self._host = host
         if record is not None:
             self.released.set()
@@ -280,9 +279,6 @@ class Cohort:
         outcomes: Mapping[int, MemberOutcome] = event.kwargs["outcomes"]
         return any(isinstance(o, Masked) for o in outcomes.values())
 
-    def on_comparisons_started(self, event: EventData) -> None:
-        self.comparisons_started += event.kwargs["count"]
-
     def on_enter_judging(self, event: EventData) -> None:
         self.complete_at = trio.current_time()
         self.full.set()
@@ -345,9 +341,13 @@ class Cohort:
         """The terminal outcome of slot ``index`` (requires a terminal record)."""
         record = self.record
         assert record is not None
-        if record.phase == "failed":
-            return self.failure_outcome()
-        return self.outcome_of(record.members[index])
+        match record.phase:  # exhaustive: mypy fails here until a new phase has its case
+            case "failed":
+                return self.failure_outcome()
+            case "completed":
+                return self.outcome_of(record.members[index])
+            case _:
+                assert_never(record.phase)
 
     def outcome_of(self, member: MemberRecord) -> MemberOutcome:
         """The reply of one member record of this (completed) cohort."""

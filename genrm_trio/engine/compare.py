@@ -12,7 +12,7 @@ plan order.
 from __future__ import annotations
 
 import logging
-from typing import final
+from typing import assert_never, final
 
 import trio
 
@@ -35,7 +35,7 @@ from genrm_trio.engine.evaluation import (
     judge_principle,
     scored_off_loop,
 )
-from genrm_trio.engine.keys import RUBRIC_REQUIRED
+from genrm_trio.engine.keys import RUBRIC_REQUIRED, rubric_mode
 from genrm_trio.engine.offload import score_off_loop
 from genrm_trio.judge.attempts import Comparator
 from genrm_trio.judge.base import JudgeError, unreachable_note
@@ -79,7 +79,7 @@ class Comparisons:
         s = self.settings
         if self._closed:
             raise CompareFailed(SHUTTING_DOWN)
-        if s.score_source == "rubric_mean" and not item.expected_rubric_ids:
+        if rubric_mode(s) and not item.expected_rubric_ids:
             raise RequestRejected(Rejection.INVALID, RUBRIC_REQUIRED)
         n = len(item.responses)
         if s.debug_logging:
@@ -94,14 +94,15 @@ class Comparisons:
                 n, s.comparison_strategy, s.num_judges_per_comparison, s.position_balance, degree
             )
 
-        if s.comparison_strategy == "regular" and scored_off_loop(
-            n, n * degree // 2 * s.num_judges_per_comparison
-        ):
-            # a large regular batch: the graph's choice for a size not seen yet (cached after)
-            # costs as much CPU as scoring it, so it is made off the loop too
-            plan = await score_off_loop(plan_batch, self._scoring_thread)
-        else:
-            plan = plan_batch()
+        match s.comparison_strategy:  # exhaustive: mypy fails here until a new one has its case
+            case "regular" if scored_off_loop(n, n * degree // 2 * s.num_judges_per_comparison):
+                # a large regular batch: the graph's choice for a size not seen yet (cached
+                # after) costs as much CPU as scoring it, so it is made off the loop too
+                plan = await score_off_loop(plan_batch, self._scoring_thread)
+            case "regular" | "circular" | "all_pairs":  # cheap to plan: on the loop
+                plan = plan_batch()
+            case _:
+                assert_never(s.comparison_strategy)
         evaluation = Evaluation(
             plan,
             [judge_text(t.answer_text) for t in texts],

@@ -62,7 +62,7 @@ from genrm_trio.engine.cohort import Cohort, Member, Waiter
 from genrm_trio.engine.compare import Comparisons
 from genrm_trio.engine.evaluation import MemberText, default_result
 from genrm_trio.engine.group_run import GroupRunner
-from genrm_trio.engine.keys import RUBRIC_REQUIRED, CohortKey, cohort_key
+from genrm_trio.engine.keys import RUBRIC_REQUIRED, CohortKey, cohort_key, rubric_mode
 from genrm_trio.engine.registry import Registry
 from genrm_trio.engine.restore import apply_restore, plan_restore
 from genrm_trio.judge.attempts import Comparator, ComparatorStatistics
@@ -271,7 +271,7 @@ class Engine:
             _log_legacy_attempt_once()
         if self._closed:
             raise RequestRejected(Rejection.UNAVAILABLE, SHUTTING_DOWN)
-        if s.score_source == "rubric_mean" and not item.expected_rubric_ids:
+        if rubric_mode(s) and not item.expected_rubric_ids:
             raise RequestRejected(Rejection.INVALID, RUBRIC_REQUIRED)
         if not s.cohorting:
             text = MemberText(reasoning_text(item.response), answer_text(item.response))

@@ -17,6 +17,7 @@ from typing import Final, final
 from genrm_trio.config import Settings
 from genrm_trio.domain.model import CompareResult, JSONValue, Masked, Scored
 from genrm_trio.domain.scoring import (
+    RANKING_MIDPOINT,
     Aggregation,
     AllMasked,
     ComparisonStats,
@@ -27,7 +28,9 @@ from genrm_trio.domain.scoring import (
     group_metrics,
     mask_members,
     position_disagreement_rate,
+    swaps_positions,
 )
+from genrm_trio.engine.keys import rubric_mode
 from genrm_trio.judge.base import ComparisonResult, JudgeCall, Usage
 
 __all__ = [
@@ -41,6 +44,7 @@ __all__ = [
     "judge_principle",
     "score_cohort",
     "scored_off_loop",
+    "shown_preferences",
 ]
 
 NON_FINITE_MESSAGE: Final = "GenRM returned non-finite cohort rewards"
@@ -48,7 +52,7 @@ _RATE_KEYS: Final = (
     "genrm_failed_comparison_rate_per_group",
     "genrm_masked_rollout_rate_per_group",
 )
-_DISAGREEMENT: Final = "genrm_position_disagreement_rate_per_group"
+POSITION_DISAGREEMENT: Final = "genrm_position_disagreement_rate_per_group"
 EAGER_RATE_KEY: Final = "genrm_eager_comparison_rate_per_group"
 
 INLINE_MAX_COMPARISONS: Final = 240
@@ -209,7 +213,7 @@ def _rubric_valid(
 ) -> dict[int, float | None]:
     """``reward_rubric_aggregate_valid`` of each member (docs/scoring.md, "rubric validity")."""
     out: dict[int, float | None] = dict.fromkeys(population)
-    if settings.score_source != "rubric_mean":
+    if not rubric_mode(settings):
         return out
     valid: list[JudgedComparison] = []
     touched: set[int] = set()
@@ -232,15 +236,15 @@ def _metrics(
     metrics: dict[str, JSONValue] = dict(
         group_metrics(
             evaluation.stats(),
-            rubric_mode=settings.score_source == "rubric_mean",
+            rubric_mode=rubric_mode(settings),
             masked=masked,
             members=members,
             escalation=settings.judge.budget_escalation is not None,
         )
     )
-    if settings.position_balance == "alternate":
+    if swaps_positions(settings.position_balance):
         pairs = [(judged, evaluation.plan[c].swapped) for c, judged in evaluation.judged()]
-        metrics[_DISAGREEMENT] = position_disagreement_rate(pairs)
+        metrics[POSITION_DISAGREEMENT] = position_disagreement_rate(pairs)
     if evaluation.done_before_complete is not None:
         metrics[EAGER_RATE_KEY] = evaluation.done_before_complete / max(1, evaluation.total)
     return metrics
@@ -264,14 +268,14 @@ def default_result(settings: Settings, text: MemberText) -> dict[str, JSONValue]
     }
     metrics = group_metrics(
         [],
-        rubric_mode=settings.score_source == "rubric_mean",
+        rubric_mode=rubric_mode(settings),
         masked=0,
         members=1,
         escalation=settings.judge.budget_escalation is not None,
     )
     result.update(metrics)
-    if settings.position_balance == "alternate":
-        result[_DISAGREEMENT] = None
+    if swaps_positions(settings.position_balance):
+        result[POSITION_DISAGREEMENT] = None
     if settings.eager_comparisons:
         result[EAGER_RATE_KEY] = 0.0
     return result
@@ -384,3 +388,22 @@ def judge_principle(settings: Settings, principle: str | None) -> str | None:
     if not settings.use_principle:
         return None
     return principle if principle else settings.default_principle
+
+
+def shown_preferences(evaluation: Evaluation) -> tuple[int, int, int]:
+    """``(first, second, tie)``: how many successful comparisons' overall rankings prefer the
+    answer shown first, the one shown second, or neither (3.5), as the judge saw them: the live
+    position bias (docs/operations.md, "The judge on live traffic"). A fallback verdict (its
+    overall verdict unparsed) is not the judge's preference and is left out."""
+    first = second = tie = 0
+    for result in evaluation.results:
+        if result is None or result.overall_parse_failed:
+            continue
+        ranking = result.overall.ranking
+        if ranking < RANKING_MIDPOINT:
+            first += 1
+        elif ranking > RANKING_MIDPOINT:
+            second += 1
+        else:
+            tie += 1
+    return first, second, tie

@@ -17,23 +17,32 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Final, final
+from typing import Final, assert_never, final
 
 import trio
 
 from genrm_trio.config import Settings
-from genrm_trio.domain.scoring import PlannedComparison, plan_comparisons, plan_fixed_baseline
+from genrm_trio.domain.model import Masked, Scored
+from genrm_trio.domain.scoring import (
+    CYCLE_RATE,
+    PlannedComparison,
+    plan_comparisons,
+    plan_fixed_baseline,
+)
 from genrm_trio.domain.text import ID_LOGGED_LIMIT, judge_text, shown_id
 from genrm_trio.engine import machine
 from genrm_trio.engine.cohort import Cohort, Member
 from genrm_trio.engine.evaluation import (
+    POSITION_DISAGREEMENT,
     AllMasked,
     Evaluation,
     MemberText,
     judge_principle,
     score_cohort,
     scored_off_loop,
+    shown_preferences,
 )
+from genrm_trio.engine.keys import compares_with_baseline
 from genrm_trio.engine.offload import score_off_loop
 from genrm_trio.engine.readiness import Readiness, ReadinessIndex
 from genrm_trio.judge.attempts import Comparator
@@ -89,7 +98,7 @@ class GroupRunner:
         # a `regular` graph's choice (costly at large N, docs/benchmarks.md "The regular graph's
         # choice") is paid at the start and never on a group's path
         self._shared_plan: tuple[list[PlannedComparison], ReadinessIndex] | None = None
-        if settings.comparison_mode == "rollout_cohort" and settings.num_rollouts_per_prompt > 1:
+        if not compares_with_baseline(settings) and settings.num_rollouts_per_prompt > 1:
             self._shared_plan = self._plan(settings.num_rollouts_per_prompt)
 
     def _plan(self, size: int) -> tuple[list[PlannedComparison], ReadinessIndex]:
@@ -152,7 +161,7 @@ class GroupRunner:
         in the judge queue; the judge texts are set once the group is complete
         (`_read_members`)."""
         s = self.settings
-        if s.comparison_mode == "fixed_baseline":
+        if compares_with_baseline(s):
             plan = plan_fixed_baseline(cohort.size, s.num_judges_per_comparison, cohort.key)
             index = ReadinessIndex(plan, cohort.size)
             slots = cohort.size + 1  # the baseline is index N
@@ -174,7 +183,7 @@ class GroupRunner:
         consistency check, of an arriving member and of the complete group."""
         if member.rubric_ids != cohort.rubric_ids:
             return INCONSISTENT_RUBRIC_IDS
-        if self.settings.comparison_mode == "fixed_baseline" and (
+        if compares_with_baseline(self.settings) and (
             cohort.baseline is None or member.baseline_digest != cohort.baseline_digest
         ):
             return INCONSISTENT_BASELINE
@@ -190,7 +199,7 @@ class GroupRunner:
                 raise ValueError(disagreement)
         texts = {m.index: MemberText(*m.texts()) for m in members}  # one read of each
         judge_texts = [judge_text(t.answer_text) for t in texts.values()]
-        if self.settings.comparison_mode == "fixed_baseline":
+        if compares_with_baseline(self.settings):
             assert cohort.baseline is not None  # `_disagreement` checked it
             judge_texts.append(judge_text(cohort.baseline))
         evaluation.judge_texts = judge_texts
@@ -211,7 +220,7 @@ class GroupRunner:
             ready = run.readiness.arrive(present)
             # Claimed only once the machine agrees (machine.start_comparisons): a comparison it
             # refuses stays unstarted, for the complete group (`readiness.rest`).
-            if ready and machine.start_comparisons(cohort, count=len(ready)):
+            if ready and machine.start_comparisons(cohort):
                 run.readiness.take(ready)
                 self.metrics.eager_comparisons.inc(len(ready))
                 self._start_eagerly(run, nursery, ready)
@@ -267,21 +276,25 @@ class GroupRunner:
             self.metrics.deadline_failures.labels("evaluation").inc()
             # comparisons that waited for a judge that could not be reached say so
             why = unreachable_note(self._comparator.unreachable_for())
-            if s.evaluation_deadline_policy == "fail_group":
-                cohort.fail(
-                    "judge", f"GenRM cohort evaluation deadline exceeded after {timeout}s{why}"
-                )
-                return
-            for c in evaluation.pending():  # mask_pending (docs/differences.md, D12)
-                planned = evaluation.plan[c]
-                self._comparison_failed(
-                    cohort,
-                    evaluation,
-                    c,
-                    f"GenRM comparison {planned.pair} (judge {planned.k}) was still running at "
-                    f"the group deadline ({timeout}s) and was cancelled{why}",
-                    None,
-                )
+            match s.evaluation_deadline_policy:  # exhaustive: mypy fails until each has a case
+                case "fail_group":
+                    cohort.fail(
+                        "judge", f"GenRM cohort evaluation deadline exceeded after {timeout}s{why}"
+                    )
+                    return
+                case "mask_pending":  # docs/differences.md, D12
+                    for c in evaluation.pending():
+                        planned = evaluation.plan[c]
+                        self._comparison_failed(
+                            cohort,
+                            evaluation,
+                            c,
+                            f"GenRM comparison {planned.pair} (judge {planned.k}) was still "
+                            f"running at the group deadline ({timeout}s) and was cancelled{why}",
+                            None,
+                        )
+                case _:
+                    assert_never(s.evaluation_deadline_policy)
         if scored_off_loop(len(evaluation.judge_texts), len(evaluation.plan)):
             # every comparison has ended, so nothing else touches the evaluation meanwhile; a
             # cancellation (supersession, shutdown) waits for the thread, then applies
@@ -298,6 +311,25 @@ class GroupRunner:
             log.debug(
                 "Discarding late GenRM completion for key=%s", shown_id(cohort.key, ID_LOGGED_LIMIT)
             )
+        else:
+            self._observe_judge(evaluation, outcome)
+
+    def _observe_judge(self, evaluation: Evaluation, outcome: dict[int, Scored | Masked]) -> None:
+        """A scored group's position preferences, order disagreement and preference cycles:
+        the judge on live traffic (docs/operations.md)."""
+        first, second, tie = shown_preferences(evaluation)
+        verdicts = self.metrics.judge_verdicts
+        verdicts.labels("first").inc(first)
+        verdicts.labels("second").inc(second)
+        verdicts.labels("tie").inc(tie)
+        row = next((o.result for o in outcome.values() if isinstance(o, Scored)), None)
+        if row is None:
+            return
+        disagreement, cycles = row.get(POSITION_DISAGREEMENT), row.get(CYCLE_RATE)
+        if isinstance(disagreement, float):  # None: no pair judged in both orders
+            self.metrics.group_position_disagreement.observe(disagreement)
+        if isinstance(cycles, float):  # absent or None: not bradley_terry, or no triangle
+            self.metrics.group_preference_cycles.observe(cycles)
 
     async def _verify_comparison(
         self,

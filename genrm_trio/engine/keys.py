@@ -8,18 +8,49 @@ rubric ids, which suffix the key too). Refusals are :class:`RequestRejected` (``
 
 from __future__ import annotations
 
-from typing import Final, final
+from typing import Final, assert_never, final
 
 from genrm_trio.config import Settings
 from genrm_trio.domain.model import Rejection, RequestRejected, VerifyInput
 from genrm_trio.domain.text import HistoryError, digest_text, normalize_history, prompt_digest
 
-__all__ = ["BASELINE_REQUIRED", "RUBRIC_REQUIRED", "CohortKey", "cohort_key"]
+__all__ = [
+    "BASELINE_REQUIRED",
+    "RUBRIC_REQUIRED",
+    "CohortKey",
+    "cohort_key",
+    "compares_with_baseline",
+    "rubric_mode",
+]
 
 RUBRIC_REQUIRED: Final = "score_source=rubric_mean requires expected_rubric_ids"
 BASELINE_REQUIRED: Final = (
     "fixed_baseline requires responses_create_params.metadata.baseline_response"
 )
+
+
+def rubric_mode(s: Settings) -> bool:
+    """Whether rewards come from the rubric verdicts (`score_source: rubric_mean`), which needs
+    every request's ``expected_rubric_ids``."""
+    match s.score_source:  # exhaustive: mypy fails here until a new source has its case
+        case "overall":
+            return False
+        case "rubric_mean":
+            return True
+        case _:
+            assert_never(s.score_source)
+
+
+def compares_with_baseline(s: Settings) -> bool:
+    """Whether each member is compared with the group's baseline response
+    (`comparison_mode: fixed_baseline`) rather than with the other members."""
+    match s.comparison_mode:  # exhaustive: mypy fails here until a new mode has its case
+        case "rollout_cohort":
+            return False
+        case "fixed_baseline":
+            return True
+        case _:
+            assert_never(s.comparison_mode)
 
 
 @final
@@ -58,7 +89,7 @@ def cohort_key(s: Settings, item: VerifyInput) -> CohortKey:
             Rejection.INVALID, f"_ng_rollout_index must be in [0, {size}); got {index}"
         )
     baseline: str | None = None
-    if s.comparison_mode == "fixed_baseline":
+    if compares_with_baseline(s):
         raw = (item.metadata or {}).get("baseline_response")
         if not isinstance(raw, str) or not raw.strip():
             raise RequestRejected(Rejection.INVALID, BASELINE_REQUIRED)

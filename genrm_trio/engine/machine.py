@@ -84,13 +84,13 @@ STATES: Final[list[dict[str, Any]]] = [
 ]
 
 TRANSITIONS: Final[list[dict[str, Any]]] = [
-    # Collecting with comparisons in flight (eager_comparisons) is still `collecting`: an internal
-    # transition records that comparisons started, and `fail` cancels them with the cohort.
+    # Collecting with comparisons in flight (eager_comparisons) is still `collecting`: the
+    # internal transition is the machine's consent to start them, and `fail` cancels them with
+    # the cohort.
     {
         "trigger": "start_comparisons",
         "source": "collecting",
         "dest": None,
-        "after": ["on_comparisons_started"],
     },
     {
         "trigger": "start_judging",
@@ -146,8 +146,6 @@ class CohortModel(Protocol):
 
     def on_enter_judging(self, event: EventData) -> None: ...
 
-    def on_comparisons_started(self, event: EventData) -> None: ...
-
     def on_enter_terminal(self, event: EventData) -> None: ...
 
     def on_state_changed(self, event: EventData) -> None: ...
@@ -158,12 +156,12 @@ def can(model: CohortModel, trigger: str) -> bool:
     return model.state in _SOURCES[trigger]
 
 
-def start_comparisons(model: CohortModel, *, count: int) -> bool:
-    """collecting → collecting (internal): ``count`` comparisons start before the group is
-    complete. False from any other state (then they start with the group's evaluation)."""
+def start_comparisons(model: CohortModel) -> bool:
+    """collecting → collecting (internal): comparisons may start before the group is complete.
+    False from any other state (then they start with the group's evaluation)."""
     if model.state not in _SOURCES["start_comparisons"]:
         return False
-    return bool(_START_COMPARISONS.trigger(model, count=count))
+    return bool(_START_COMPARISONS.trigger(model))
 
 
 def start_judging(model: CohortModel) -> bool:
@@ -250,7 +248,7 @@ def render_markdown() -> str:
         "- `start_comparisons` is internal to `collecting` (no state change): with"
         " `eager_comparisons: true` (the default) each comparison starts as soon as both of its"
         " members are present, while the group still collects. Such a cohort is `collecting`"
-        " with `Cohort.comparisons_started` > 0; its comparisons run in the cohort's scope, so"
+        " with comparisons in flight; they run in the cohort's scope, so"
         " `fail` (collection deadline, supersession, shutdown) cancels them, and they keep"
         " running through `start_judging`"
         " ([configuration.md](configuration.md#cohorts-and-deadlines)).\n"

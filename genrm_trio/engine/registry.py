@@ -22,7 +22,7 @@ import itertools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final, final
+from typing import Final, assert_never, final
 
 from genrm_trio.config import Settings
 from genrm_trio.domain.model import CohortView, Rejection, RequestRejected
@@ -332,32 +332,38 @@ class Registry:
         key = shown_id(cohort.key, ID_LOGGED_LIMIT)
         members = len(cohort.members)
         self._metrics.cohort_rollouts.labels(record.state).inc(members)
-        if record.phase == "completed":
-            masked = record.masked
-            if masked:
-                self._metrics.masked_rollouts.labels(MASKED_ALONE).inc(masked)
-                for member in record.members.values():
-                    if member.masked_alone:
-                        log.warning(
-                            "GenRM masked one rollout of key=%s: %s", key, member.failure_reason
-                        )
-            log.info(
-                "GenRM cohort disposition=completed key=%s attempt=%s members=%s",
-                key,
-                cohort.group_attempt,
-                members,
-            )
-        else:
-            if record.failure_kind == "judge":  # every member answered a failsafe row
-                self._metrics.masked_rollouts.labels(MASKED_WHOLE_GROUP).inc(members)
-            log.warning(
-                "GenRM cohort disposition=failed key=%s attempt=%s members=%s kind=%s reason=%r",
-                key,
-                cohort.group_attempt,
-                members,
-                record.failure_kind,
-                (record.failure or "")[:500],
-            )
+        match record.phase:  # exhaustive: mypy fails here until a new phase has its case
+            case "completed":
+                masked = record.masked
+                if masked:
+                    self._metrics.masked_rollouts.labels(MASKED_ALONE).inc(masked)
+                    for member in record.members.values():
+                        if member.masked_alone:
+                            log.warning(
+                                "GenRM masked one rollout of key=%s: %s",
+                                key,
+                                member.failure_reason,
+                            )
+                log.info(
+                    "GenRM cohort disposition=completed key=%s attempt=%s members=%s",
+                    key,
+                    cohort.group_attempt,
+                    members,
+                )
+            case "failed":
+                if record.failure_kind == "judge":  # every member answered a failsafe row
+                    self._metrics.masked_rollouts.labels(MASKED_WHOLE_GROUP).inc(members)
+                log.warning(
+                    "GenRM cohort disposition=failed key=%s attempt=%s members=%s kind=%s "
+                    "reason=%r",
+                    key,
+                    cohort.group_attempt,
+                    members,
+                    record.failure_kind,
+                    (record.failure or "")[:500],
+                )
+            case _:
+                assert_never(record.phase)
         if self.cohorts.get(cohort.key) is not cohort:
             return  # already evicted or replaced: nothing to retain
         if record.retained:

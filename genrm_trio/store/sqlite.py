@@ -36,7 +36,7 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Final, Literal, final
+from typing import Any, Final, Literal, assert_never, final
 
 import trio
 
@@ -79,8 +79,20 @@ log = logging.getLogger("genrm_trio.store")
 # The TTL pass runs at most this often (wall seconds); the count cap is checked on every commit.
 _TTL_PRUNE_INTERVAL_S: Final = 1.0
 Synchronous = Literal["NORMAL", "FULL"]
+"""How a terminal record's commit waits: FULL (the default) also fsyncs the WAL before it
+returns; NORMAL skips that fsync (process crashes are still covered; docs/durable-state.md)."""
 # One queued operation: it stages its rows, in the writer thread, inside the transaction.
 _Apply = Callable[[sqlite3.Cursor, float], None]
+
+
+def _fsyncs_terminal_records(synchronous: Synchronous) -> bool:
+    match synchronous:  # exhaustive: mypy fails here until a new level has its case
+        case "FULL":
+            return True
+        case "NORMAL":
+            return False
+        case _:
+            assert_never(synchronous)
 
 
 @final
@@ -147,7 +159,7 @@ class SqliteStore(CommitsBySubmit):
         self._db = connection
         self._lock_fd = lock_fd
         self._clock = clock
-        self._synchronous = synchronous
+        self._fsync_terminal = _fsyncs_terminal_records(synchronous)
         self._wal_fd: int | None = None
         self._fsyncs = 0
         self._commits: GroupCommit[_Apply] = GroupCommit(
@@ -251,7 +263,7 @@ class SqliteStore(CommitsBySubmit):
             cur.execute("BEGIN IMMEDIATE")
             state = apply_start_rules(cur, self._retention, self._mirrors, self._clock())
             cur.execute("COMMIT")
-            if self._synchronous == "FULL":  # the fences it wrote are terminal records
+            if self._fsync_terminal:  # the fences it wrote are terminal records
                 self._fsync_wal()
         except BaseException as exc:
             self._rollback(cur)
@@ -322,11 +334,7 @@ class SqliteStore(CommitsBySubmit):
         one than, everything queued before it); the returned commit's ``wait()`` returns once a
         committed transaction holds it (with ``sync`` under FULL: once that is on disk)."""
         self._check_open()
-        return self._commits.enqueue(apply, sync=sync and self._synchronous == "FULL")
-
-    async def _submit(self, apply: _Apply, *, sync: bool = False) -> None:
-        """Queue one operation and wait for it."""
-        await self._enqueue(apply, sync=sync).wait()
+        return self._commits.enqueue(apply, sync=sync and self._fsync_terminal)
 
     def _apply_sync(self, batch: list[_Apply]) -> None:
         """One write transaction for ``batch`` plus retention (writer thread)."""

@@ -6,7 +6,7 @@ One job per module:
   and the verdict triples they yield;
 - `regular`: the `regular` strategy's graph (circulant offsets chosen for connectivity);
 - `masking`: which rollouts failed comparisons mask (`pair`, `component`), when a group fails;
-- `aggregation`: the aggregation methods and their table (`AGGREGATORS`), and `aggregate`;
+- `aggregation`: the aggregation methods, the dispatch to them (`aggregator`), and `aggregate`;
 - `bradley_terry`: the penalised Bradley–Terry fit (Newton's method);
 - `graph`: connected components and preference cycles of the comparison graph;
 - `adjustments`: top-percentile bonuses, length and style penalties;
@@ -21,7 +21,6 @@ are the package's public face.
 
 from genrm_trio.domain.scoring.adjustments import MemberTexts, adjust, density_weights
 from genrm_trio.domain.scoring.aggregation import (
-    AGGREGATORS,
     BT_LOG_LIKELIHOOD,
     CYCLE_RATE,
     Aggregation,
@@ -29,6 +28,7 @@ from genrm_trio.domain.scoring.aggregation import (
     BaseScores,
     ScoringInput,
     aggregate,
+    aggregator,
     bradley_terry_scores,
     observation,
     tiebreak_scores,
@@ -62,6 +62,7 @@ from genrm_trio.domain.scoring.pairs import (
     flip,
     plan_comparisons,
     plan_fixed_baseline,
+    swaps_positions,
 )
 from genrm_trio.domain.scoring.regular import (
     algebraic_connectivity,
@@ -71,7 +72,6 @@ from genrm_trio.domain.scoring.regular import (
 from genrm_trio.domain.scoring.style import count_style_elements, strip_code_blocks, style_density
 
 __all__ = [
-    "AGGREGATORS",
     "BT_LOG_LIKELIHOOD",
     "CYCLE_RATE",
     "ESCALATION_RATE",
@@ -93,6 +93,7 @@ __all__ = [
     "Triple",
     "adjust",
     "aggregate",
+    "aggregator",
     "algebraic_connectivity",
     "bradley_terry_scores",
     "circulant_offsets",
@@ -114,5 +115,6 @@ __all__ = [
     "preference_cycle_rate",
     "strip_code_blocks",
     "style_density",
+    "swaps_positions",
     "tiebreak_scores",
 ]

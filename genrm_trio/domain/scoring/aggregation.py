@@ -1,12 +1,11 @@
-"""From judged comparisons to rewards: the aggregation methods, their table, and `aggregate`
+"""From judged comparisons to rewards: the aggregation methods, their dispatch, and `aggregate`
 (docs/scoring.md sections 2, 3 and 5; D4, D8, D10, D45). Pure.
 
 An aggregation method turns the successful comparisons into base scores of the population (the
 scored members) and may report group metrics of its own; `aggregate` then applies the same
 length and style adjustments whatever the method (docs/scoring.md section 3). A new method is
-one function of the `BaseScorer` shape and its entry in `AGGREGATORS`; the key's vocabulary
-`AggregatorMethod` (config/settings.py) names it too, and tests/test_scoring_graph.py fails
-until the two agree.
+one function of the `BaseScorer` shape, its name in the key's vocabulary `AggregatorMethod`
+(config/settings.py) and its case in `aggregator`, where mypy fails until it has one.
 """
 
 from __future__ import annotations
@@ -14,9 +13,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, final
+from typing import Final, assert_never, final, get_args
 
-from genrm_trio.config import DEFAULT_BRADLEY_TERRY_PRIOR
+from genrm_trio.config import DEFAULT_BRADLEY_TERRY_PRIOR, AggregatorMethod
 from genrm_trio.domain.scoring.adjustments import MemberTexts, adjust
 from genrm_trio.domain.scoring.bradley_terry import PairObservations, fit_bradley_terry
 from genrm_trio.domain.scoring.graph import preference_cycle_rate
@@ -24,7 +23,6 @@ from genrm_trio.domain.scoring.numeric import safe_fsum, sigmoid, square
 from genrm_trio.domain.scoring.pairs import RANKING_MIDPOINT, JudgedComparison
 
 __all__ = [
-    "AGGREGATORS",
     "BT_LOG_LIKELIHOOD",
     "CYCLE_RATE",
     "Aggregation",
@@ -32,6 +30,7 @@ __all__ = [
     "BaseScores",
     "ScoringInput",
     "aggregate",
+    "aggregator",
     "bradley_terry_scores",
     "observation",
     "tiebreak_scores",
@@ -129,11 +128,19 @@ def bradley_terry_scores(given: ScoringInput) -> BaseScores:
     return BaseScores([1.0 + 4.0 * sigmoid(t - mean) for t in theta], metrics)
 
 
-AGGREGATORS: Final[Mapping[str, BaseScorer]] = {
-    "simple_tiebreaker": tiebreak_scores,
-    "bradley_terry": bradley_terry_scores,
-}
-"""`aggregator_method` → its method: the one place an aggregation method is registered."""
+def aggregator(method: AggregatorMethod) -> BaseScorer:
+    """`aggregator_method` → its method: the one place an aggregation method is registered."""
+    match method:  # exhaustive: mypy fails here until a new method has its case
+        case "simple_tiebreaker":
+            return tiebreak_scores
+        case "bradley_terry":
+            return bradley_terry_scores
+        case _:
+            assert_never(method)
+
+
+# the settings' vocabulary is the one source (config/settings.py); this only checks arguments
+_METHODS: Final[tuple[str, ...]] = get_args(AggregatorMethod)
 
 
 @final
@@ -160,10 +167,10 @@ def aggregate(
     group_reasoning_length_penalty_coeff: float,
     group_answer_length_penalty_coeff: float,
     group_style_penalty_coeff: float,
-    method: str = "simple_tiebreaker",
+    method: AggregatorMethod = "simple_tiebreaker",
     bradley_terry_prior: float = DEFAULT_BRADLEY_TERRY_PRIOR,
 ) -> Aggregation:
-    """Base scores by ``method`` (`AGGREGATORS`), then the group adjustments over
+    """Base scores by ``method`` (`aggregator`), then the group adjustments over
     ``population`` (docs/scoring.md).
 
     Every comparison counts for both its members, including members outside ``population``
@@ -173,17 +180,16 @@ def aggregate(
     pass runs. Raises ValueError for an unknown method, ``top_percentile`` outside (0, 1] (D5)
     or a duplicated member.
     """
-    scorer = AGGREGATORS.get(method)
-    if scorer is None:
-        raise ValueError(
-            f"Unsupported aggregator_method: {method!r}. Supported: {list(AGGREGATORS)}"
-        )
+    if method not in _METHODS:  # an untyped caller's
+        raise ValueError(f"Unsupported aggregator_method: {method!r}. Supported: {list(_METHODS)}")
     if not 0.0 < top_percentile <= 1.0:
         raise ValueError(f"top_percentile must be in (0, 1], got {top_percentile!r}")
     members = sorted(population)
     if len(set(members)) != len(members):
         raise ValueError(f"population lists a member twice: {list(population)!r}")
-    base = scorer(ScoringInput(comparisons, members, default_score, bradley_terry_prior))
+    base = aggregator(method)(
+        ScoringInput(comparisons, members, default_score, bradley_terry_prior)
+    )
     scores, adjustments = adjust(
         base.scores,
         members,

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import final
+from typing import Final, assert_never, final, get_args
 
+from genrm_trio.config import MaskPolicy
 from genrm_trio.domain.scoring.graph import largest_component
 from genrm_trio.domain.scoring.pairs import PlannedComparison
 
 __all__ = ["AllMasked", "Masking", "mask_members"]
+
+# the settings' vocabulary is the one source (config/settings.py); this only checks arguments
+_POLICIES: Final = frozenset(get_args(MaskPolicy))
 
 
 @final
@@ -36,7 +40,7 @@ class Masking:
 
 
 def mask_members(
-    policy: str,
+    policy: MaskPolicy,
     size: int,
     plan: Sequence[PlannedComparison],
     errors: Sequence[str | None],
@@ -45,7 +49,11 @@ def mask_members(
 
     ``errors[c]`` is the judge error of ``plan[c]``, None when it succeeded. Index ``size`` is
     the fixed baseline when the plan has one: a vertex of the graph, never masked or scored.
+    Raises ValueError for a policy outside `MaskPolicy` (an untyped caller's) or a plan and
+    errors of different lengths.
     """
+    if policy not in _POLICIES:
+        raise ValueError(f"Unsupported mask_policy: {policy!r}. Supported: {sorted(_POLICIES)}")
     if len(errors) != len(plan):
         raise ValueError(f"{len(errors)} outcomes for {len(plan)} planned comparisons")
     failed = [c for c, error in enumerate(errors) if error is not None]
@@ -57,20 +65,39 @@ def mask_members(
             if m < size:
                 first_error.setdefault(m, message)
     counts = f"{len(failed)} of {len(plan)} comparisons failed"
+    first_failure = errors[failed[0]] or "" if failed else ""
     all_masked = AllMasked(
-        f"GenRM masked every rollout of the group after judge failures ({counts}): "
-        f"{errors[failed[0]] if failed else ''}"
+        f"GenRM masked every rollout of the group after judge failures ({counts}): {first_failure}"
     )
-    if policy == "pair":
-        if len(first_error) == size:
-            return all_masked
-        reasons = {
-            m: f"GenRM rollout_index={m} lost a comparison to a judge failure ({counts}): {error}"
-            for m, error in sorted(first_error.items())
-        }
-        return Masking([m for m in range(size) if m not in first_error], reasons)
-    if policy != "component":
-        raise ValueError(f"Unsupported mask_policy: {policy!r}. Supported: ['component', 'pair']")
+    match policy:  # exhaustive: mypy fails here until a new policy has its case
+        case "pair":
+            if len(first_error) == size:
+                return all_masked
+            reasons = {
+                m: f"GenRM rollout_index={m} lost a comparison to a judge failure ({counts}): "
+                f"{error}"
+                for m, error in sorted(first_error.items())
+            }
+            return Masking([m for m in range(size) if m not in first_error], reasons)
+        case "component":
+            return _mask_outside_component(
+                size, plan, errors, first_error, (counts, first_failure), all_masked
+            )
+        case _:
+            assert_never(policy)
+
+
+def _mask_outside_component(
+    size: int,
+    plan: Sequence[PlannedComparison],
+    errors: Sequence[str | None],
+    first_error: dict[int, str],
+    failures: tuple[str, str],
+    all_masked: AllMasked,
+) -> Masking | AllMasked:
+    """`component`: a member is scored iff it lies in the largest connected component of the
+    successful comparisons' graph. ``failures``: how many failed, and the first failure."""
+    counts, first_failure = failures
     vertices = max([size, *(max(p.i, p.j) + 1 for p in plan)])
     edges = [(plan[c].i, plan[c].j) for c, error in enumerate(errors) if error is None]
     largest = largest_component(vertices, edges)
@@ -94,6 +121,6 @@ def mask_members(
         else:
             component_reasons[m] = (
                 f"GenRM rollout_index={m} {where}; it lost no comparison, failures elsewhere "
-                f"cut it off: {errors[failed[0]]}"
+                f"cut it off: {first_failure}"
             )
     return Masking(scored, component_reasons)

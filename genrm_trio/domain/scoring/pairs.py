@@ -24,6 +24,8 @@ __all__ = [
     "flip",
     "plan_comparisons",
     "plan_fixed_baseline",
+    "shown_swapped",
+    "swaps_positions",
 ]
 
 Strategy = ComparisonStrategy
@@ -41,14 +43,15 @@ _T = TypeVar("_T", bound=Triple)
 
 
 def comparison_pairs(
-    n: int, strategy: str, degree: int = DEFAULT_COMPARISONS_PER_ROLLOUT
+    n: int, strategy: ComparisonStrategy, degree: int = DEFAULT_COMPARISONS_PER_ROLLOUT
 ) -> list[tuple[int, int]]:
     """The ``(response_1, response_2)`` member pairs of one judge pass (docs/scoring.md, "Pairs").
 
     ``circular``: ``(i, (i+1) mod n)``, n pairs (n = 2 gives ``(0, 1), (1, 0)``).
     ``all_pairs``: every ``(i, j)`` with ``i < j`` in lexicographic order.
     ``regular``: the ``degree``-regular circulant graph of `regular_pairs`, n·degree/2 pairs.
-    Raises ValueError for an unknown strategy, ``n < 2``, or a degree the graph cannot have.
+    Raises ValueError for an unknown strategy (an untyped caller's), ``n < 2``, or a degree the
+    graph cannot have.
     """
     if strategy not in _STRATEGIES:
         raise ValueError(
@@ -56,8 +59,7 @@ def comparison_pairs(
         )
     if n < 2:
         raise ValueError(f"Need at least 2 responses for pairwise comparison, got {n}")
-    known = cast(ComparisonStrategy, strategy)
-    match known:  # exhaustive: mypy fails here until a new strategy has its case
+    match strategy:  # exhaustive: mypy fails here until a new strategy has its case
         case "circular":
             return [(i, (i + 1) % n) for i in range(n)]
         case "all_pairs":
@@ -65,7 +67,7 @@ def comparison_pairs(
         case "regular":
             return regular_pairs(n, degree)
         case _:
-            assert_never(known)
+            assert_never(strategy)
 
 
 @final
@@ -124,9 +126,9 @@ def flip(v: _T) -> _T:
 
 def plan_comparisons(
     n: int,
-    strategy: str,
+    strategy: ComparisonStrategy,
     judges: int,
-    position_balance: str = "none",
+    position_balance: PositionBalance = "none",
     degree: int = DEFAULT_COMPARISONS_PER_ROLLOUT,
 ) -> list[PlannedComparison]:
     """Every comparison of a rollout cohort, judge-major (docs/scoring.md, "Judge passes", D7).
@@ -141,12 +143,35 @@ def plan_comparisons(
             f"Unsupported position_balance: {position_balance!r}. Supported: {sorted(_BALANCES)}"
         )
     pairs = comparison_pairs(n, strategy, degree)
-    alternate = position_balance == "alternate"
     return [
-        PlannedComparison(i, j, k, swapped=alternate and (i + j + k) % 2 == 1)
+        PlannedComparison(i, j, k, swapped=shown_swapped(position_balance, i, j, k))
         for k in range(judges)
         for i, j in pairs
     ]
+
+
+def shown_swapped(position_balance: PositionBalance, i: int, j: int, k: int) -> bool:
+    """Whether judge pass ``k`` of the pair ``(i, j)`` is shown ``j`` first: the one statement of
+    each balance's rule (docs/scoring.md, "Judge passes and position balance")."""
+    match position_balance:  # exhaustive: mypy fails here until a new balance has its case
+        case "none":
+            return False
+        case "alternate":
+            return (i + j + k) % 2 == 1
+        case _:
+            assert_never(position_balance)
+
+
+def swaps_positions(position_balance: PositionBalance) -> bool:
+    """Whether ``position_balance`` shows some comparisons with their members swapped (then a
+    group reports how often the two orders disagree: docs/scoring.md, "Position disagreement")."""
+    match position_balance:  # exhaustive: mypy fails here until a new balance has its case
+        case "none":
+            return False
+        case "alternate":
+            return True
+        case _:
+            assert_never(position_balance)
 
 
 def _baseline_order(cohort_key: str, member: int) -> int:
