@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -130,6 +131,24 @@ async def test_export_restore_round_trips_and_replays(autojump_clock: MockClock)
             "superseded": 0,
             "conflicts": [],
         }
+
+
+async def test_retention_applies_right_after_a_restore(autojump_clock: MockClock) -> None:
+    # (#40 item 7) a restore beyond max_terminal_cohorts kept every record it added until the
+    # next group ended (244,096 records over the cap, 1.07 GB, in the review)
+    async with running(settings(num_rollouts_per_prompt=N), failing_judge()) as engine:
+        await populate(engine)
+        exported = checkpoint(engine)
+    assert len(exported["cohorts"]) == 6 and len(exported["watermarks"]) == 3
+    capped = settings(num_rollouts_per_prompt=N, max_terminal_cohorts=2)
+    async with running(capped, ScriptedJudge()) as engine:
+        report = await restore(engine, wire(exported), num_rollouts=N)
+        assert (report.added, report.watermarks_updated) == (6, 3)
+        kept = checkpoint(engine)
+        # the newest two of each, at once (restored records are equally old: the last added)
+        assert [c["key"] for c in kept["cohorts"]] == [c["key"] for c in exported["cohorts"][-2:]]
+        assert len(kept["watermarks"]) == 2
+        assert engine.statistics().terminal_records == 2
 
 
 async def test_restore_merge_reports_conflicts(autojump_clock: MockClock) -> None:
@@ -361,6 +380,33 @@ INVALID: list[tuple[str, Any, str]] = [
     ("result echo", set_in(m0, "result", {"reward": 1.0, "response": {}}), "echo field 'response'"),
     ("no reward", set_in(m0, "result", {"x": 1.0}), "reward: expected a finite number"),
     ("bool reward", set_in(m0, "result", {"reward": True}), "reward: expected a finite number"),
+    # as strictly as a fresh result (#40 item 7): exact numbers, false mask_sample, typed texts
+    ("huge reward", set_in(m0, "result", {"reward": 10**4000}), "reward: integer out of range"),
+    (
+        "mask_sample evil",
+        set_in(m0, "result", {"reward": 1.0, "mask_sample": "evil"}),
+        "members[0].result.mask_sample: a scored member's is false",
+    ),
+    (
+        "mask_sample true",
+        set_in(m0, "result", {"reward": 1.0, "mask_sample": True}),
+        "mask_sample: a scored member's is false",
+    ),
+    (
+        "result reason",
+        set_in(m0, "result", {"reward": 1.0, "failure_reason": "x"}),
+        "result.failure_reason: a scored member's is null",
+    ),
+    (
+        "answer not text",
+        set_in(m0, "result", {"reward": 1.0, "answer_text": 3}),
+        "result.answer_text: expected a string",
+    ),
+    (
+        "nested nan",
+        set_in(m0, "result", {"reward": 1.0, "m": [{"x": math.nan}]}),
+        "result.m[0].x: expected a finite number",
+    ),
     ("key twice", twice, "appears twice"),
     ("watermarks list", set_in(top, "watermarks", []), "watermarks: expected an object"),
     ("watermark attempt", set_in(wm, "latest_attempt", -2), "must be >= 0"),

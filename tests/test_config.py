@@ -171,6 +171,7 @@ def test_judge_defaults() -> None:
         "outage_probe_s": 5.0,
         "keepalive_expiry_s": 4.0,
         "max_response_bytes": 33554432,
+        "max_response_bytes_total": 268435456,
         "ca_file": None,
         "requests_per_minute": None,
         "tokens_per_minute": None,
@@ -203,6 +204,7 @@ def test_server_defaults() -> None:
     assert server.model_dump() == {
         "max_body_bytes": 67108864,
         "max_active_cohorts": 4096,
+        "max_compare_responses": 512,
         "api_key_env": None,
         "shutdown_grace_s": 5.0,
     }
@@ -714,6 +716,32 @@ def test_read_secret_unset_or_empty_is_a_config_error(
     assert err.key == "server.api_key_env"
     assert "GENRM_TEST_TOKEN" in err.message
     assert str(err).startswith("cfg.yaml: server.api_key_env: ")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "sk-secret-123\n",  # a key read from a file or a Kubernetes secret
+        "sk-secret-123\r\n",
+        " sk-secret-123",
+        "sk-secret-123 ",
+        "sk-secret\x01123",  # (an environment cannot hold NUL)
+        "sk-secret 123",
+        "sk-secret\t123",
+        "sk-secret-\u00e9",  # latin-1 but not ASCII: clients would encode it differently
+        "sk-secret-\u20ac",  # not latin-1: no header can carry it
+    ],
+)
+def test_read_secret_refuses_what_a_header_cannot_carry_without_showing_it(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("GENRM_TEST_TOKEN", value)
+    with pytest.raises(ConfigError) as info:
+        read_secret("GENRM_TEST_TOKEN", key="judge.api_key_env")
+    text = str(info.value)
+    assert text.startswith("environment: judge.api_key_env: environment variable GENRM_TEST_TOKEN ")
+    assert "\n" not in text  # one line
+    assert "sk-secret" not in text
 
 
 def test_api_key_env_names_are_settings() -> None:

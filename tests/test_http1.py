@@ -9,13 +9,17 @@ import pytest
 import trio
 import trio.testing
 
+from genrm_trio.config import ConfigError, settings_from_mapping
 from genrm_trio.judge.http1 import (
     INCOMPLETE,
     MAX_HEAD_BYTES,
     Http1Connection,
+    ReplyBudget,
     ResponseTooLarge,
+    reply_budget,
     request_bytes,
 )
+from genrm_trio.judge.pool import judge_pool
 
 POST = (b"POST", b"/v1/responses", [(b"host", b"judge:8000")], b'{"a":1}')
 
@@ -26,11 +30,12 @@ async def exchange(
     request: tuple[bytes, bytes, list[tuple[bytes, bytes]], bytes] = POST,
     limit: int = 1 << 20,
     every_s: float = 0.0,
+    budget: ReplyBudget | None = None,
 ) -> tuple[tuple[int, list[tuple[bytes, bytes]], bytes, bool], bytes]:
     """(the exchange's result, the bytes the server received) for a server sending `chunks`,
     `every_s` apart, and closing its side after them when `close`."""
     client, server = trio.testing.memory_stream_pair()
-    connection = Http1Connection(client, limit)
+    connection = Http1Connection(client, limit, budget)
     sent = bytearray()
 
     async def serve() -> None:
@@ -205,3 +210,39 @@ async def test_a_close_inside_the_head_is_an_incomplete_reply(
     with pytest.raises(httpx.RemoteProtocolError) as info:
         await exchange(b"HTTP/1.1 200 OK\r\ncontent-len", close=True)
     assert str(info.value).startswith(INCOMPLETE)
+
+
+async def test_replies_being_read_are_bounded_in_all(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # (#40 item 2) max_response_bytes bounds one reply; 256 of them at once were 8 GiB
+    budget = ReplyBudget(100_000)
+    budget.used = 60_000  # other replies being read meanwhile
+    body = b"x" * 30_000
+    reply = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+    (status, _, got, _), _ = await exchange(reply, budget=budget)
+    assert (status, got, budget.used) == (200, body, 60_000)  # counted while read, then given back
+    body = b"x" * 50_000
+    reply = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+    with pytest.raises(ResponseTooLarge) as info:
+        await exchange(reply, budget=budget)
+    assert str(info.value) == (
+        "judge replies being read exceed judge.max_response_bytes_total (100000 bytes) in all"
+    )
+    assert budget.used == 60_000
+    assert reply_budget(12_345) is reply_budget(12_345)  # one per value, shared by every pool
+    assert reply_budget(12_345).limit == 12_345
+    keys = {"max_response_bytes": 1024, "max_response_bytes_total": 54_321}
+    judge = settings_from_mapping({"judge": keys}).judge
+    assert judge_pool("http://judge:8000/v1", judge)._budget is reply_budget(54_321)
+
+
+def test_the_total_must_hold_one_reply_at_the_cap() -> None:
+    with pytest.raises(ConfigError) as info:
+        settings_from_mapping(
+            {"judge": {"max_response_bytes": 4096, "max_response_bytes_total": 2048}}
+        )
+    assert str(info.value).endswith(
+        "judge.max_response_bytes_total: must be >= judge.max_response_bytes (4096): one reply at "
+        "the cap would never fit"
+    )

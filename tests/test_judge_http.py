@@ -49,7 +49,14 @@ from genrm_trio.judge.base import (
     JudgeTransportError,
     ReplyStatus,
 )
-from genrm_trio.judge.client import TRANSPORT_ERRORS, HttpJudge, make_http_judge, parse_retry_after
+from genrm_trio.judge.client import (
+    TRANSPORT_ERRORS,
+    HttpJudge,
+    Redactor,
+    make_http_judge,
+    parse_retry_after,
+    transport_error,
+)
 from genrm_trio.judge.http1 import ResponseTooLarge
 from genrm_trio.judge.pool import CertificateError, KeepAlivePool, UnreachableError
 from genrm_trio.testing.network import (
@@ -349,6 +356,64 @@ async def test_error_body_echoing_credentials_is_redacted(
         "JudgeHTTPError: HTTP 500; response=refused (authorization: Bearer [redacted]; "
         "x-other: [redacted]; bearer [redacted])"
     )
+
+
+@pytest.mark.parametrize(
+    "echo",
+    [
+        TOKEN,
+        TOKEN.upper(),
+        "".join(f"\\u{ord(c):04x}" for c in TOKEN),
+        "".join(f"\\u{ord(c):04X}" if i % 2 else c for i, c in enumerate(TOKEN)),
+        "".join(f"%{b:02x}" for b in TOKEN.encode()),
+        "".join(f"%{b:02X}" if i % 3 else chr(b) for i, b in enumerate(TOKEN.encode())),
+        "".join(f"\\x{b:02x}" for b in TOKEN.encode()),
+        TOKEN.replace("-", "\\-"),
+    ],
+)
+def test_the_redaction_catches_every_escaped_form_of_the_token(echo: str) -> None:
+    redact = Redactor(TOKEN)
+    assert redact(f"key={echo};".encode()) == b"key=[redacted];"
+    assert redact.text(f"key={echo};") == "key=[redacted];"
+
+
+@pytest.mark.parametrize("start", [0, 40, 79, 80, 81])
+def test_an_excerpt_is_cut_after_redaction(start: int) -> None:
+    # The 80-byte preview of a non-JSON reply: a token straddling the cut shows no byte of it.
+    body = b"x" * start + TOKEN.encode() + b"y" * 200
+    head = Redactor(TOKEN)(body, 80)
+    # the first 80 bytes as sent, the token wholly replaced even where it runs past them
+    after = b"y" * max(0, 80 - start - len(TOKEN))
+    expected = b"x" * start + b"[redacted]" + after if start < 80 else b"x" * 80
+    assert head == expected
+    assert Redactor(TOKEN)(b"Bearer " + b"z" * 300, 80) == b"Bearer [redacted]"
+    assert Redactor(None)(body, 80) == body[:80]
+
+
+async def test_a_transport_error_quoting_a_header_value_is_redacted() -> None:
+    # httpx quotes an illegal header value in full: the key from a file with its newline
+    exc = httpx.LocalProtocolError(f"Illegal header value b'Bearer {TOKEN}\\n'")
+    assert transport_error(exc, Redactor(TOKEN)).describe() == (
+        "LocalProtocolError: Illegal header value b'Bearer [redacted]'"
+    )
+    exc = httpx.DecodingError(f"unsupported Content-Encoding '{TOKEN}'")
+    assert transport_error(exc, Redactor(TOKEN)).describe() == (
+        "DecodingError: unsupported Content-Encoding '[redacted]'"
+    )
+
+
+async def test_a_non_json_preview_never_shows_part_of_the_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GENRM_TEST_JUDGE_TOKEN", TOKEN)
+    body = b"x" * 70 + TOKEN.encode() + b" and more"
+    recorder = Recorder(Reply(200, body, ("content-type: text/plain",)))
+    judge = judge_with(recorder, api_key_env="GENRM_TEST_JUDGE_TOKEN")
+    with trio.fail_after(5), pytest.raises(JudgeBadJSON) as error:
+        await judge.attempt(CALL)
+    described = error.value.describe()
+    assert TOKEN[:10] not in described
+    assert f"first '{'x' * 70}[redacted]'…" in described
 
 
 # --- reply classification -------------------------------------------------------------------

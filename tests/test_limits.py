@@ -20,8 +20,10 @@ import pytest
 import trio
 from procs import Reply, answers, assert_scored, bodies, client, post, run_group
 
+from genrm_trio.app import fd_headroom as fd_module
 from genrm_trio.app import serve as serve_module
-from genrm_trio.app.serve import FD_RESERVE, check_fd_headroom, fds_needed, serve
+from genrm_trio.app.fd_headroom import FD_RESERVE, check_fd_headroom, fds_needed
+from genrm_trio.app.serve import serve
 from genrm_trio.config import settings_from_mapping
 
 CAPACITY = 2
@@ -247,7 +249,7 @@ async def test_serve_checks_the_headroom_once_at_start(
 def _fixed_limit(monkeypatch: pytest.MonkeyPatch, soft: int, open_now: int) -> None:
     """A soft = hard open-file limit (nothing to raise) and a known count of open descriptors."""
     monkeypatch.setattr(resource, "getrlimit", lambda which: (soft, soft))
-    monkeypatch.setattr(serve_module, "_open_fds", lambda: open_now)
+    monkeypatch.setattr(fd_module, "_open_fds", lambda: open_now)
 
 
 def test_the_default_admission_limit_is_fitted_to_the_descriptors(
@@ -266,7 +268,7 @@ def test_the_default_admission_limit_is_fitted_to_the_descriptors(
         " the default 4096 would need 65856: raise the limit (ulimit -n 65856) to admit more, or "
         "set the key"
     ]
-    fitted = serve_module.with_admission(settings, found)
+    fitted = fd_module.with_admission(settings, found)
     assert fitted.server.max_active_cohorts == 1228
     assert fitted.model_copy(update={"server": settings.server}) == settings  # nothing else
 
@@ -291,7 +293,7 @@ def test_what_cannot_be_fitted_still_warns(
     with caplog.at_level(logging.INFO, logger="genrm_trio"):
         found = check_fd_headroom(settings)
     assert found.max_active_cohorts is None
-    assert serve_module.with_admission(settings, found) is settings
+    assert fd_module.with_admission(settings, found) is settings
     [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warning.startswith(f"open-file limit {soft} (hard limit {soft}, 30 open now)")
 

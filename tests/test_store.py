@@ -8,6 +8,7 @@ retention is driven by an injected clock.
 from __future__ import annotations
 
 import math
+import os
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -830,6 +831,58 @@ async def test_an_unreadable_members_column_is_a_store_error(tmp_path: Path) -> 
             with pytest.raises(StoreError, match=r"cannot load: ValueError: key .*: members: "):
                 await store.load()
             assert store.statistics().terminal_records == 1  # nothing dropped
+
+
+def _member_json(result: str) -> str:
+    return (
+        f'{{"0": {{"response_digest": "{RESPONSE}", "result": {result}, "masked_alone": false, '
+        '"failure_reason": null}}'
+    )
+
+
+@pytest.mark.parametrize(
+    ("result", "problem"),
+    [
+        ('{"reward": NaN}', "holds NaN, which JSON cannot"),
+        ('{"reward": 1.0, "x": Infinity}', "holds Infinity, which JSON cannot"),
+        ('{"reward": 1.0, "deep": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+        ('{"reward": ' + "9" * 4001 + "}", "member 0: result.reward: integer out of range"),
+        (
+            '{"reward": 1.0, "mask_sample": "evil"}',
+            "result.mask_sample: a scored member's is false",
+        ),
+        ('{"reward": "1"}', "member 0: result.reward: expected a finite number"),
+    ],
+)
+async def test_a_damaged_stored_result_is_a_one_line_error_naming_its_group(
+    tmp_path: Path, result: str, problem: str
+) -> None:
+    # (#40 item 7) a NaN once made every GET /checkpoint a 500, deep nesting a traceback
+    config = state(tmp_path)
+    async with open_store(path_of(config), config) as store:
+        await store.commit_terminal(record(explicit_key("damaged")))
+    with closing(sqlite3.connect(path_of(config))) as db:
+        db.execute("UPDATE cohorts SET members = ?", (_member_json(result),))
+        db.commit()
+    async with open_store(path_of(config), config) as store:
+        with pytest.raises(StoreError) as raised:
+            await store.load()
+    text = str(raised.value)
+    assert "\n" not in text and len(text) < 1_300
+    assert f"key {shown_id(explicit_key('damaged'))}: members: " in text
+    assert text.endswith(problem)
+
+
+def test_the_state_files_are_created_private(tmp_path: Path) -> None:
+    config = state(tmp_path)
+
+    async def write() -> list[int]:
+        async with open_store(path_of(config), config) as store:
+            await store.commit_terminal(record(explicit_key("a")))
+            files = [path_of(config) + suffix for suffix in ("", "-wal", "-shm")]
+            return [os.stat(f).st_mode & 0o777 for f in files]
+
+    assert trio.run(write) == [0o600, 0o600, 0o600]
 
 
 async def test_a_bad_row_of_a_long_key_is_named_cut(tmp_path: Path) -> None:

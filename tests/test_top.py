@@ -7,11 +7,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import logging
 import os
 import re
 import select
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +27,7 @@ from procs import answers, bodies, client, command, run_group, start_server
 from rich.console import Console
 from watched import GROUP, KEY_ENV, Watched, load, watched_server
 
+from genrm_trio.app.logs import EscapingFormatter
 from genrm_trio.app.top import fetch, open_client
 from genrm_trio.app.top_frame import (
     FetchFailed,
@@ -220,6 +223,61 @@ def test_a_failed_fetch_shows_down_with_the_last_figures() -> None:
     assert "● serving" not in shown
     nothing = text(Watcher("http://y").update(FetchFailed(0.0, "refused"), 1e6))
     assert "DOWN for 0.0s: refused" in nothing and "Rates" not in nothing
+
+
+HOSTILE = "g\x1b]0;pwned\x07\x1b[2J\x1b]52;c;Y2xpcA==\x07\u202e[bold red]x[/bold red]\n"
+"""A group id or judge error that sets the window title, clears the screen, writes the
+clipboard, reverses the text that follows and tries Rich markup (#40 item 4)."""
+HOSTILE_SHOWN = (
+    "g\\x1b]0;pwned\\x07\\x1b[2J\\x1b]52;c;Y2xpcA==\\x07\\u202e[bold red]x[/bold red]\\x0a"
+)
+
+
+def test_top_shows_hostile_strings_escaped_never_as_terminal_sequences() -> None:
+    cohort = {"key": "k", "group_id": HOSTILE, "group_attempt": 0, "state": "collecting",
+              "deadline": HOSTILE, "deadline_s_left": 3.0}  # fmt: skip
+    replicas = [replica("a:8000", failures=1, last_error=HOSTILE)]
+    replicas[0]["replica"] = HOSTILE
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=f'x_total{{l="{HOSTILE[:-1]}"}} 1\n')
+        return httpx.Response(200, json=[cohort] if request.url.path == "/cohorts" else replicas)
+
+    with httpx.Client(base_url="http://x", transport=httpx.MockTransport(serve)) as http:
+        result, _ = look(Watcher("http://x"), http)
+        assert isinstance(result, Snapshot)
+        view = Watcher("http://x").update(result, 1e6)
+    out = io.StringIO()
+    console = Console(file=out, width=400, force_terminal=True, color_system="truecolor")
+    console.print(frame(view))
+    shown = out.getvalue()
+    for sequence in ("\x1b]", "\x1b[2J", "\x07", "\u202e", "\n[bold"):
+        assert sequence not in shown
+    plain = text(view, width=400)
+    assert plain.count(HOSTILE_SHOWN[:40]) >= 3  # the group, its deadline, the replica, its error
+    assert "[bold red]x[/bold red]" in plain  # shown as written, not as markup
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"detail": HOSTILE})
+
+    with httpx.Client(base_url="http://x", transport=httpx.MockTransport(refuse)) as http:
+        failed = fetch(http)
+    assert isinstance(failed, FetchFailed)
+    assert failed.reason == f"/metrics: HTTP 503: {HOSTILE_SHOWN}"
+
+
+def test_log_lines_escape_control_characters() -> None:
+    formatter = EscapingFormatter("%(levelname)s %(name)s: %(message)s")
+    record = logging.LogRecord("genrm_trio.x", logging.WARNING, "f", 1, "id %s", (HOSTILE,), None)
+    assert formatter.format(record) == f"WARNING genrm_trio.x: id {HOSTILE_SHOWN}"
+    try:
+        raise ValueError(HOSTILE[:-1])  # (a line break in a traceback is kept as it is)
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    lines = formatter.format(record).split("\n")
+    assert lines[-1] == f"ValueError: {HOSTILE_SHOWN[:-4]}"  # the traceback keeps its lines
+    assert all("\x1b" not in line for line in lines)
 
 
 # --- against a live server -----------------------------------------------------------------------

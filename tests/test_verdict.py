@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import genrm_trio.domain.verdict as verdict_module
 from genrm_trio.domain.verdict import (
     Verdict,
     VerdictParseError,
@@ -445,6 +448,32 @@ def test_pathological_text_parses_in_linear_time(text: str) -> None:
     with pytest.raises(VerdictParseError):
         overall(text)
     assert time.perf_counter() - started < 5.0
+
+
+@pytest.mark.parametrize(
+    ("text", "decoded"),
+    [
+        ("{}" * 100_000, 0),  # 100,000 spans, none of which could be a verdict
+        ('{"a": [1, 2]} ' * 10_000 + '{"score_1": 4, "score_2": 2, "ranking": 2}', 1),
+        ("```json" + '{"x": 1}' * 10_000 + "```", 0),
+        ('{"\\u0073core_1": 4}', 1),  # a key spelled with escapes is still decoded and found
+    ],
+)
+def test_only_spans_that_could_be_a_verdict_are_decoded(
+    text: str, decoded: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (#40 item 3) a 4 MB reply of braces was one json.loads per span, seconds on the loop
+    calls: list[str] = []
+    real = verdict_module._decode_object
+
+    def counting(span: str) -> dict[str, Any] | None:
+        calls.append(span)
+        return real(span)
+
+    monkeypatch.setattr(verdict_module, "_decode_object", counting)
+    with contextlib.suppress(VerdictParseError):
+        overall(text)
+    assert len(calls) == decoded
 
 
 # ---------------------------------------------------------------------------------------------

@@ -599,10 +599,12 @@ HELD_BODIES = [
 ]
 
 
+@pytest.mark.parametrize("pack_rest", [False, True])
 @pytest.mark.parametrize("raw", HELD_BODIES)
-def test_a_held_request_replies_as_the_decoded_one(raw: dict[str, Any]) -> None:
+def test_a_held_request_replies_as_the_decoded_one(raw: dict[str, Any], pack_rest: bool) -> None:
     parsed = parse_verify(decode_json(encode_json(raw)))
-    held = HeldVerify.of(parsed)
+    held = HeldVerify.of(parsed, pack_rest=pack_rest)
+    assert type(held.rest) is (bytes if pack_rest else dict)
     assert held.body() == parsed.body
     result = Scored({"reward": 1.5, "answer_text": "a\udc80", "n": -0.0})
     assert held.success_json(result) == encode_json(success_row(parsed, result))
@@ -612,6 +614,15 @@ def test_a_held_request_replies_as_the_decoded_one(raw: dict[str, Any]) -> None:
     assert encode_json(held.failsafe_row(message)) == encode_json(
         failsafe_row(parsed.body, message)
     )
+
+
+def test_a_large_held_request_keeps_its_extra_keys_encoded_and_compressed() -> None:
+    # (#40 item 2) a waiting /verify with a 20 MiB `[[],…]` extra key held +424 MB decoded
+    raw = HELD_BODIES[0] | {"extra": [[] for _ in range(200_000)]}
+    parsed = parse_verify(decode_json(encode_json(raw)))
+    held = HeldVerify.of(parsed, pack_rest=True)
+    assert type(held.rest) is bytes and len(held.rest) < 10_000  # 600 KB of JSON, compressed
+    assert held.rest_dict()["extra"] == raw["extra"]
 
 
 def test_a_held_request_keeps_far_less_than_the_decoded_body() -> None:

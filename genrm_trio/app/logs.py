@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import IO, final
+from typing import IO, Any, final
 
-__all__ = ["configure_logging"]
+from genrm_trio.domain.text import printable
+
+__all__ = ["EscapingFormatter", "configure_logging"]
 
 
 @final
@@ -28,6 +30,23 @@ class _StdHandler(logging.StreamHandler[IO[str]]):
         pass
 
 
+@final
+class EscapingFormatter(logging.Formatter):
+    """One line per record, whatever it quotes: control characters of the message (a client's
+    group id, a judge's error text) are escaped (`printable`), so no log line can hold a
+    terminal escape sequence or a forged second line. A traceback keeps its line breaks."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        text = super().formatException(ei)
+        return "\n".join(printable(line) for line in text.split("\n"))
+
+    def formatStack(self, stack_info: str) -> str:
+        return "\n".join(printable(line) for line in stack_info.split("\n"))
+
+
 def configure_logging(level: int = logging.INFO, *, stdout: bool = False) -> None:
     """Send `genrm_trio.*` records to stderr (or stdout), once per process."""
     logger = logging.getLogger("genrm_trio")
@@ -35,6 +54,6 @@ def configure_logging(level: int = logging.INFO, *, stdout: bool = False) -> Non
     if not any(isinstance(handler, _StdHandler) for handler in logger.handlers):
         handler = _StdHandler(stdout)
         handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+            EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
         )
         logger.addHandler(handler)

@@ -24,6 +24,7 @@ from rich.live import Live
 
 from genrm_trio.app.arguments import DEFAULT_SERVER_URL, say, seconds_within
 from genrm_trio.app.top_frame import FetchFailed, Snapshot, Watcher, frame, parse_metrics
+from genrm_trio.domain.text import printable
 
 __all__ = ["MAX_REPLY_BYTES", "add_top_arguments", "fetch", "run_top"]
 
@@ -75,14 +76,26 @@ def _get(client: httpx.Client, path: str) -> bytes:
         return bytes(body)
 
 
+def _printable_json(value: Any) -> Any:
+    """`value` with every string in it (keys too) `printable`: a client's group id or a judge's
+    error text must not reach the operator's terminal as escape sequences."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, list):
+        return [_printable_json(item) for item in value]
+    if isinstance(value, dict):
+        return {printable(str(k)): _printable_json(v) for k, v in value.items()}
+    return value
+
+
 def _json_list(path: str, data: bytes) -> list[dict[str, Any]]:
     try:
         value = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise _Refused(f"{path}: the reply is not JSON") from None
     if not (isinstance(value, list) and all(isinstance(item, dict) for item in value)):
         raise _Refused(f"{path}: the reply is not a list of objects")
-    return value
+    return [_printable_json(item) for item in value]
 
 
 def fetch(
@@ -95,16 +108,17 @@ def fetch(
         metrics = _get(client, "/metrics")
         cohorts = _json_list("/cohorts", _get(client, "/cohorts"))
         replicas = _json_list("/judge/replicas", _get(client, "/judge/replicas"))
+        text = "\n".join(printable(line) for line in metrics.decode("utf-8", "replace").split("\n"))
         try:
-            series = parse_metrics(metrics.decode("utf-8", "replace"))
+            series = parse_metrics(text)
         except ValueError as exc:
             raise _Refused(f"/metrics: not Prometheus text ({exc})") from None
     except _Refused as exc:
-        return FetchFailed(at, str(exc))
+        return FetchFailed(at, printable(str(exc)))
     except httpx.HTTPError as exc:
         reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         where = str(client.base_url).rstrip("/")
-        return FetchFailed(at, f"cannot reach {where}: {reason}"[:_REASON_CHARS])
+        return FetchFailed(at, printable(f"cannot reach {where}: {reason}"[:_REASON_CHARS]))
     return Snapshot(at, series, cohorts, replicas)
 
 

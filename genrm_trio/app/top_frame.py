@@ -437,15 +437,16 @@ def _replicas(replicas: Sequence[Mapping[str, Any]]) -> RenderableType:
         else:
             health = Text("ok", style="green")
         mean = r.get("latency_mean_s")
+        # the server's strings as Text, never as Rich markup ("[…]" in an error is shown)
         table.add_row(
-            str(r.get("replica", "?")),
+            Text(str(r.get("replica", "?"))),
             health,
             str(r.get("in_flight", "")),
             str(r.get("calls", "")),
             str(r.get("failures", "")),
             Text(str(stalls), style="yellow") if stalls else str(r.get("stalls", "")),
             _latency(mean if isinstance(mean, float | int) else None),
-            last_error[:ERROR_CHARS],
+            Text(last_error[:ERROR_CHARS]),
         )
     unread = [r for r in replicas if r.get("answers_unread")]
     if not unread:
@@ -480,13 +481,13 @@ def _cohorts(cohorts: Sequence[Mapping[str, Any]], rows: int) -> RenderableType:
         age = c.get("age_s")
         left = c.get("deadline_s_left")
         table.add_row(
-            str(group if group is not None else c.get("key", "?"))[:40],
+            Text(str(group if group is not None else c.get("key", "?"))[:40]),
             str(c.get("group_attempt", "")),
             Text(state, style="cyan" if state == "judging" else "magenta"),
             _duration(float(age)) if isinstance(age, float | int) else "—",
             f"{c.get('members_present', '?')}/{c.get('members_expected', '?')}",
             f"{done}/{total}" + (f" ({failed} failed)" if failed else "") if total else "—",
-            f"{c.get('deadline', '')} {_duration(float(left))}"
+            Text(f"{c.get('deadline', '')} {_duration(float(left))}")
             if isinstance(left, float | int)
             else "—",
         )

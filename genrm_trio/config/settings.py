@@ -229,6 +229,8 @@ class JudgeSettings(_Strict):
     outage_probe_s: float = 5.0
     keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S
     max_response_bytes: int = Field(default=MAX_RESPONSE_BYTES, ge=1024)
+    # the replies being read at once, in all: max_concurrency replies at the cap would be 8 GiB
+    max_response_bytes_total: int = Field(default=8 * MAX_RESPONSE_BYTES, ge=1024)
     ca_file: str | None = None
     # A hosted judge's limits (docs/configuration.md, "A judge with rate limits"); unset, the
     # replies' x-ratelimit-* headers and 429s pace the calls.
@@ -326,6 +328,8 @@ class ServerSettings(_Strict):
 
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
     max_active_cohorts: int = Field(default=4096, ge=1)
+    # each /compare response is judged against others: the cap bounds one request's judge calls
+    max_compare_responses: int = Field(default=512, ge=2)
     api_key_env: str | None = None
     shutdown_grace_s: float = 5.0
 
@@ -510,6 +514,17 @@ class Settings(_Strict):
             raise KeyedError(
                 "judge.budget_escalation.max_output_tokens",
                 f"the cap must be >= genrm_responses_create_params.max_output_tokens ({budget})",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _reply_budget(self) -> Settings:
+        judge = self.judge
+        if judge.max_response_bytes_total < judge.max_response_bytes:
+            raise KeyedError(
+                "judge.max_response_bytes_total",
+                f"must be >= judge.max_response_bytes ({judge.max_response_bytes}): one reply "
+                "at the cap would never fit",
             )
         return self
 

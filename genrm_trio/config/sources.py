@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -22,11 +23,27 @@ from genrm_trio.config.settings import (
 log = logging.getLogger("genrm_trio.config")  # one logger name for every config module
 
 
+_HEADER_SAFE: Final = re.compile(r"[\x21-\x7e]+")
+"""What a bearer token may hold: visible ASCII. Whitespace, CR, LF, NUL and other control
+characters cannot be sent in a header, and a non-ASCII character would be encoded differently
+by a client and this server."""
+
+
 def read_secret(env_name: str, *, key: str, file: str = "environment") -> str:
-    """The bearer token held by `env_name`; unset or empty is a start-up error naming it."""
+    """The bearer token held by `env_name`. Unset or empty, or holding anything but visible
+    ASCII (a trailing newline from a file, say), is a start-up error naming the variable; the
+    value is never shown, since an HTTP library's error would quote it in full."""
     value = os.environ.get(env_name, "")
     if not value:
         raise ConfigError(file, key, f"environment variable {env_name} is unset or empty")
+    if not _HEADER_SAFE.fullmatch(value):
+        raise ConfigError(
+            file,
+            key,
+            f"environment variable {env_name} holds whitespace, a control character or a "
+            "non-ASCII character, which an HTTP header cannot carry (a trailing newline from "
+            'a file? `export NAME="$(cat file)"` drops it)',
+        )
     return value
 
 

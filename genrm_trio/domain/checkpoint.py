@@ -16,13 +16,18 @@ over an engine.
 from __future__ import annotations
 
 import itertools
-import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, final
 
-from genrm_trio.domain.records import MemberRecord, TerminalRecord, WatermarkRecord, result_dict
+from genrm_trio.domain.records import (
+    MemberRecord,
+    TerminalRecord,
+    WatermarkRecord,
+    check_result,
+    result_dict,
+)
 from genrm_trio.domain.text import shown_id
 
 __all__ = [
@@ -258,9 +263,11 @@ def _result(value: object, path: str) -> dict[str, Any]:
     echoed = sorted(ECHO_KEYS & value.keys())
     if echoed:
         raise _where(path, f"holds request echo field {echoed[0]!r}; a result has none")
-    reward = value.get("reward")
-    if not (type(reward) is int or (type(reward) is float and math.isfinite(reward))):
-        raise _where(f"{path}.reward", "expected a finite number")
+    try:
+        check_result(value)
+    except ValueError as exc:  # "result.reward: expected …", under this result's path
+        field, _, problem = str(exc).partition(": ")
+        raise _where(path + field.removeprefix("result"), problem) from None
     return value
 
 

@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from itertools import accumulate
 from typing import Final, NoReturn, final
 
 from genrm_trio.domain.model import JSONValue
 
-__all__ = ["MAX_DEPTH", "InvalidJSON", "compact_json", "decode_json", "encode_json"]
+__all__ = [
+    "MAX_DEPTH",
+    "InvalidJSON",
+    "compact_json",
+    "decode_json",
+    "decode_json_in_steps",
+    "encode_json",
+    "release_in_steps",
+]
 
 MAX_DEPTH = 512  # deepest accepted nesting of arrays and objects (docs/http-api.md, "422 lists")
 
@@ -85,6 +94,81 @@ def decode_json(body: bytes | bytearray) -> JSONValue:
         raise InvalidJSON("JSON decode error: nesting too deep") from None
     except ValueError as exc:
         raise InvalidJSON(f"JSON decode error: {exc}") from None
+
+
+_SPACE: Final = re.compile(r"[ \t\n\r]*")
+_STEP_LEVELS: Final = 2
+
+
+def _member_steps(text: str, at: int, levels: int) -> tuple[JSONValue, int]:
+    """The value at `at` and where it ends: a container within `levels` built member by member,
+    anything deeper (or scalar) by one call of the C decoder."""
+    at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
+    opening = text[at : at + 1]
+    if levels == 0 or opening not in ("[", "{"):
+        value: JSONValue
+        value, end = _DECODER.raw_decode(text, at)
+        return value, end
+    closing = "]" if opening == "[" else "}"
+    at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+    items: list[JSONValue] = []
+    members: dict[str, JSONValue] = {}
+    if text.startswith(closing, at):
+        return (items if opening == "[" else members), at + 1
+    while True:
+        if opening == "[":
+            item, at = _member_steps(text, at, levels - 1)
+            items.append(item)
+        else:
+            key, at = _DECODER.raw_decode(text, _SPACE.match(text, at).end())  # type: ignore[union-attr]
+            if type(key) is not str:
+                raise ValueError("an object key that is not a string")
+            at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
+            if not text.startswith(":", at):
+                raise ValueError("no colon after an object key")
+            members[key], at = _member_steps(text, at + 1, levels - 1)
+        at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
+        if text.startswith(",", at):
+            at += 1
+            continue
+        if text.startswith(closing, at):
+            return (items if opening == "[" else members), at + 1
+        raise ValueError("no comma or closing bracket")
+
+
+def decode_json_in_steps(body: bytes | bytearray) -> JSONValue:
+    """:func:`decode_json`'s value, built a member at a time: the top-level container's members
+    and theirs each by one call of the C decoder, instead of the whole body by one. One call
+    holds the GIL from start to end, so decoding a body of millions of values in a worker thread
+    still stalled the event loop for its whole length; between calls the loop gets its turn.
+    Slower than one call (a Python step per member): for large bodies off the loop only. Any
+    problem (or a value it cannot tell apart) is decoded again by :func:`decode_json`, whose
+    error is the one raised."""
+    raw = body if type(body) is bytes else bytes(body)
+    try:
+        text = raw.decode("utf-8")
+        if _too_deep(raw):
+            raise ValueError("too deep")
+        value, end = _member_steps(text, 0, _STEP_LEVELS)
+        if _SPACE.match(text, end).end() != len(text):  # type: ignore[union-attr]
+            raise ValueError("extra data")
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError included
+        return decode_json(raw)
+    return value
+
+
+def release_in_steps(value: object, levels: int = _STEP_LEVELS) -> None:
+    """Empty `value` (a list or dict nobody else holds), its members and theirs a member at a
+    time: freeing a decoded body of millions of objects by one reference drop holds the GIL
+    until the last is freed, in whichever thread drops it."""
+    if levels == 0:
+        return
+    if type(value) is list:
+        while value:
+            release_in_steps(value.pop(), levels - 1)
+    elif type(value) is dict:
+        while value:
+            release_in_steps(value.popitem()[1], levels - 1)
 
 
 # --- encoding -----------------------------------------------------------------------------------

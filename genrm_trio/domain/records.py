@@ -9,6 +9,7 @@ wall-clock times itself and the registry keeps monotonic ones.
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from array import array
 from collections.abc import ItemsView, Iterator, Mapping, ValuesView
@@ -26,6 +27,7 @@ __all__ = [
     "PackedResult",
     "TerminalRecord",
     "WatermarkRecord",
+    "check_result",
     "compressed",
     "members_from_json",
     "members_json",
@@ -45,6 +47,52 @@ def compressed(data: bytes) -> bytes | None:
         return None
     packed = zlib.compress(data, 1)
     return packed if len(packed) * 4 <= len(data) * 3 else None
+
+
+EXACT_INT: Final = 2**53
+"""The largest integer reward a result may hold: beyond it a JSON number is no longer exact in
+a float (a restored 4,001-digit reward would reach the trainer as a float overflow)."""
+
+_RESULT_TEXTS: Final = ("reasoning_text", "answer_text")
+_RESULT_NULLS: Final = ("failure_kind", "failure_reason")
+
+
+def _number_problem(value: object) -> str | None:
+    """Why ``value`` is not a number a result can hold, or None."""
+    if type(value) is float:
+        return None if math.isfinite(value) else "expected a finite number"
+    if type(value) is int:
+        return None if -EXACT_INT <= value <= EXACT_INT else "integer out of range"
+    return "expected a finite number"
+
+
+def check_result(result: Mapping[str, Any]) -> None:
+    """A restored or loaded scored member's result, checked as strictly as the engine builds
+    one (engine/evaluation.py): a finite ``reward``; ``mask_sample`` false; null
+    ``failure_kind`` and ``failure_reason``; string texts; every float anywhere finite.
+    Raises ValueError naming the field (``result.reward: expected a finite number``)."""
+    problem = _number_problem(result.get("reward"))
+    if problem is not None:
+        raise ValueError(f"result.reward: {problem}")
+    if "mask_sample" in result and result["mask_sample"] is not False:
+        raise ValueError("result.mask_sample: a scored member's is false")
+    for name in _RESULT_NULLS:
+        if result.get(name) is not None:
+            raise ValueError(f"result.{name}: a scored member's is null")
+    for name in _RESULT_TEXTS:
+        if name in result and type(result[name]) is not str:
+            raise ValueError(f"result.{name}: expected a string")
+    # every other value: floats finite at any depth (an explicit stack: no recursion)
+    stack: list[tuple[str, object]] = [(f"result.{k}", v) for k, v in result.items()]
+    while stack:
+        path, value = stack.pop()
+        if type(value) is float:
+            if not math.isfinite(value):
+                raise ValueError(f"{path}: expected a finite number")
+        elif type(value) is dict:
+            stack.extend((f"{path}.{k}", v) for k, v in value.items())
+        elif type(value) is list:
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
 
 
 @final
@@ -178,8 +226,15 @@ def _member_from_json(index: str, item: object) -> MemberRecord:
     )
 
 
+def _refuse_constant(name: str) -> object:
+    raise ValueError(f"holds {name}, which JSON cannot")
+
+
 def _members_object(text: str) -> dict[str, Any]:
-    decoded = json.loads(text)
+    try:
+        decoded = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
     if type(decoded) is not dict:
         raise ValueError("members is not a JSON object")
     return decoded

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any, Final
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "digest_text",
     "judge_text",
     "normalize_history",
+    "printable",
     "prompt_digest",
     "reasoning_text",
     "response_digest",
@@ -163,3 +165,23 @@ def shown_id(identifier: str, limit: int = ID_SHOWN_LIMIT) -> str:
     if len(head) > limit + 2:  # escapes made it longer: cut the quoted text itself
         head = head[: limit + 1] + head[0]
     return f"{head}… ({len(identifier)} characters)"
+
+
+_UNPRINTABLE: Final = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]"
+)
+"""What a terminal acts on or hides instead of showing: C0 and C1 controls (ESC starts the
+sequences that set a window title, clear the screen or write the clipboard), line and paragraph
+separators, zero-width and bidirectional formatting characters."""
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with every character of `_UNPRINTABLE` written as its ``\\xNN`` / ``\\uNNNN``
+    escape: how a client's or a judge's string reaches a terminal (`genrm-trio top`) or a log
+    line. One pass, linear."""
+    return _UNPRINTABLE.sub(_escaped, text)

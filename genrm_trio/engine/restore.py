@@ -76,7 +76,8 @@ def apply_restore(
     """Adopt each added record as a retained terminal cohort of `size` members (its retention
     clock set back by ``age_s[key]``) and raise each watermark (set back by
     ``watermark_age_s[group_id]``), failing the group's active older attempts as superseded.
-    Restored members replay without judging. Returns how many active cohorts were superseded."""
+    Restored members replay without judging. Retention applies at once. Returns how many active
+    cohorts were superseded."""
     superseded = 0
     for record in plan.adds.values():
         cohort = Cohort(
@@ -101,4 +102,7 @@ def apply_restore(
         age = (watermark_age_s or {}).get(mark.group_id, 0.0)
         registry.set_watermark(mark.group_id, mark.latest_attempt, mark.prompt_digest, now - age)
         superseded += registry.supersede(mark.group_id, mark.latest_attempt)
+    # retention now, not when the next group ends: a restore beyond max_terminal_cohorts
+    # would otherwise hold every record it added until then
+    registry.prune(now)
     return superseded

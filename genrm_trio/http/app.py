@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any, Final, Protocol, TypeVar, final
 
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -22,11 +24,11 @@ from genrm_trio.config import Settings, read_secret
 from genrm_trio.domain.checkpoint import (
     CheckpointError,
     RecordsEngine,
-    checkpoint,
+    export_checkpoint,
+    parse_checkpoint,
     report_body,
-    restore,
 )
-from genrm_trio.domain.codec import encode_json
+from genrm_trio.domain.codec import encode_json, release_in_steps
 from genrm_trio.domain.gym_metrics import NumberTooLarge, aggregate_metrics
 from genrm_trio.domain.model import (
     CohortView,
@@ -39,6 +41,8 @@ from genrm_trio.domain.model import (
     Scored,
     VerifyInput,
 )
+from genrm_trio.domain.records import TerminalRecord, WatermarkRecord
+from genrm_trio.engine.offload import score_off_loop
 from genrm_trio.http.asgi import PUBLIC_PATHS, App, Reply, error_reply
 from genrm_trio.http.openapi import openapi_document
 from genrm_trio.http.rows import HeldVerify
@@ -52,6 +56,7 @@ from genrm_trio.http.schema import (
     parse_compare,
     parse_verify,
     validate,
+    values_at_most,
 )
 from genrm_trio.judge.answer_check import unread_fix
 from genrm_trio.judge.base import ReplicaStats
@@ -115,6 +120,170 @@ def not_ready_reason(replicas: Sequence[ReplicaStats], api: str) -> str | None:
     return None
 
 
+@final
+class _Routes:
+    """Every route's handler over one engine (created by `create_app`): the POST routes' cores,
+    which `App` serves from ASGI (`Reply` in, a body's bytes out), and Quart's bodiless routes."""
+
+    def __init__(self, engine: EngineLike, settings: Settings, token: bytes | None) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.debug = settings.debug_logging
+        self.auth = token is not None
+        # One large body, export or restore at a time is decoded in a worker thread: the loop
+        # keeps answering (a 36 MiB body stalled every client for 9 s), and their decoded forms,
+        # 25 times their bytes, do not add up (docs/reliability.md, "Security").
+        self.offload = trio.CapacityLimiter(1)
+        # What a client needs to send a group (docs/http-api.md, "GET /group_settings"): its
+        # size and the deadlines that bound the wait for its rewards.
+        self.group_settings = {
+            "num_rollouts_per_prompt": settings.num_rollouts_per_prompt,
+            "cohort_collection_timeout_s": settings.cohort_collection_timeout_s,
+            "cohort_evaluation_timeout_s": settings.cohort_evaluation_timeout_s,
+        }
+        self.openapi: bytes | None = None
+
+    # --- Gym routes (POST: served by App from ASGI) ----------------------------------------
+
+    async def verify(self, data: bytes) -> Reply:
+        # While the request waits for its group it keeps only what its reply needs, encoded
+        # (HeldVerify); the decoded body goes now.
+        if not _decodes_long(data):
+            parsed = parse_verify(decode_body(data))
+            held = HeldVerify.of(parsed)
+            item = parsed.input
+            del parsed
+        else:
+            item, held = await score_off_loop(partial(_off_loop, _held_verify, data), self.offload)
+        del data
+        pending = self.engine.verify(item)
+        del item
+        outcome = await pending
+        row: object
+        if type(outcome) is Scored:
+            row = held.success_json(outcome)  # encoded already: the result is spliced
+        elif type(outcome) is Masked:
+            row = held.failsafe_row(outcome.reason)
+        elif type(outcome) is GroupFailed and outcome.kind == "judge":
+            row = held.failsafe_row(outcome.message)
+        elif type(outcome) is GroupFailed:
+            return 503, {"detail": outcome.message}, None
+        else:
+            raise TypeError(f"unexpected outcome {type(outcome).__name__}")
+        if self.debug:
+            # INFO, like the engine's debug_logging lines: the flag is the opt-in, and the
+            # services (serve, Gym's app.py) log at INFO, where DEBUG records never showed.
+            log.info(
+                "verify task_index=%r group_id=%r rollout_index=%r -> %s",
+                held.rest_dict().get("_ng_task_index"),
+                held.group_id,
+                held.rollout_index,
+                type(outcome).__name__,
+            )
+        return 200, row, None
+
+    async def compare(self, data: bytes) -> Reply:
+        if not _decodes_long(data):
+            item = parse_compare(decode_body(data))
+        else:
+            item = await score_off_loop(partial(_off_loop, _parsed_compare, data), self.offload)
+        most = self.settings.server.max_compare_responses
+        if len(item.responses) > most:
+            message = (
+                f"at most {most} responses per request (server.max_compare_responses), "
+                f"got {len(item.responses)}"
+            )
+            raise WireError([error("too_long", ("response_objs",), message)])
+        if self.debug:
+            log.info("compare: %d bytes, %d responses", len(data), len(item.responses))
+        del data
+        result = await self.engine.compare(item)
+        if self.debug:
+            log.info("compare rewards: %s", result.rewards)
+        reply = {
+            "rewards": result.rewards,
+            "comparison_results": result.comparison_results,
+            "metrics": result.metrics,
+        }
+        return 200, reply, None
+
+    async def seed_session(self, data: bytes) -> Reply:
+        value = decode_body(data)
+        validate(SeedSessionRequest, value)
+        assert type(value) is dict
+        if value.keys() == _ENV_SEED_KEYS:
+            return 200, {"resources_session_id": value["resources_session_id"]}, None
+        return 200, {}, None
+
+    async def close_session(self, data: bytes) -> Reply:
+        value = decode_body(data)
+        validate(CloseSessionRequest, value)
+        assert type(value) is dict
+        return 200, {"resources_session_id": value["resources_session_id"]}, None
+
+    async def aggregate(self, data: bytes) -> Reply:
+        reply = await score_off_loop(partial(_off_loop, _aggregate_reply, data), self.offload)
+        return 200, reply, None
+
+    async def checkpoint_restore(self, data: bytes) -> Reply:
+        n = self.settings.num_rollouts_per_prompt
+        try:
+            records, marks = await score_off_loop(
+                partial(_off_loop, _parsed_checkpoint, data, n), self.offload
+            )
+        except CheckpointError as exc:
+            raise RequestRejected(Rejection.INVALID, exc.message) from None
+        del data
+        report = await self.engine.restore_records(records, marks)
+        return 200, report_body(report), None
+
+    # --- routes without a body (Quart) -----------------------------------------------------
+
+    async def error(self, exc: Exception) -> Response:
+        # Errors of Quart's routes (its 404 and 405 included) get the same mapping as App's.
+        return _reply(*error_reply(exc, request.method, request.path))
+
+    async def reverify_mode(self) -> Response:
+        return _reply(200, "unsupported")
+
+    async def health(self) -> Response:
+        return Response(_OK, status=200, content_type=_JSON)
+
+    async def ready(self) -> Response:
+        # not ready while the judge does not read the answers, or while no judge replica can
+        # be reached (comparisons wait for it): a load balancer may route around it
+        reason = not_ready_reason(self.engine.judge_replicas(), self.settings.judge.api)
+        if reason is None:
+            reason = self.engine.judge_unreachable()
+        if reason is None:
+            return Response(_OK, status=200, content_type=_JSON)
+        return _reply(503, {"status": "not ready", "reason": reason})
+
+    async def metrics(self) -> Response:
+        return Response(self.engine.metrics.render(), status=200, content_type=_PROMETHEUS)
+
+    async def cohorts(self) -> Response:
+        return _reply(200, [dataclasses.asdict(view) for view in self.engine.active_cohorts()])
+
+    async def judge_replicas(self) -> Response:
+        return _reply(200, [replica_view(stats) for stats in self.engine.judge_replicas()])
+
+    async def group_settings_route(self) -> Response:
+        return _reply(200, self.group_settings)
+
+    async def checkpoint_export(self) -> Response:
+        # the records are immutable: read here, unpacked and encoded in the thread
+        records, marks = self.engine.terminal_records(), self.engine.watermark_records()
+        work = partial(_off_loop, _export_json, records, marks)
+        return Response(await score_off_loop(work, self.offload), status=200, content_type=_JSON)
+
+    async def openapi_json(self) -> Response:
+        if self.openapi is None:
+            doc = openapi_document(title="genrm-trio", version=__version__, auth=self.auth)
+            self.openapi = encode_json(doc)
+        return Response(self.openapi, status=200, content_type=_JSON)
+
+
 def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
     """The HTTP application over `engine` (whose lifetime the caller owns).
 
@@ -131,8 +300,6 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
         RESPONSE_TIMEOUT=None,
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
-    debug = settings.debug_logging
-
     token: bytes | None = None
     if settings.server.api_key_env:
         secret = read_secret(settings.server.api_key_env, key="server.api_key_env")
@@ -141,166 +308,114 @@ def create_app(engine: EngineLike, settings: Settings) -> QuartTrio:
     app.max_body_bytes = limit
     app.too_large_detail = f"request body exceeds {limit} bytes"
 
-    # Errors of Quart's routes (its 404 and 405 included) get the same mapping as App's.
-    @app.errorhandler(HTTPException)
-    @app.errorhandler(Exception)
-    async def _error(exc: Exception) -> Response:
-        return _reply(*error_reply(exc, request.method, request.path))
-
-    # --- Gym routes (POST: served by App from ASGI) ----------------------------------------
-
-    async def verify_route(data: bytes) -> Reply:
-        parsed = parse_verify(decode_body(data))
-        del data
-        # While the request waits for its group it keeps only what its reply needs, encoded
-        # (HeldVerify); the decoded body goes now.
-        held = HeldVerify.of(parsed)
-        pending = engine.verify(parsed.input)
-        del parsed
-        outcome = await pending
-        row: object
-        if type(outcome) is Scored:
-            row = held.success_json(outcome)  # encoded already: the result is spliced
-        elif type(outcome) is Masked:
-            row = held.failsafe_row(outcome.reason)
-        elif type(outcome) is GroupFailed and outcome.kind == "judge":
-            row = held.failsafe_row(outcome.message)
-        elif type(outcome) is GroupFailed:
-            return 503, {"detail": outcome.message}, None
-        else:
-            raise TypeError(f"unexpected outcome {type(outcome).__name__}")
-        if debug:
-            # INFO, like the engine's debug_logging lines: the flag is the opt-in, and the
-            # services (serve, Gym's app.py) log at INFO, where DEBUG records never showed.
-            log.info(
-                "verify task_index=%r group_id=%r rollout_index=%r -> %s",
-                held.rest.get("_ng_task_index"),
-                held.group_id,
-                held.rollout_index,
-                type(outcome).__name__,
-            )
-        return 200, row, None
-
-    async def compare_route(data: bytes) -> Reply:
-        item = parse_compare(decode_body(data))
-        if debug:
-            log.info("compare: %d bytes, %d responses", len(data), len(item.responses))
-        del data
-        result = await engine.compare(item)
-        if debug:
-            log.info("compare rewards: %s", result.rewards)
-        reply = {
-            "rewards": result.rewards,
-            "comparison_results": result.comparison_results,
-            "metrics": result.metrics,
-        }
-        return 200, reply, None
-
-    async def seed_session(data: bytes) -> Reply:
-        value = decode_body(data)
-        validate(SeedSessionRequest, value)
-        assert type(value) is dict
-        if value.keys() == _ENV_SEED_KEYS:
-            return 200, {"resources_session_id": value["resources_session_id"]}, None
-        return 200, {}, None
-
-    async def close_session(data: bytes) -> Reply:
-        value = decode_body(data)
-        validate(CloseSessionRequest, value)
-        assert type(value) is dict
-        return 200, {"resources_session_id": value["resources_session_id"]}, None
-
-    async def aggregate(data: bytes) -> Reply:
-        value = decode_body(data)
-        validate(AggregateMetricsRequest, value)  # the rows are used as decoded, not copied
-        assert type(value) is dict
-        try:
-            reply = aggregate_metrics(value["verify_responses"])
-        except NumberTooLarge as exc:  # the statistics are pure; the 422 item is HTTP's
-            loc = ("verify_responses",)
-            raise WireError([error("number_too_large", loc, str(exc))]) from None
-        return 200, reply, None
-
-    async def checkpoint_restore(data: bytes) -> Reply:
-        value = decode_body(data)
-        try:
-            report = await restore(engine, value, num_rollouts=settings.num_rollouts_per_prompt)
-        except CheckpointError as exc:
-            raise RequestRejected(Rejection.INVALID, exc.message) from None
-        return 200, report_body(report), None
-
+    routes = _Routes(engine, settings, token)
+    app.register_error_handler(HTTPException, routes.error)
+    app.register_error_handler(Exception, routes.error)
     app.post_routes.update(
         {
-            "/verify": verify_route,
-            "/compare": compare_route,
-            "/seed_session": seed_session,
-            "/close_session": close_session,
-            "/aggregate_metrics": aggregate,
-            "/checkpoint": checkpoint_restore,  # docs/durable-state.md, "Restore rules"
+            "/verify": routes.verify,
+            "/compare": routes.compare,
+            "/seed_session": routes.seed_session,
+            "/close_session": routes.close_session,
+            "/aggregate_metrics": routes.aggregate,
+            "/checkpoint": routes.checkpoint_restore,  # docs/durable-state.md, "Restore rules"
         }
     )
-
-    # --- routes without a body (Quart) -----------------------------------------------------
-
-    @app.get("/reverify_mode")
-    async def reverify_mode() -> Response:
-        return _reply(200, "unsupported")
-
-    async def health() -> Response:
-        return Response(_OK, status=200, content_type=_JSON)
-
-    async def ready() -> Response:
-        # not ready while the judge does not read the answers, or while no judge replica can
-        # be reached (comparisons wait for it): a load balancer may route around it
-        reason = not_ready_reason(engine.judge_replicas(), settings.judge.api)
-        if reason is None:
-            reason = engine.judge_unreachable()
-        if reason is None:
-            return Response(_OK, status=200, content_type=_JSON)
-        return _reply(503, {"status": "not ready", "reason": reason})
-
     for path in sorted(PUBLIC_PATHS):
-        handler = ready if path == "/readyz" else health
+        handler = routes.ready if path == "/readyz" else routes.health
         app.add_url_rule(path, f"health{path}", handler, methods=["GET"])
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(engine.metrics.render(), status=200, content_type=_PROMETHEUS)
-
-    @app.get("/cohorts")
-    async def cohorts() -> Response:
-        return _reply(200, [dataclasses.asdict(view) for view in engine.active_cohorts()])
-
-    @app.get("/judge/replicas")
-    async def judge_replicas() -> Response:
-        return _reply(200, [replica_view(stats) for stats in engine.judge_replicas()])
-
-    # What a client needs to send a group (docs/http-api.md, "GET /group_settings"): its size
-    # and the deadlines that bound the wait for its rewards.
-    group_settings = {
-        "num_rollouts_per_prompt": settings.num_rollouts_per_prompt,
-        "cohort_collection_timeout_s": settings.cohort_collection_timeout_s,
-        "cohort_evaluation_timeout_s": settings.cohort_evaluation_timeout_s,
-    }
-
-    @app.get("/group_settings")
-    async def group_settings_route() -> Response:
-        return _reply(200, group_settings)
-
-    @app.get("/checkpoint")
-    async def checkpoint_export() -> Response:
-        return _reply(200, checkpoint(engine))
-
-    openapi: list[bytes] = []
-
-    @app.get("/openapi.json")
-    async def openapi_json() -> Response:
-        if not openapi:
-            doc = openapi_document(title="genrm-trio", version=__version__, auth=token is not None)
-            openapi.append(encode_json(doc))
-        return Response(openapi[0], status=200, content_type=_JSON)
-
+    for path, handler in (
+        ("/reverify_mode", routes.reverify_mode),
+        ("/metrics", routes.metrics),
+        ("/cohorts", routes.cohorts),
+        ("/judge/replicas", routes.judge_replicas),
+        ("/group_settings", routes.group_settings_route),
+        ("/checkpoint", routes.checkpoint_export),
+        ("/openapi.json", routes.openapi_json),
+    ):
+        app.add_url_rule(path, handler.__name__, handler, methods=["GET"])
     return app
+
+
+OFF_LOOP_VALUES: Final = 100_000
+"""A `/verify` or `/compare` body with more JSON values than this (an upper bound from its
+separators, `values_at_most`) is decoded and validated (a `/verify` also held: `HeldVerify`, its
+extra keys compressed) in a worker thread. Decoding costs about 0.1-0.2 µs per value and
+1 ns per byte of string: an agent's body of a few hundred values, or one with a megabyte-long
+answer, takes well under a millisecond on the loop, and one at this bound about 10-20 ms."""
+
+OFF_LOOP_BODY_BYTES: Final = 16 << 20
+"""Any body from this size (16 MiB) is decoded off the loop, whatever it holds."""
+
+_COUNTED_FROM: Final = 64 * 1024
+"""Smaller bodies cannot hold OFF_LOOP_VALUES values and are not counted."""
+
+
+def _decodes_long(data: bytes) -> bool:
+    """Whether decoding `data` could hold the loop for more than a few milliseconds."""
+    if len(data) < _COUNTED_FROM:
+        return False
+    return len(data) >= OFF_LOOP_BODY_BYTES or values_at_most(data) > OFF_LOOP_VALUES
+
+
+_T = TypeVar("_T")
+
+
+def _off_loop(work: Callable[..., _T], *args: Any) -> _T:
+    """`work(*args)` in the worker thread, leaving every decoded value there: an error is
+    re-raised without the traceback whose frames hold the decoded body, so that its (possibly
+    millions of) objects are freed in the thread, not by the loop."""
+    try:
+        return work(*args)
+    except Exception as exc:
+        raise exc.with_traceback(None) from None
+
+
+def _held_verify(data: bytes) -> tuple[VerifyInput, HeldVerify]:
+    """What a waiting `/verify` keeps; the rest of the decoded body is freed here, in the
+    thread, a member at a time (the engine's input holds the echoed fields' parts)."""
+    parsed = parse_verify(decode_body(data, in_steps=True))
+    held = HeldVerify.of(parsed, pack_rest=True)
+    for key in [key for key in parsed.body if key not in _ECHOED]:
+        release_in_steps(parsed.body.pop(key), levels=1)
+    return parsed.input, held
+
+
+def _parsed_compare(data: bytes) -> CompareInput:
+    return parse_compare(decode_body(data, in_steps=True))
+
+
+def _aggregate_reply(data: bytes) -> bytes:
+    """The encoded `/aggregate_metrics` reply (pure: run off the loop)."""
+    value = decode_body(data, in_steps=True)
+    validate(AggregateMetricsRequest, value)  # the rows are used as decoded, not copied
+    assert type(value) is dict
+    try:
+        reply = aggregate_metrics(value["verify_responses"])
+    except NumberTooLarge as exc:  # the statistics are pure; the 422 item is HTTP's
+        loc = ("verify_responses",)
+        raise WireError([error("number_too_large", loc, str(exc))]) from None
+    finally:
+        release_in_steps(value)
+    return encode_json(reply)
+
+
+def _parsed_checkpoint(
+    data: bytes, num_rollouts: int
+) -> tuple[list[TerminalRecord], list[WatermarkRecord]]:
+    value = decode_body(data, in_steps=True)
+    try:
+        return parse_checkpoint(value, num_rollouts=num_rollouts)
+    finally:
+        release_in_steps(value)  # the records hold copies (packed results, strings)
+
+
+def _export_json(records: list[TerminalRecord], marks: list[WatermarkRecord]) -> bytes:
+    return encode_json(export_checkpoint(records, marks))
+
+
+_ECHOED: Final = frozenset({"responses_create_params", "response"})
+"""The `/verify` keys whose parts the engine's input holds (never released in steps)."""
 
 
 _ENV_SEED_KEYS = frozenset({"resources_session_id", "episode_id", "task_id", "task_data"})

@@ -24,6 +24,7 @@ from hypercorn.typing import (
     ASGISendEvent,
     HTTPScope,
     Scope,
+    WebsocketScope,
 )
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
@@ -52,6 +53,7 @@ current_rollout_id: ContextVar[str | None] = ContextVar("genrm_trio_rollout_id",
 PUBLIC_PATHS = frozenset({"/", "/health", "/healthz", "/readyz", "/livez"})
 _PREFIX = re.compile(r"/ng-rollout/([A-Za-z0-9][A-Za-z0-9._-]*)(/.*)?", re.DOTALL)
 _AUTH_DETAIL = "missing or invalid bearer token"
+_WEBSOCKET_DETAIL = "no route speaks WebSocket"
 
 
 REJECTION_STATUS: dict[Rejection, int] = {
@@ -161,6 +163,9 @@ class App(QuartTrio):
     async def asgi_app(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
+        if scope["type"] == "websocket":
+            await self._refuse_websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await super().asgi_app(scope, receive, send)
             return
@@ -183,6 +188,44 @@ class App(QuartTrio):
                     current_rollout_id.reset(token)
                 return
         await self._serve(scope, receive, send)
+
+    async def _refuse_websocket(
+        self, scope: WebsocketScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        """No route speaks WebSocket: an upgrade gets the bearer check every request gets (401),
+        else 404, each with a JSON body (the ASGI denial response, which hypercorn sends as a
+        plain HTTP reply), and is never handed to Quart, which answered 500 and logged a
+        traceback per request."""
+        match = _PREFIX.fullmatch(scope["path"])
+        path = (match.group(2) or "/") if match is not None else scope["path"]
+        authorization = next(
+            (v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"authorization"),
+            "",
+        )
+        expected = self.bearer_token
+        if (
+            expected is not None
+            and path not in PUBLIC_PATHS
+            and not _bearer_ok(authorization, expected)
+        ):
+            status, detail, extra = 401, _AUTH_DETAIL, {"WWW-Authenticate": "Bearer"}
+        else:
+            status, detail, extra = 404, _WEBSOCKET_DETAIL, None
+        message = await receive()  # websocket.connect
+        if message["type"] != "websocket.connect":
+            return  # the client went away
+        if "websocket.http.response" not in (scope.get("extensions") or {}):
+            await send({"type": "websocket.close", "code": 1008, "reason": detail})
+            return
+        body = encode_json({"detail": detail})
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": status,
+                "headers": _json_headers(body, extra),
+            }
+        )
+        await send({"type": "websocket.http.response.body", "body": body, "more_body": False})
 
     async def _serve(
         self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable

@@ -71,26 +71,37 @@ class HeldVerify:
     """
 
     echo: bytes  # {"responses_create_params":…,"response":…}, zlib-compressed if echo_compressed
-    rest: dict[str, Any]  # the body's other keys, in their order
+    # the body's other keys, in their order; from a large body, as zlib-compressed JSON (a
+    # client's extra keys could otherwise hold 25 times their bytes while the group waits)
+    rest: dict[str, Any] | bytes
     group_id: str | None
     group_attempt: int
     rollout_index: int | None
     echo_compressed: bool = False
 
     @staticmethod
-    def of(request: VerifyRequest) -> HeldVerify:
+    def of(request: VerifyRequest, *, pack_rest: bool = False) -> HeldVerify:
         body = request.body
         inp = request.input
         echo = encode_json({key: body[key] for key in _ECHO_KEYS})
         packed = compressed(echo)
+        rest = {key: value for key, value in body.items() if key not in _ECHO_KEYS}
         return HeldVerify(
             echo=echo if packed is None else packed,
-            rest={key: value for key, value in body.items() if key not in _ECHO_KEYS},
+            rest=zlib.compress(_encode_in_steps(rest), 1) if pack_rest else rest,
             group_id=inp.group_id,
             group_attempt=inp.group_attempt,
             rollout_index=inp.rollout_index,
             echo_compressed=packed is not None,
         )
+
+    def rest_dict(self) -> dict[str, Any]:
+        """The body's keys other than the echoed ones."""
+        if type(self.rest) is not bytes:
+            return self.rest  # type: ignore[return-value]
+        rest = decode_json(zlib.decompress(self.rest))
+        assert type(rest) is dict
+        return rest
 
     def echo_json(self) -> bytes:
         """The echoed fields as compact JSON: ``{"responses_create_params":…,"response":…}``."""
@@ -100,7 +111,7 @@ class HeldVerify:
         """The request body again (equal to the decoded one; the echoed fields last)."""
         echoed = decode_json(self.echo_json())
         assert type(echoed) is dict
-        return {**self.rest, **echoed}
+        return {**self.rest_dict(), **echoed}
 
     def success_json(self, outcome: Scored) -> bytes:
         """The encoded scored row: ``encode_json(success_row(...))``, with the result spliced in
@@ -119,6 +130,14 @@ class HeldVerify:
     def failsafe_row(self, message: str) -> dict[str, JSONValue]:
         """:func:`failsafe_row` of the request this was made from."""
         return failsafe_row(self.body(), message)
+
+
+def _encode_in_steps(members: dict[str, Any]) -> bytes:
+    """`encode_json(members)`, a member at a time: one call of the C encoder holds the GIL
+    from start to end, which a million keys make long even in a worker thread."""
+    return (
+        b"{" + b",".join(encode_json(k) + b":" + encode_json(v) for k, v in members.items()) + b"}"
+    )
 
 
 def failsafe_row(body: dict[str, Any], message: str) -> dict[str, JSONValue]:

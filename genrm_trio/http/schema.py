@@ -12,7 +12,7 @@ and inside the values of `responses_create_params` is opaque.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeVar, final
+from typing import Annotated, Any, Final, Literal, TypeVar, final
 
 from pydantic import (
     AliasChoices,
@@ -26,10 +26,11 @@ from pydantic import (
     ValidationError,
 )
 
-from genrm_trio.domain.codec import InvalidJSON, decode_json
+from genrm_trio.domain.codec import InvalidJSON, decode_json, decode_json_in_steps
 from genrm_trio.domain.model import CompareInput, JSONValue, VerifyInput
 
 __all__ = [
+    "MAX_JSON_VALUES",
     "ROLES",
     "VERIFY_FIELDS",
     "AggregateMetricsRequest",
@@ -44,6 +45,7 @@ __all__ = [
     "parse_compare",
     "parse_verify",
     "validate",
+    "values_at_most",
 ]
 
 MAX_ERRORS = 64  # a 422 lists at most this many problems
@@ -66,11 +68,38 @@ def error(kind: str, loc: Loc, msg: str) -> dict[str, Any]:
     return {"type": kind, "loc": ["body", *loc], "msg": msg}
 
 
-def decode_body(body: bytes | bytearray) -> JSONValue:
-    """A request body as one JSON value (:func:`decode_json`), or WireError with the one
-    `json_invalid` item of what the codec refused (its `loc` is the whole body)."""
+MAX_JSON_VALUES: Final = 4_000_000
+"""The most JSON values a body may hold (counted from its separators, see `values_at_most`).
+Decoded, a value costs 50 to 200 bytes whatever its text: a 60 MiB body of `[[],[],…]` was 20
+million lists and 1.7 GB. At this bound a body decodes to a few hundred megabytes at most
+(docs/reliability.md, "Security"); a `/verify` body is a few hundred values."""
+
+_COUNT_VALUES_FROM: Final = 1 << 20
+"""Bodies smaller than this (1 MiB) cannot hold MAX_JSON_VALUES values and are not counted."""
+
+
+def values_at_most(body: bytes) -> int:
+    """An upper bound on the values in a JSON text: every value but the first follows a `,`, a
+    `:` or an opening bracket (strings holding those characters only raise it). C-speed counts,
+    a few milliseconds for 64 MiB."""
+    return 1 + sum(body.count(mark) for mark in (b",", b":", b"[", b"{"))
+
+
+def decode_body(body: bytes | bytearray, *, in_steps: bool = False) -> JSONValue:
+    """A request body as one JSON value (:func:`decode_json`; with `in_steps`,
+    :func:`decode_json_in_steps`, for a worker thread), or WireError with the one `json_invalid`
+    item of what the codec refused (its `loc` is the whole body), or the one `json_too_large`
+    item of a body with more than MAX_JSON_VALUES values."""
+    if len(body) >= _COUNT_VALUES_FROM:
+        values = values_at_most(body if type(body) is bytes else bytes(body))
+        if values > MAX_JSON_VALUES:
+            message = (
+                f"JSON decode error: up to {values} values, more than the {MAX_JSON_VALUES} a "
+                "body may hold"
+            )
+            raise WireError([error("json_too_large", (), message)])
     try:
-        return decode_json(body)
+        return decode_json_in_steps(body) if in_steps else decode_json(body)
     except InvalidJSON as exc:
         raise WireError([error("json_invalid", (), str(exc))]) from None
 
@@ -328,13 +357,22 @@ class VerifyRequest:
     input: VerifyInput
 
 
+_VERIFY_KEYS: Final = frozenset(VERIFY_FIELDS) | frozenset(VERIFY_FIELDS.values())
+_FEW_KEYS: Final = 64
+
+
 def parse_verify(value: JSONValue) -> VerifyRequest:
     """Validate a decoded `/verify` body (docs/http-api.md, "Request", "Errors") or raise
     WireError.
 
     `input`, `response` and `metadata` of the engine input are the decoded objects themselves.
     """
-    model = validate(VerifyBody, value)
+    declared = value
+    if type(value) is dict and len(value) > _FEW_KEYS:
+        # A client's other keys are accepted as they are, never validated: a body of a million
+        # of them would be copied into the model for nothing, in one call that holds the GIL.
+        declared = {key: item for key, item in value.items() if key in _VERIFY_KEYS}
+    model = validate(VerifyBody, declared)
     assert type(value) is dict
     rcp = value["responses_create_params"]
     metadata = rcp.get("metadata")

@@ -11,10 +11,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, final, runtime_checkable
+from typing import Final, Protocol, final, runtime_checkable
 
 from genrm_trio.domain.ratelimit import RateLimitHeaders
 from genrm_trio.domain.verdict import Verdict
+
+EXCERPT_BYTES: Final = 1000
+"""How much of a judge's error body a failure reason quotes (redacted first: judge.client)."""
 
 
 @final
@@ -197,7 +200,7 @@ class JudgeHTTPError(JudgeAttemptError):
     def __init__(self, status: int, body: bytes, retry_after: float | None = None) -> None:
         super().__init__(f"HTTP {status}")
         self.status = status
-        self.body = body[:1000]  # only the excerpt is ever shown
+        self.body = body[:EXCERPT_BYTES]  # only the excerpt is ever shown
         self.retry_after = retry_after  # seconds, parsed from Retry-After when present
         self.rate_limit: RateLimitHeaders | None = None  # its rate-limit headers (a 429's)
         self.retryable = status in (408, 429) or 500 <= status <= 599

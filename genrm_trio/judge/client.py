@@ -15,7 +15,6 @@ import dataclasses
 import json
 import re
 import time
-from collections.abc import Callable
 from typing import Final, final
 
 import httpx
@@ -25,6 +24,7 @@ from genrm_trio.domain.ratelimit import parse_rate_limit_headers
 from genrm_trio.domain.ratelimit import parse_retry_after as retry_after_seconds
 from genrm_trio.judge.apis import JUDGE_APIS, JudgeApi, judge_api
 from genrm_trio.judge.base import (
+    EXCERPT_BYTES,
     JudgeBadJSON,
     JudgeCall,
     JudgeHTTPError,
@@ -44,6 +44,7 @@ from genrm_trio.judge.pool import (
 __all__ = [
     "TRANSPORT_ERRORS",
     "HttpJudge",
+    "Redactor",
     "make_http_judge",
     "parse_retry_after",
     "transport_error",
@@ -70,7 +71,72 @@ be the same again. A certificate the judge's TLS trust rejects would be too, at 
 A connection that could not be opened never carried the request: the judge is unreachable, and
 a fleet that waits out outages does not count it as an attempt (docs/reliability.md)."""
 
-_BEARER: Final = re.compile(rb"(?i)(bearer\s+)[^\s;,\"'()\[\]]+")
+_BEARER: Final = rb"(?P<scheme>bearer\s+)[^\s;,\"'()\[\]]+"
+"""Any bearer credential, the judge's or another (a proxy's), as a header echo shows it."""
+
+REDACTED: Final = b"[redacted]"
+
+
+def _byte_forms(byte: int) -> bytes:
+    """One byte of a secret as an echo may show it: itself, backslash-escaped (JSON's `\\/`),
+    percent-escaped, or as a JSON/Python `\\u00XX` / `\\xXX` escape."""
+    forms = (
+        re.escape(bytes([byte])),
+        rb"\\" + re.escape(bytes([byte])),
+        b"%%%02x" % byte,
+        rb"\\u00%02x" % byte,
+        rb"\\x%02x" % byte,
+    )
+    return b"(?:" + b"|".join(forms) + b")"
+
+
+_LONGEST_FORM: Final = len(b"\\u0000")
+"""The most bytes one byte of a secret takes in an echo (`_byte_forms`)."""
+
+
+@final
+class Redactor:
+    """THE redaction of judge-supplied bytes (error bodies, previews, exception texts) before
+    they reach a failure reason, a log, a row, a checkpoint or the state file: the judge's
+    token in any echoed form (`_byte_forms`, case-insensitive) and any `Bearer` credential
+    become `[redacted]` (docs/reliability.md, "Security")."""
+
+    def __init__(self, token: str | None) -> None:
+        alternatives = [_BEARER]
+        secret = token.encode("utf-8") if token else b""
+        if secret:
+            alternatives.append(b"".join(_byte_forms(byte) for byte in secret))
+        self._pattern: Final = re.compile(b"(?i)" + b"|".join(alternatives))
+        # an echo of the secret that starts before an excerpt's cut ends within this many bytes
+        self._reach: Final = _LONGEST_FORM * len(secret)
+
+    def __call__(self, data: bytes, limit: int | None = None) -> bytes:
+        """`data` redacted; with `limit`, its first `limit` bytes only (as an excerpt), cut
+        AFTER redaction so that no part of a secret that straddles the cut is shown."""
+        if limit is None:
+            return self._pattern.sub(self._replace, data)
+        window = data[: limit + self._reach]
+        out, done = bytearray(), 0
+        for match in self._pattern.finditer(window):
+            if match.start() >= limit:
+                break
+            out += window[done : match.start()]
+            out += self._replace(match)
+            done = match.end()
+        if done < limit:
+            out += window[done:limit]
+        return bytes(out)
+
+    def text(self, text: str) -> str:
+        """An exception's text, redacted (an httpx error can quote a header value)."""
+        return self(text.encode("utf-8", errors="surrogateescape")).decode(
+            "utf-8", errors="replace"
+        )
+
+    @staticmethod
+    def _replace(match: re.Match[bytes]) -> bytes:
+        scheme = match.group("scheme")
+        return REDACTED if scheme is None else scheme + REDACTED
 
 
 # --- reply headers and bodies ---------------------------------------------------------------------
@@ -89,8 +155,9 @@ def _raw_header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
     return None
 
 
-def transport_error(exc: httpx.HTTPError) -> JudgeTransportError:
-    """`exc`, raised by the pool, as the judge error `TRANSPORT_ERRORS` says it is."""
+def transport_error(exc: httpx.HTTPError, redact: Redactor) -> JudgeTransportError:
+    """`exc`, raised by the pool, as the judge error `TRANSPORT_ERRORS` says it is; its text
+    `redact`ed (httpx quotes a header value it refuses, the bearer token included)."""
     name, retryable, elsewhere, reached = next(
         (
             (name, retry, other, reached)
@@ -100,7 +167,7 @@ def transport_error(exc: httpx.HTTPError) -> JudgeTransportError:
         # not one the pool raises: a bug, reported under its own name and not retried
         (type(exc).__name__, False, False, True),
     )
-    error = JudgeTransportError(name, str(exc) or name, reached=reached)
+    error = JudgeTransportError(name, redact.text(str(exc)) or name, reached=reached)
     error.retryable = retryable
     error.retry_elsewhere = elsewhere
     return error
@@ -116,9 +183,7 @@ _FIRST_BYTES: Final = 80
 """How much of a reply that is not JSON its failure reason quotes."""
 
 
-def _decode_json(
-    content: bytes, content_type: str | None, redact: Callable[[bytes], bytes]
-) -> object:
+def _decode_json(content: bytes, content_type: str | None, redact: Redactor) -> object:
     """The decoded JSON reply; else `JudgeBadJSON` naming the reply's content type and first
     bytes (`redact`ed; a server that streams server-sent events says `text/event-stream`)."""
     try:
@@ -127,7 +192,7 @@ def _decode_json(
         cause = (
             str(exc) if isinstance(exc, json.JSONDecodeError) else f"{type(exc).__name__}: {exc}"
         )
-        head = redact(content[:_FIRST_BYTES]).decode("utf-8", errors="replace")
+        head = redact(content, _FIRST_BYTES).decode("utf-8", errors="replace")
         more = "…" if len(content) > _FIRST_BYTES else ""
         raise JudgeBadJSON(
             f"{cause} (the reply is not JSON: content-type {content_type or 'missing'}, "
@@ -157,7 +222,7 @@ class HttpJudge:
         self._url = str(parsed)
         self._endpoint = endpoint
         self._path = parsed.path
-        self._secret = token.encode() if token else None
+        self._redact: Final = Redactor(token)
         # The request body and the reply's meaning are the API's; the rest is the same for both.
         self._api: Final = api
         self._pool: Final = pool
@@ -226,13 +291,13 @@ class HttpJudge:
                 # Not answered, not an attempt: once more, on a new connection.
                 status, headers, body = await self._pool.exchange(self._request(call), fresh=True)
         except httpx.HTTPError as exc:
-            raise transport_error(exc) from exc
+            raise transport_error(exc, self._redact) from exc
         finally:
             self._in_flight -= 1
         rate_limit = parse_rate_limit_headers(headers, now=time.time())
         if not 200 <= status <= 299:
             retry_after = None if rate_limit is None else rate_limit.retry_after_s
-            error = JudgeHTTPError(status, self._redact(body), retry_after)
+            error = JudgeHTTPError(status, self._redact(body, EXCERPT_BYTES), retry_after)
             error.rate_limit = rate_limit
             if status == 500 and self._api.custom_roles:
                 # what a chat template that rejects unknown roles answers (transformers, vLLM)
@@ -253,7 +318,7 @@ class HttpJudge:
         try:
             status, _, _ = await self._pool.exchange(self._probe_request)
         except httpx.HTTPError as exc:
-            return transport_error(exc).describe()
+            return transport_error(exc, self._redact).describe()
         return None if status < 500 else f"HTTP {status}"
 
     def _request(self, call: JudgeCall) -> list[OutgoingRequest]:
@@ -263,13 +328,6 @@ class HttpJudge:
         content = json.dumps(self._api.body(call)).encode("ascii")
         headers = [*self._header_list, (b"content-length", b"%d" % len(content))]
         return [(b"POST", self._target, headers, content)]
-
-    def _redact(self, body: bytes) -> bytes:
-        """An error body quoted in failure reasons and logs must not carry credentials: a judge
-        or proxy that echoes the request's headers would otherwise leak the bearer token."""
-        if self._secret:
-            body = body.replace(self._secret, b"[redacted]")
-        return _BEARER.sub(rb"\1[redacted]", body)
 
     async def aclose(self) -> None:
         """Close the pool and its connections. Idempotent."""

@@ -35,7 +35,9 @@ __all__ = [
     "NO_RESPONSE",
     "Http1Connection",
     "OutgoingRequest",
+    "ReplyBudget",
     "ResponseTooLarge",
+    "reply_budget",
 ]
 
 RECV_BYTES: Final = 65536
@@ -116,6 +118,7 @@ class _Response:
 
     __slots__ = (
         "after_final",
+        "counted",
         "done",
         "head_done",
         "headers",
@@ -135,6 +138,7 @@ class _Response:
         self.headers: list[tuple[bytes, bytes]] = []
         self.parts: list[bytes] = []
         self.total = 0  # body bytes so far
+        self.counted = 0  # of those, the ones added to the connection's ReplyBudget
         self.saw_status = False
         self.head_done = False  # the final (non-1xx) response's head is complete
         self.interim = False  # inside a 1xx response
@@ -185,14 +189,42 @@ class _Response:
 
 
 @final
+class ReplyBudget:
+    """The body bytes of judge replies being read at once, in all
+    (`judge.max_response_bytes_total`): `judge.max_response_bytes` bounds one reply, this bounds
+    their sum, which `judge.max_concurrency` replies at the cap would make 8 GiB."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+
+_BUDGETS: Final[dict[int, ReplyBudget]] = {}
+
+
+def reply_budget(limit: int) -> ReplyBudget:
+    """The process's budget of `limit` bytes: one per value, shared by every pool (each replica
+    of a fleet, the start-up probe), since the bytes are this process's memory."""
+    budget = _BUDGETS.get(limit)
+    if budget is None:
+        budget = _BUDGETS[limit] = ReplyBudget(limit)
+    return budget
+
+
+@final
 class Http1Connection:
     """A keep-alive HTTP/1.1 client connection: one request at a time, llhttp parsing replies."""
 
-    __slots__ = ("max_body", "received", "stream")
+    __slots__ = ("budget", "max_body", "received", "stream")
 
-    def __init__(self, stream: trio.abc.Stream, max_body: int) -> None:
+    def __init__(
+        self, stream: trio.abc.Stream, max_body: int, budget: ReplyBudget | None = None
+    ) -> None:
         self.stream = stream
         self.max_body = max_body  # a longer response body ends the exchange (ResponseTooLarge)
+        self.budget = budget  # shared with every connection reading a reply at the same time
         self.received = False  # whether any byte of the current response arrived
 
     async def exchange(
@@ -269,6 +301,8 @@ class Http1Connection:
             return await self._read(response, method)
         finally:
             response.parser = None
+            if self.budget is not None:
+                self.budget.used -= response.counted
 
     async def _read(
         self, response: _Response, method: bytes
@@ -310,6 +344,15 @@ class Http1Connection:
                     return response.status, response.headers, b"", False
             if response.total > limit:
                 raise ResponseTooLarge(too_large(limit, "the body"))
+            budget = self.budget
+            if budget is not None and response.total > response.counted:
+                budget.used += response.total - response.counted
+                response.counted = response.total
+                if budget.used > budget.limit:
+                    raise ResponseTooLarge(
+                        f"judge replies being read exceed judge.max_response_bytes_total "
+                        f"({budget.limit} bytes) in all"
+                    )
         reusable = response.complete() and response.keep_alive and not response.after_final
         return response.status, response.headers, b"".join(response.parts), reusable
 

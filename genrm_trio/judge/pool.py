@@ -28,8 +28,10 @@ from genrm_trio.domain.exceptions import leaves
 from genrm_trio.judge.http1 import (
     Http1Connection,
     OutgoingRequest,
+    ReplyBudget,
     ResponseTooLarge,
     cause,
+    reply_budget,
     too_large,
 )
 from genrm_trio.judge.network import NetworkBackend, TcpBackend, is_readable
@@ -153,10 +155,12 @@ class KeepAlivePool:
         ssl_context: ssl.SSLContext | None = None,
         keepalive_expiry: float = KEEPALIVE_EXPIRY_S,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
+        budget: ReplyBudget | None = None,
         backend: NetworkBackend | None = None,
     ) -> None:
         self._host = origin.raw_host.decode("ascii")
         self._max_body = max_response_bytes
+        self._budget = budget  # the replies being read, in all (judge.max_response_bytes_total)
         self._server_name = origin.host
         self._port = origin.port or (443 if origin.scheme == "https" else 80)
         self._ssl_context = ssl_context
@@ -185,7 +189,7 @@ class KeepAlivePool:
         except OSError as exc:
             raise UnreachableError(connect_failure(exc)) from exc
         if self._ssl_context is None:
-            return Http1Connection(stream, self._max_body)
+            return Http1Connection(stream, self._max_body, self._budget)
         tls = trio.SSLStream(
             stream, self._ssl_context, server_hostname=self._server_name, https_compatible=True
         )
@@ -203,7 +207,7 @@ class KeepAlivePool:
                     raise CertificateError(message) from exc
                 raise httpx.ConnectError(message) from exc
             raise
-        return Http1Connection(tls, self._max_body)
+        return Http1Connection(tls, self._max_body, self._budget)
 
     async def _checkout(self, fresh: bool) -> tuple[Http1Connection, bool]:
         """(a connection, whether it is a reused one)."""
@@ -288,8 +292,9 @@ def judge_pool(
     base_url: str, judge: JudgeSettings, *, backend: NetworkBackend | None = None
 ) -> KeepAlivePool:
     """The connection pool of the judge (or fleet replica) at `base_url`, as `judge` configures
-    it (TLS trust, keep-alive expiry, reply cap). Judge calls and the start-up probe both take
-    theirs from here, so a `judge.*` key reaches both without being re-defaulted on the way."""
+    it (TLS trust, keep-alive expiry, reply cap, the process's budget of replies in all). Judge
+    calls and the start-up probe both take theirs from here, so a `judge.*` key reaches both
+    without being re-defaulted on the way."""
     origin = httpx.URL(base_url)
     https = origin.scheme == "https"
     return KeepAlivePool(
@@ -297,5 +302,6 @@ def judge_pool(
         ssl_context=judge_ssl_context(judge.ca_file) if https else None,
         keepalive_expiry=judge.keepalive_expiry_s,
         max_response_bytes=judge.max_response_bytes,
+        budget=reply_budget(judge.max_response_bytes_total),
         backend=backend,
     )

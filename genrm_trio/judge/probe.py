@@ -16,7 +16,7 @@ import trio
 
 from genrm_trio.config import Settings
 from genrm_trio.judge.base import PROBE_LIMIT_S, one_line
-from genrm_trio.judge.client import transport_error
+from genrm_trio.judge.client import Redactor, transport_error
 from genrm_trio.judge.network import NetworkBackend
 from genrm_trio.judge.pool import judge_pool
 from genrm_trio.judge.tls import proxy_variables_set
@@ -146,8 +146,9 @@ async def _probe_one(
     except trio.TooSlowError:
         problem = f"TimeoutError: no reply within {limit:g}s"
     except httpx.HTTPError as exc:
-        error = transport_error(exc)
-        problem = error.describe()  # named as a judge call's failure would be
+        # named as a judge call's failure would be, and redacted as one
+        error = transport_error(exc, Redactor(token))
+        problem = error.describe()
         if not error.reached:
             unreachable.append(base_url)
     else:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, final
 
-from genrm_trio.domain.records import TerminalRecord, WatermarkRecord
+from genrm_trio.domain.records import TerminalRecord, WatermarkRecord, check_result
 from genrm_trio.domain.retention import Retention
 from genrm_trio.domain.text import shown_id
 from genrm_trio.store.codec import (
@@ -105,6 +105,12 @@ def _read_records(cur: sqlite3.Cursor, now: float) -> tuple[list[TerminalRecord]
             raise ValueError(f"key {shown}: terminal_at {terminal_at!r}")
         try:
             members = column_members(packed)
+            for index, member in members.items():
+                if member.result is not None:  # as strictly as a restored one (checkpoint v1)
+                    try:
+                        check_result(member.result)
+                    except ValueError as exc:
+                        raise ValueError(f"member {index}: {exc}") from None
         except (ValueError, TypeError) as exc:
             raise ValueError(f"key {shown}: members: {exc}") from None
         records.append(

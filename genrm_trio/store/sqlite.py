@@ -469,7 +469,9 @@ def _open_sync(
     if not parent.is_dir():
         raise StoreError(path, f"directory {str(parent)!r} does not exist")
     try:
-        lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # 0600: the file holds every client's answers and results; SQLite creates the -wal and
+        # -shm files with the database file's permissions
+        lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise StoreError(path, f"cannot open: {exc.strerror or exc}") from exc
     db: sqlite3.Connection | None = None

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""The security review's request bombs (issue #40 items 2 and 3) against one `genrm-trio serve`.
+
+Starts `genrm-trio serve --judge sim` (N = 4) on 127.0.0.1, then sends each bomb in turn while a
+thread polls `GET /health` every 10 ms. Per bomb it prints the reply's status and time, the
+slowest `/health` answer while the bomb was in flight, and the server's peak RSS so far
+(`VmHWM`). `--scale` shrinks every bomb (1.0 is the review's sizes: run that on a quiet machine).
+Exits 1 when a `/health` answer took longer than `--max-health-ms` or the peak RSS passed
+`--max-rss-mb`. The first row polls /health with no bomb: the machine's own noise.
+
+The bombs: a 60 MiB `/verify` body of `[[],[],…]` (refused before decoding: more values than a
+body may hold), one just under that value budget (decoded off the loop, held compressed), a
+`/verify` with 1.9 million extra keys, `/aggregate_metrics` with 300,000 rows, a `/compare` of
+500,000 empty lists, and `GET /checkpoint` / `POST /checkpoint` after 2,000 groups.
+
+    python benchmarks/security_bombs.py                 # the review's sizes
+    python benchmarks/security_bombs.py --scale 0.05    # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from genrm_trio.app.bench import procfs, verify_body
+from genrm_trio.testing.procs import start, terminate
+
+N = 4
+
+
+def _list_bomb(values: int, group: str) -> bytes:
+    """A `/verify` body whose extra key holds `values // 2` empty lists."""
+    body = verify_body(task=0, rollout=0, group_id=group, attempt=0, prompt="Q?", answer="a")
+    head = json.dumps(body)[:-1].encode()
+    return head + b', "extra": [' + b"[]," * (values // 2) + b"[]]}"
+
+
+def _extra_keys(keys: int) -> bytes:
+    body = verify_body(task=0, rollout=1, group_id="keys", attempt=0, prompt="Q?", answer="b")
+    head = json.dumps(body)[:-1].encode()
+    return head + b"," + b",".join(b'"k%d":0' % i for i in range(keys)) + b"}"
+
+
+def _aggregate(rows: int) -> bytes:
+    row = b'{"reward":1.0,"mask_sample":false}'
+    return b'{"verify_responses":[' + b",".join([row] * rows) + b"]}"
+
+
+def _compare(lists: int) -> bytes:
+    history = b'[{"role":"user","content":"Q?"}]'
+    return b'{"conversation_history":' + history + b',"response_objs":[' + b"[]," * lists + b"[]]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="bomb size factor (1.0: review)")
+    parser.add_argument("--max-health-ms", type=float, default=100.0)
+    parser.add_argument("--max-rss-mb", type=float, default=512.0)
+    args = parser.parse_args(argv)
+    scale = args.scale
+
+    with tempfile.TemporaryDirectory() as folder:
+        config = Path(folder) / "genrm.yaml"
+        config.write_text("cohort_collection_timeout_s: 1\n")  # a bomb's group waits 1 s
+        proc = start(
+            ["serve", "--judge", "sim", "--port", "0", "--num-rollouts-per-prompt", str(N),
+             "--config", str(config)],
+            Path(folder) / "serve.log",
+            program=[sys.executable, "-m", "genrm_trio.app.cli"],
+        )  # fmt: skip
+        try:
+            return _run(proc.url, proc.popen.pid, scale, args)
+        finally:
+            terminate(proc.popen)
+
+
+def _run(url: str, pid: int, scale: float, args: argparse.Namespace) -> int:
+    client = httpx.Client(base_url=url, timeout=600, trust_env=False)
+    # retained records for the checkpoint bombs: groups of N scored by the simulated judge
+    groups = max(1, int(2000 * scale))
+
+    def fill() -> None:
+        with httpx.Client(base_url=url, timeout=600, trust_env=False) as c:
+            for g in range(groups):
+                bodies = [
+                    verify_body(task=g, rollout=i, group_id=f"g{g}", attempt=0, prompt="Q?",
+                                answer=f"a{i}")
+                    for i in range(N)
+                ]  # fmt: skip
+                threads = [
+                    threading.Thread(target=c.post, args=("/verify",), kwargs={"json": body})
+                    for body in bodies
+                ]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+
+    exported: list[bytes] = []
+
+    def export() -> httpx.Response:
+        reply = client.get("/checkpoint")
+        exported.append(reply.content)
+        return reply
+
+    def post(path: str, content: bytes) -> Callable[[], httpx.Response]:
+        return lambda: client.post(path, content=content)
+
+    def sized(count: float) -> int:
+        return int(count * scale)
+
+    def idle() -> httpx.Response:
+        time.sleep(2.0)
+        return client.get("/health")
+
+    bombs: list[tuple[str, Callable[[], httpx.Response]]] = [
+        ("(none: /health alone for 2 s)", idle),
+        ("60 MiB /verify of [[],…]", post("/verify", _list_bomb(sized(40e6), "b1"))),
+        ("/verify just under the value budget", post("/verify", _list_bomb(sized(3.9e6), "b2"))),
+        ("/verify with 1.9M extra keys", post("/verify", _extra_keys(sized(1.9e6)))),
+        ("/aggregate_metrics, 300k rows", post("/aggregate_metrics", _aggregate(sized(3e5)))),
+        ("/compare of 500k lists", post("/compare", _compare(sized(5e5)))),
+        ("GET /checkpoint", export),
+        ("POST /checkpoint", lambda: client.post("/checkpoint", content=exported[-1])),
+    ]
+    fill()
+    failed = False
+    print(
+        f"{'bomb':40s} {'status':>6s} {'time s':>7s} {'max /health ms':>15s} {'peak RSS MB':>12s}"
+    )
+    for name, send in bombs:
+        worst = [0.0]
+        stop = threading.Event()
+
+        def poll(stop: threading.Event = stop, worst: list[float] = worst) -> None:
+            with httpx.Client(base_url=url, timeout=60, trust_env=False) as probe:
+                while not stop.is_set():
+                    started = time.perf_counter()
+                    probe.get("/health")
+                    worst[0] = max(worst[0], time.perf_counter() - started)
+                    time.sleep(0.01)
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        started = time.perf_counter()
+        reply = send()
+        took = time.perf_counter() - started
+        stop.set()
+        poller.join()
+        peak = (procfs.status_field(pid, "VmHWM") or 0) / 1024
+        print(f"{name:40s} {reply.status_code:6d} {took:7.2f} {worst[0] * 1000:15.1f} {peak:12.0f}")
+        if worst[0] * 1000 > args.max_health_ms or peak > args.max_rss_mb:
+            failed = True
+    client.close()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
