@@ -140,7 +140,7 @@ class _ReplicaCollector(Collector):
         )
         failures = CounterMetricFamily(
             "genrm_trio_judge_replica_failures",
-            "Judge attempts that failed retryably (transport error, 408, 429, 5xx), per replica",
+            "Judge attempts that failed retryably (transport error, 408, 5xx), per replica",
             labels=["replica"],
         )
         ejections = CounterMetricFamily(

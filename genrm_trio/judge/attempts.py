@@ -66,7 +66,8 @@ MAX_BACKOFF_S: Final = 30.0
 
 RETRY_AFTER_JITTER: Final = 0.1
 """A `Retry-After` wait is stretched by up to this fraction of itself, at random (D44), so that
-the comparisons one 429 held back do not all come back in the same millisecond."""
+the comparisons one 503 held back do not all come back in the same millisecond (a 429 is a hold of
+judge/limits.py instead, exact, one call first)."""
 
 
 @final

@@ -193,7 +193,8 @@ class JudgeTransportError(JudgeAttemptError):
 
 
 class JudgeHTTPError(JudgeAttemptError):
-    """A non-2xx status. Retryable for 408, 429 and 5xx (docs/differences.md, D14)."""
+    """A non-2xx status. Retryable for 408, 429 and 5xx (docs/differences.md, D14); a 429 is
+    then sent again as no attempt, once the judge's rate limits admit it (judge/limits.py)."""
 
     type_name = "JudgeHTTPError"
 

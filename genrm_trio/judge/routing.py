@@ -15,9 +15,9 @@ next attempt, and which are out.
   another replica is the request's fault: it is not counted, and the previous one is taken back
   (`server_error`, `_forgive`).
 
-An ejection keeps the trial back-off whatever caused it (5xx, 429, timeouts, a stall); only a
-replica whose connections cannot be opened is `unreachable`, which the outage (judge/outage.py)
-probes.
+An ejection keeps the trial back-off whatever caused it (5xx, timeouts, a stall; a 429 never
+ejects: judge/limits.py); only a replica whose connections cannot be opened is `unreachable`,
+which the outage (judge/outage.py) probes.
 """
 
 from __future__ import annotations
