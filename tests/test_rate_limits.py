@@ -215,6 +215,34 @@ async def test_a_hold_past_the_deadline_fails_the_comparison_at_once(
     rig.assert_idle()
 
 
+async def test_a_waiting_comparison_whose_deadline_a_new_hold_outlasts_fails_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # first: a 429 holding the judge for 5 s; second arrives at 1 with a 20 s deadline and
+    # waits; at 5 the first's call gets a 429 holding 50 s: the second fails then, not at 21
+    rig = Rig(Script(too_many("retry-after: 5"), too_many("retry-after: 50"), valid()))
+    start = trio.current_time()
+    ended: dict[str, float] = {}
+
+    async def first() -> None:
+        await rig.compare()
+        ended["first"] = trio.current_time() - start
+
+    async def second() -> None:
+        await trio.sleep(1.0)
+        with trio.fail_after(20.0):
+            error = await rig.fail()
+        ended["second"] = trio.current_time() - start
+        assert "holds its calls for 50s (after a 429), past the deadline in 16s" in error.message
+
+    with trio.fail_after(BOUND):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            nursery.start_soon(second)
+    assert ended == {"second": 5.0, "first": 55.0}
+    assert [t - start for t in rig.script.times] == [0.0, 5.0, 55.0]
+
+
 # --- configured limits pace the calls exactly ----------------------------------------------
 
 

@@ -417,7 +417,9 @@ class JudgeLimits:
         if permit.trial:
             replica.trial_out = False
             permit.trial = False
-        self._kick()
+        # every waiter looks again: one whose deadline the hold now outlasts fails at once
+        for waiter in self._waiting:
+            waiter.event.set()
 
     def release(self, permit: Permit) -> None:
         """The call is over, whatever its end (a timeout, a broken connection, a cancel): a
