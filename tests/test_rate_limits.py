@@ -183,6 +183,8 @@ async def test_a_bare_429_storm_backs_off_exponentially_one_call_at_a_time_and_m
     assert [r.attempts for r in results] == [1, 1, 1, 1]
     assert rig.metric("genrm_trio_judge_rate_limited_total") == 7
     assert rig.metric("genrm_trio_judge_retries_total", cause="http") == 0
+    stats = rig.comparator.statistics()
+    assert (stats.rate_limited, stats.throttled, stats.calls, stats.retries) == (7, 0, 11, 0)
     # waits: the first call's 15 s and three waits of 15 s
     assert rig.metric("genrm_trio_judge_throttled_seconds_total") == 4 * 15.0
     rig.assert_idle()
@@ -381,6 +383,7 @@ async def test_throttled_is_serving_a_bare_429_storm_never_ejects_nor_says_unrea
                     comparisons.start_soon(partial_compare, comparator)
                 await trio.sleep(0.5)
                 assert metrics.registry.get_sample_value("genrm_trio_judge_throttled") == 2
+                assert comparator.statistics().throttled == 2
             assert fleet.unreachable_for() is None
             nursery.cancel_scope.cancel()
     (stats,) = fleet.replica_stats()

@@ -86,6 +86,8 @@ class ComparatorStatistics:
     failures: int  # comparisons that ended in a JudgeError
     escalations: int  # attempts started with an escalated output budget
     unreached: int  # calls that reached no judge server (no attempts: the judge was down)
+    throttled: int = 0  # calls waiting for the judge's rate limit now (judge/limits.py)
+    rate_limited: int = 0  # 429 replies since the start (holds: no attempts)
 
 
 class _JudgeDown(Exception):
@@ -144,6 +146,7 @@ class Comparator:
 
     def statistics(self) -> ComparatorStatistics:
         queue = self._queue.statistics()
+        limits = self._limits.statistics()
         events = self._events
         return ComparatorStatistics(
             max_concurrency=queue.total,
@@ -157,6 +160,8 @@ class Comparator:
             failures=events.failures,
             escalations=events.escalations,
             unreached=events.unreached,
+            throttled=limits.throttled,
+            rate_limited=limits.rate_limited,
         )
 
     # --- one attempt ----------------------------------------------------------------------
