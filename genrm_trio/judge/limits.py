@@ -162,6 +162,11 @@ class _Waiter:
         self.event = trio.Event()
 
 
+def _seconds(value: float) -> str:
+    """Seconds for a reason: whole from 10 s up (never in exponent form), else 3 digits."""
+    return f"{value:.0f}" if value >= 10 else f"{value:.3g}"
+
+
 def _prompt_chars(call: JudgeCall) -> int:
     return (
         sum(len(message.get("content", "")) for message in call.history)
@@ -316,8 +321,8 @@ class JudgeLimits:
         deadline = trio.current_effective_deadline()
         if held >= deadline:
             raise RateLimitBeyondDeadline(
-                f"the judge's rate limit holds its calls for {held - now:.3g}s (after a 429), "
-                f"past the deadline in {deadline - now:.3g}s"
+                f"the judge's rate limit holds its calls for {_seconds(held - now)}s (after a "
+                f"429), past the deadline in {_seconds(deadline - now)}s"
             )
 
     def _grant(self, tokens: int, now: float) -> Permit | None:
