@@ -43,6 +43,8 @@ JUDGE_OUTCOME_LABELS: Final = (
     "timeout",
     "bad_json",
     "stalled",
+    "context_overflow",
+    "prompt_error",
 )
 """The `outcome` label of `genrm_trio_judge_calls_total`: `ReplyStatus` and the attempt errors."""
 RETRY_CAUSE_LABELS: Final = ("transport", "http", "timeout", "stall", "unusable", "parse", "budget")
@@ -90,6 +92,8 @@ class ReplicaCounters(Protocol):
     def reasoning_tokens(self) -> int: ...
     @property
     def prompts_unread(self) -> int: ...
+    @property
+    def context_overflows(self) -> int: ...
 
 
 class JudgeReachability(Protocol):
@@ -189,8 +193,15 @@ class _ReplicaCollector(Collector):
             "answers (judge.api pointed the wrong way), per replica",
             labels=["replica"],
         )
+        overflows = CounterMetricFamily(
+            "genrm_trio_judge_replica_context_overflows",
+            "Judge attempts the replica refused for its context window (each resent once with a "
+            "budget that fits, or the comparison failed: context_overflow)",
+            labels=["replica"],
+        )
         for s in stats:
             label = [s.replica]
+            overflows.add_metric(label, s.context_overflows)
             input_tokens.add_metric(label, s.input_tokens)
             output_tokens.add_metric(label, s.output_tokens)
             reasoning_tokens.add_metric(label, s.reasoning_tokens)
@@ -203,7 +214,7 @@ class _ReplicaCollector(Collector):
             ejected.add_metric(label, 1.0 if s.ejected else 0.0)
             latency.add_metric(label, s.latency_count, s.latency_sum_s)
         yield from (calls, failures, ejections, stalls, in_flight, ejected, latency)
-        yield from (input_tokens, output_tokens, reasoning_tokens, unread)
+        yield from (input_tokens, output_tokens, reasoning_tokens, unread, overflows)
 
 
 @final

@@ -131,12 +131,19 @@ class Exchange:
     reply: Any  # the decoded JSON reply, or None
 
 
+def answer_probe(exchange: Exchange) -> bool:
+    """Whether `exchange` is an answer probe: its output budget is one token."""
+    request = exchange.request if isinstance(exchange.request, dict) else {}
+    return 1 in (request.get("max_tokens"), request.get("max_output_tokens"))
+
+
 @dataclass
 class RecordingProxy:
     """An HTTP/1.1 keep-alive proxy to `upstream` that records every POST (`exchanges`)."""
 
     upstream: str
     exchanges: list[Exchange] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # upstream failures (none forwarded)
     server: ThreadingHTTPServer | None = None
 
     @property
@@ -145,8 +152,14 @@ class RecordingProxy:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def posts(self, suffix: str = "") -> list[Exchange]:
+        """The judge calls of the workload (the answer probes left out: `probes`)."""
         with self._lock:
-            return [e for e in self.exchanges if e.path.endswith(suffix)]
+            return [e for e in self.exchanges if e.path.endswith(suffix) and not answer_probe(e)]
+
+    def probes(self) -> list[Exchange]:
+        """The answer probes genrm-trio sent (judge/answer_probe.py: one output token)."""
+        with self._lock:
+            return [e for e in self.exchanges if answer_probe(e)]
 
     def usage(self) -> tuple[int, int]:
         """(input, output) tokens summed over the replies, as the server reported them."""
@@ -161,10 +174,27 @@ class RecordingProxy:
         self._lock = threading.Lock()
 
 
+STALE_RETRIES = 8
+"""Times the recording proxy sends a request again after its upstream connection closed."""
+
+
 @contextlib.contextmanager
 def recording_proxy(upstream: str) -> Iterator[RecordingProxy]:
     proxy = RecordingProxy(upstream)
     http = httpx.Client(trust_env=False, timeout=300.0)
+
+    def upstream_request(
+        method: str, path: str, body: bytes, headers: dict[str, str] | None
+    ) -> httpx.Response:
+        # The upstream closes a kept-alive connection after a 500 from an exception (uvicorn
+        # does): a request that went out on one goes again, on the next; the pool holds at most
+        # `STALE_RETRIES` such connections at the concurrency of these tests.
+        for _ in range(STALE_RETRIES):
+            try:
+                return http.request(method, upstream + path, content=body or None, headers=headers)
+            except httpx.RemoteProtocolError:
+                continue
+        return http.request(method, upstream + path, content=body or None, headers=headers)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -175,14 +205,11 @@ def recording_proxy(upstream: str) -> Iterator[RecordingProxy]:
         def _forward(self, method: str) -> None:
             length = int(self.headers.get("content-length") or 0)
             body = self.rfile.read(length) if length else b""
+            headers = {"content-type": "application/json"} if body else None
             try:
-                reply = http.request(
-                    method,
-                    upstream + self.path,
-                    content=body or None,
-                    headers={"content-type": "application/json"} if body else None,
-                )
-            except httpx.HTTPError:
+                reply = upstream_request(method, self.path, body, headers)
+            except httpx.HTTPError as error:
+                proxy.errors.append(f"{type(error).__name__}: {error}")
                 self.close_connection = True  # the server is gone: so is this connection
                 return
             if method == "POST":

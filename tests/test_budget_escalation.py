@@ -616,11 +616,23 @@ async def test_an_http_500_hints_at_the_chat_template_where_custom_roles_are_sen
     if api != "genrm_model":  # Gym's genrm_model server builds the prompt itself
         reason += (
             "; hint: the judge's chat template must accept the roles principle, response_1 and "
-            f"response_2, which judge.api {api} sends"
+            f"response_2, which judge.api {api} sends with judge.prompt: genrm; for any other "
+            "model set judge.prompt: instruct"
         )
     assert (
         error.message == f"GenRM judge judge.test:8000 {path} pair=(0, 1) deadline=0.2s: {reason}"
     )
+
+
+@pytest.mark.parametrize("api", ["chat_completions", "openai_responses"])
+async def test_an_http_500_that_names_no_role_carries_no_roles_hint(
+    autojump_clock: trio.testing.MockClock, api: str
+) -> None:
+    """An outage's 500 is not a chat template refusing the roles (#38)."""
+    r = rig(api, http(500, b"Internal Server Error"), retries=0)
+    with trio.fail_after(BOUND):
+        error = await r.fail()
+    assert error.message.endswith("JudgeHTTPError: HTTP 500; response=Internal Server Error")
 
 
 async def test_a_reply_that_is_not_json_names_its_content_type_and_first_bytes(

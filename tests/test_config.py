@@ -177,6 +177,11 @@ def test_judge_defaults() -> None:
         "tokens_per_minute": None,
         "price_per_million_input_tokens": None,
         "price_per_million_output_tokens": None,
+        "prompt": "genrm",
+        "prompt_template": None,
+        "structured_output": False,
+        "context_tokens": None,
+        "min_output_tokens": 256,
     }
     assert judge.endpoint == "unconfigured"
 

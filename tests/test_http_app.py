@@ -542,6 +542,8 @@ async def test_judge_replicas_route() -> None:
             "reasoning_tokens": 0,
             "answers_unread": None,
             "prompts_unread": 0,
+            "roles_refused": None,
+            "context_overflows": 0,
         }
     ]
     assert (await call(app_for(FakeEngine()), "/judge/replicas", method="GET"))[:2] == (200, [])

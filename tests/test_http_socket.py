@@ -157,8 +157,9 @@ async def test_sixteen_members_one_and_two_failed_comparisons(
             assert masked_indices(two) == {4, 5, 6}
             calls = stack.judge.sim.statistics().calls
     capsys.readouterr()
-    # circular N=16 is 16 comparisons per group; each failing one costs A = 2 attempts
-    assert calls == (16 + 1) + (16 + 2)
+    # circular N=16 is 16 comparisons per group; each failing one costs A = 2 attempts; and the
+    # answer probe when the engine starts watching the judge
+    assert calls == (16 + 1) + (16 + 2) + 1
     for replies, masked, failed in ((one, {5, 6}, 1), (two, {4, 5, 6}, 2)):
         for reply in replies:
             body = reply.json()
@@ -226,7 +227,7 @@ async def test_disconnect_during_collection_then_exact_reattachment(
     assert sorted(replies) == [0, 1, 2, 3]
     assert {r.status_code for r in replies.values()} == {200}
     assert not masked_indices(list(replies.values()))
-    assert calls == 4  # one evaluation: circular N=4
+    assert calls == 4 + 1  # one evaluation: circular N=4; and the answer probe
 
 
 async def test_disconnect_during_judging_then_exact_reattachment(
@@ -264,7 +265,7 @@ async def test_disconnect_during_judging_then_exact_reattachment(
     assert sorted(replies) == [0, 1, 2, 3]
     assert {r.status_code for r in replies.values()} == {200}
     assert not masked_indices(list(replies.values()))
-    assert calls == 4
+    assert calls == 4 + 1  # and the answer probe
 
 
 async def test_graceful_shutdown_while_judging_delivers_503s(

@@ -6,12 +6,11 @@ model would see, and against the simulated judge standing in for Gym's genrm_mod
 from __future__ import annotations
 
 import logging
-from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
 import trio
-from asgi_judges import reply_json, request_json
+from asgi_judges import plain_openai_server
 
 from genrm_trio.config import settings_from_mapping
 from genrm_trio.judge.answer_check import (
@@ -173,37 +172,6 @@ def test_a_chat_reply_cut_at_length_keeps_its_text_and_says_so() -> None:
 
 
 # --- at the fleet, against servers ----------------------------------------------------------------
-
-
-def plain_openai_server(seen: list[int]) -> Any:
-    """An ASGI OpenAI server whose prompt tokens count what its model sees (4 bytes a token):
-    the messages of chat, the `input` of Responses; never `metadata`, as vLLM does."""
-
-    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        request = await request_json(receive)
-        shown = request.get("messages") or request.get("input") or []
-        prompt = 5 + sum(len(m["content"].encode()) for m in shown) // 4
-        seen.append(prompt)
-        if scope["path"].endswith("/chat/completions"):
-            reply: dict[str, Any] = {
-                "choices": [{"message": {"content": VERDICT}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": prompt, "completion_tokens": 2},
-            }
-        else:
-            reply = {
-                "status": "completed",
-                "output": [
-                    {"type": "message", "content": [{"type": "output_text", "text": VERDICT}]}
-                ],
-                "usage": {
-                    "input_tokens": prompt,
-                    "output_tokens": 2,
-                    "output_tokens_details": {"reasoning_tokens": 1},
-                },
-            }
-        await reply_json(send, reply)
-
-    return app
 
 
 ANSWERS = [("a short answer", "b"), ("a much longer answer " * 30, "b")]

@@ -306,7 +306,9 @@ async def test_fleet_of_real_servers_one_killed_one_500_one_back_masks_nothing()
             genrm_parse_retry_sleep_s=0.05,
             judge_request_timeout_s=10.0,
             cohort_evaluation_timeout_s=30.0,
-            judge={"eject_backoff_s": 0.5},
+            # no answer probe: the servers' call counts are held to the fleet's, which counts
+            # no probe (docs/operations.md)
+            judge={"eject_backoff_s": 0.5, "probe": False},
         )
         judge = make_judge(config)
         assert isinstance(judge, JudgeFleet)

@@ -30,6 +30,7 @@ from genrm_trio.domain.model import GroupFailed, Masked, Scored
 from genrm_trio.domain.records import TerminalRecord
 from genrm_trio.engine import machine
 from genrm_trio.engine.engine import Engine
+from genrm_trio.judge.apis import JudgePromptError
 from genrm_trio.judge.base import (
     JudgeAttemptError,
     JudgeBadJSON,
@@ -40,6 +41,7 @@ from genrm_trio.judge.base import (
     ReplyStatus,
 )
 from genrm_trio.judge.comparison import outcome_of
+from genrm_trio.judge.context import JudgeContextOverflow
 from genrm_trio.metrics import (
     ACTIVE_STATE_LABELS,
     DEADLINE_LABELS,
@@ -241,6 +243,8 @@ def test_the_label_values_are_the_engines_own() -> None:
         JudgeBadJSON("not json"),
         JudgeTransportError("ConnectError", "refused"),
         JudgeStalled("judge replica a:8000 finished none of its calls in flight for 5s"),
+        JudgeContextOverflow("the judge's context window is too small for this comparison"),
+        JudgePromptError("judge.prompt_template: UndefinedError: 'x' is undefined"),
     ]
     # one example of every kind of failed attempt: a new kind fails here until it has one
     assert {type(error) for error in errors} == _subclasses(JudgeAttemptError)

@@ -8,7 +8,8 @@ recording proxy (tests/real_judge.py), and a real `genrm-trio serve` process.
 - Gym's `genrm_model` protocol pointed at it is found at the first group (ERROR, metric,
   `/judge/replicas`, `/readyz` 503); without `"stream": false` the failure names the stream;
 - a judge that runs to its output budget escalates it on `finish_reason: length`;
-- a chat template that rejects the GenRM roles fails with the hint;
+- a chat template that rejects the GenRM roles fails (a bare 500, so no roles hint), and
+  `judge.prompt: instruct` gets through it and scores;
 - the judge (a single one, and both replicas of a fleet) killed with `kill -9` while groups are
   in flight and restarted: no rollout masked.
 
@@ -188,7 +189,7 @@ async def test_gyms_protocol_at_a_plain_server_is_found_at_the_first_group(
     [replica] = replicas
     # the same 31 tokens the issue measured at vLLM: fewer than the answers alone need
     evidence = replica["answers_unread"]
-    assert "answers alone need" in evidence or "does not grow with the answers" in evidence
+    assert "alone need" in evidence or "does not grow with the answers" in evidence
     assert replica["prompts_unread"] == 1
     unread = "genrm_trio_judge_replica_answers_unread_prompts_total"
     assert samples.total(unread, replica=replica["replica"]) == 1
@@ -251,22 +252,56 @@ async def test_output_budget_exhaustion_escalates_on_finish_reason_length(
     assert samples.total(REPLICA.format("output"), replica=replica) == tokens_out == sum(budgets)
 
 
-async def test_a_strict_chat_template_fails_with_the_hint(
+async def test_a_strict_chat_template_refuses_the_genrm_roles_and_takes_the_instruct_prompt(
     tmp_path: Path, models: dict[str, TinyModel]
 ) -> None:
-    settings = config("chat_completions", models["strict"], num_rollouts_per_prompt=2)
+    """transformers serve answers a template's exception with a bare 500: nothing in it says
+    roles, so no roles hint (#38); `judge.prompt: instruct` gets through and scores."""
+    genrm = config("chat_completions", models["strict"], num_rollouts_per_prompt=2)
+    instruct = config("chat_completions", models["strict"], num_rollouts_per_prompt=2)
+    instruct["judge"]["prompt"] = "instruct"
     with own_judge(models["strict"], tmp_path, "strict") as proxy:
-        async with serving(tmp_path, proxy.url, settings) as server, client() as http:
+        async with serving(tmp_path, proxy.url, genrm) as server, client() as http:
+            # the answer probe, when the engine starts: before any group
+            with trio.fail_after(60):
+                while (ready := await http.get(f"{server.url}/readyz")).status_code == 200:  # noqa: ASYNC110
+                    await trio.sleep(0.2)
             replies, _ = await run_group(http, server.url, bodies("g-strict", ANSWERS[:2]))
-    # two comparisons, each retried once (genrm_parse_retries: 1)
-    assert [p.status for p in proxy.posts()] == [500] * 4
+            log = server.log()
+        # two comparisons, each retried once (genrm_parse_retries: 1)
+        assert [p.status for p in proxy.posts()] == [500] * 4
+        for reply in replies:
+            reason = assert_masked(reply)
+            assert reason.endswith("JudgeHTTPError: HTTP 500; response=Internal Server Error")
+        # the answer probe: refused with the roles, answered in the instruct messages
+        probes = proxy.probes()
+        assert [p.status for p in probes] == [500, 200]
+        assert [m["role"] for m in probes[1].request["messages"]] == ["system", "user"]
+        fix = "Fix: set judge.prompt: instruct"
+        assert ready.status_code == 503
+        assert ready.json()["reason"].startswith("the judge does not take the GenRM roles")
+        assert fix in ready.json()["reason"]
+        errors = [line for line in log.splitlines() if "does not take the GenRM roles" in line]
+        assert len(errors) == 1 and "ERROR" in errors[0] and fix in errors[0]
+        async with serving(tmp_path, proxy.url, instruct) as server, client() as http:
+            replies, _ = await run_group(http, server.url, bodies("g-instruct", ANSWERS[:2]))
+            with trio.fail_after(60):
+                while len(proxy.probes()) < 3:  # noqa: ASYNC110 - the probe answered
+                    await trio.sleep(0.2)
+            ready = await http.get(f"{server.url}/readyz")
+        posts = proxy.posts()[4:]
+        probes = proxy.probes()[2:]
+    assert ready.status_code == 200
+    assert [p.status for p in probes] == [200]  # the instruct prompt reads the answers
+    assert [p.status for p in posts] == [200] * 2
     for reply in replies:
-        reason = assert_masked(reply)
-        assert "JudgeHTTPError: HTTP 500" in reason
-        assert reason.endswith(
-            "hint: the judge's chat template must accept the roles principle, response_1 and "
-            "response_2, which judge.api chat_completions sends"
-        ), reason
+        assert_scored(reply)
+    for exchange in posts:
+        roles = [m["role"] for m in exchange.request["messages"]]
+        assert roles == ["system", "user"]
+        user = exchange.request["messages"][1]["content"]
+        assert user.index("# Response 1") < user.index("# Response 2")
+        assert ANSWERS[0] in user and ANSWERS[1] in user
 
 
 @pytest.mark.parametrize("replicas", [1, 2], ids=["one judge", "a fleet of two"])

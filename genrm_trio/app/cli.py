@@ -380,6 +380,7 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
             capacity=args.capacity,
             judgment=judgment,
             rate_limits=_sim_rate_limits(args),
+            context_tokens=args.context_tokens,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -505,6 +506,17 @@ def _add_sim_judge(sub: Any) -> None:
             "output tokens each verdict needs, drawn per pair and attempt from this preset; a "
             "request whose max_output_tokens / max_tokens is lower gets an exhausted budget "
             "(default: no length model; a [need=N] marker in an answer still applies)"
+        ),
+    )
+    parser.add_argument(
+        "--context-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help=(
+            "a context window of N tokens, as vLLM's max_model_len: a call whose prompt plus "
+            "output budget exceed it gets vLLM's HTTP 400, and GET /v1/models reports it "
+            "(default: no window)"
         ),
     )
     parser.add_argument(

@@ -346,7 +346,7 @@ async def _serve_on(
     from genrm_trio.app.compose import durable_engine
     from genrm_trio.http.app import create_app
     from genrm_trio.judge.factory import make_judge
-    from genrm_trio.judge.probe import log_proxy_use, probe_judge
+    from genrm_trio.judge.probe import log_proxy_use, probe_judge, with_context_window
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         stop = trio.Event()
@@ -378,21 +378,25 @@ async def _serve_on(
         async def run() -> None:
             nonlocal listening
             the_judge = judge
+            # with judge.context_tokens learned from the probe (`max_model_len`) when unset
+            used = settings
             try:
                 down: tuple[str, ...] = ()
                 if not sim:
                     log_proxy_use()
-                    down = (await probe_judge(settings, token)).unreachable
+                    report = await probe_judge(settings, token)
+                    down = report.unreachable
+                    used = with_context_window(settings, report.windows)
                 if the_judge is None and sim:
                     the_judge = _sim_judge()
                 elif the_judge is None:
-                    fleet = make_judge(settings)
+                    fleet = make_judge(used)
                     if down:  # an outage from the first second: /readyz 503, probes running
                         fleet.down_from_start(down, "its start-up probe could not connect")
                     the_judge = fleet
                 # the durable store (state_path) loads before the socket listens
-                async with durable_engine(settings, the_judge) as engine:
-                    app = create_app(engine, settings)
+                async with durable_engine(used, the_judge) as engine:
+                    app = create_app(engine, used)
                     stop_accepting = trio.Event()
                     async with trio.open_nursery() as nursery:
                         port = await nursery.start(

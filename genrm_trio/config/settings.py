@@ -195,13 +195,30 @@ below the 5 s after which uvicorn (so vLLM) and hypercorn close an idle keep-ali
 MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
 """The default `judge.max_response_bytes`: a judge reply longer than this ends the attempt."""
 
+OUTPUT_BUDGET_PARAM: Final = "max_output_tokens"
+"""The create param (`genrm_responses_create_params`) that holds the output budget, under its
+Responses name; each judge API sends the budget under its own key (`judge.apis`)."""
+
+PromptStyle = Literal["genrm", "instruct"]
+"""Every `judge.prompt` value: `genrm` sends the principle and the answers as the GenRM roles
+`principle`, `response_1` and `response_2`, whose model's chat template carries the judging
+instructions; `instruct` sends a system and a user message that ask any instruct model for the
+verdict (`domain.prompt`)."""
+
+DEFAULT_MIN_OUTPUT_TOKENS: Final = 256
+"""The default `judge.min_output_tokens`: a fitted budget below it is not worth a resend (a
+verdict with any reasoning needs more)."""
+
+MAX_PROMPT_TEMPLATE_BYTES: Final = 64 * 1024
+"""The largest `judge.prompt_template` file read."""
+
 
 JUDGE_API_CHOICES: Final = (
     "chat_completions or openai_responses for vLLM or any OpenAI-compatible server, "
     "genrm_model behind Gym's genrm_model server"
 )
 """What to set `judge.api` to, said wherever a judge URL comes without one: no default is right
-for every server (docs/configuration.md, "Which judge.api")."""
+for every server (docs/configuration.md, "Which judge.api and judge.prompt")."""
 
 
 @final
@@ -238,6 +255,13 @@ class JudgeSettings(_Strict):
     tokens_per_minute: int | None = Field(default=None, ge=1)
     price_per_million_input_tokens: float | None = Field(default=None, ge=0)
     price_per_million_output_tokens: float | None = Field(default=None, ge=0)
+    prompt: PromptStyle = "genrm"
+    prompt_template: str | None = None
+    structured_output: bool = False
+    # the judge's context window; None: learned from GET /models (`max_model_len`) if it says
+    context_tokens: int | None = Field(default=None, ge=1)
+    # an attempt refused for the window is resent once with a budget that fits, if at least this
+    min_output_tokens: int = Field(default=DEFAULT_MIN_OUTPUT_TOKENS, ge=1)
 
     @field_validator("base_url", mode="before")
     @classmethod
@@ -288,12 +312,26 @@ class JudgeSettings(_Strict):
     def _stall_seconds(cls, value: float | None) -> float | None:
         return None if value is None else _finite("value", value, positive=True)
 
-    @field_validator("ca_file")
+    @field_validator("ca_file", "prompt_template")
     @classmethod
-    def _check_ca_file(cls, value: str | None) -> str | None:
+    def _check_file(cls, value: str | None) -> str | None:
         if value is not None and not os.path.isfile(value):
             raise ValueError(f"{value} is not a file")
         return value
+
+    @model_validator(mode="after")
+    def _prompt_fits_api(self) -> JudgeSettings:
+        if self.prompt_template is not None and self.prompt != "instruct":
+            raise KeyedError("judge.prompt_template", "needs judge.prompt: instruct")
+        if self.prompt == "instruct" and self.api == "genrm_model" and self.api_chosen:
+            # Gym's protocol carries the answers in metadata, never in messages (the default
+            # api is never used: a judge URL needs one named, `make_judge`)
+            raise KeyedError(
+                "judge.prompt",
+                "instruct needs judge.api chat_completions or openai_responses "
+                "(genrm_model sends the answers in metadata)",
+            )
+        return self
 
     @property
     def base_urls(self) -> tuple[str, ...]:
@@ -500,6 +538,27 @@ class Settings(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _prompt_verdict(self) -> Settings:
+        """The shipped instruct prompt and the structured output ask for the overall verdict
+        only: a rubric verdict needs a template that asks for it."""
+        judge = self.judge
+        if self.score_source != "rubric_mean":
+            return self
+        if judge.structured_output:
+            raise KeyedError(
+                "judge.structured_output",
+                "the verdict schema has no rubric_evaluations: not with score_source: rubric_mean",
+            )
+        if judge.prompt == "instruct" and judge.prompt_template is None:
+            raise KeyedError(
+                "judge.prompt",
+                "the shipped instruct prompt asks for the overall verdict only: with "
+                "score_source: rubric_mean set judge.prompt_template to a template that asks "
+                "for rubric_evaluations",
+            )
+        return self
+
+    @model_validator(mode="after")
     def _escalation_budget(self) -> Settings:
         escalation = self.judge.budget_escalation
         if escalation is None:
@@ -546,7 +605,7 @@ class Settings(_Strict):
     def output_budget(self) -> int | None:
         """The configured `max_output_tokens` of every judge request, when it is an integer >= 1
         (the judge's own default applies otherwise, and nothing can escalate from it)."""
-        value = self.genrm_responses_create_params.get("max_output_tokens")
+        value = self.genrm_responses_create_params.get(OUTPUT_BUDGET_PARAM)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
             return value
         return None

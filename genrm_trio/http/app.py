@@ -60,6 +60,7 @@ from genrm_trio.http.schema import (
 )
 from genrm_trio.judge.answer_check import unread_fix
 from genrm_trio.judge.base import ReplicaStats
+from genrm_trio.judge.prompt_check import PROMPT_FIX
 from genrm_trio.metrics import Metrics
 
 __all__ = ["EngineLike", "create_app"]
@@ -110,12 +111,18 @@ def replica_view(stats: ReplicaStats) -> dict[str, object]:
 
 def not_ready_reason(replicas: Sequence[ReplicaStats], api: str) -> str | None:
     """Why `GET /readyz` answers 503, or None: a judge replica whose prompt tokens show that
-    the judge does not read the answers (judge/answer_check.py), with the fix for `judge.api`."""
+    the judge does not read the answers (judge/answer_check.py), with the fix for `judge.api`,
+    or that does not take the GenRM roles (judge/prompt_check.py)."""
     for stats in replicas:
         if stats.answers_unread is not None:
             return (
                 f"the judge does not read the answers (replica {stats.replica}): "
                 f"{stats.answers_unread}. Fix: {unread_fix(api)}"
+            )
+        if stats.roles_refused is not None:
+            return (
+                f"the judge does not take the GenRM roles (replica {stats.replica}): "
+                f"{stats.roles_refused}. Fix: {PROMPT_FIX}"
             )
     return None
 

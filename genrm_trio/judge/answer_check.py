@@ -23,6 +23,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final, final
 
+from genrm_trio.config import JUDGE_API_ALIASES
+from genrm_trio.judge.apis import JUDGE_APIS
+
 __all__ = [
     "MAX_BYTES_PER_TOKEN",
     "MIN_ANSWER_BYTES",
@@ -43,18 +46,11 @@ are the ones that matter)."""
 
 
 def unread_fix(api: str | None) -> str:
-    """What to change, by `judge.api`."""
-    if api == "genrm_model":
-        return (
-            "judge.api genrm_model sends the answers in metadata, which only Gym's genrm_model "
-            "server shows the model; for vLLM or any other OpenAI-compatible server set "
-            "judge.api: chat_completions (or openai_responses)"
-        )
-    return (
-        f"judge.api {api or '?'} sends the answers as the roles principle, response_1 and "
-        "response_2: the judge model's chat template must render them (one that drops unknown "
-        "roles hides the answers)"
-    )
+    """What to change: the fix text of the `judge.api` object named `api` (`judge.apis`; a
+    fleet built without naming its API gets the advice of every one)."""
+    if api is None:
+        return "; or ".join(kind.unread_fix for kind in JUDGE_APIS.values())
+    return JUDGE_APIS[JUDGE_API_ALIASES.get(api, api)].unread_fix
 
 
 def _size(text: str) -> int:
@@ -109,6 +105,14 @@ class AnswerCheck:
             return None
         prompt.unread = True
         self.prompts_unread += 1
+        if self.finding is not None:
+            return None
+        self.finding = reason
+        return reason
+
+    def probed(self, reason: str) -> str | None:
+        """The start-up answer probe's finding (judge/answer_probe.py): the reason, unless one
+        was found already."""
         if self.finding is not None:
             return None
         self.finding = reason

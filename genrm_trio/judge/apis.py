@@ -17,9 +17,10 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final, Protocol, assert_never, final, get_args
 
-from genrm_trio.config import JUDGE_API_ALIASES, JudgeApiName
+from genrm_trio.config import JUDGE_API_ALIASES, OUTPUT_BUDGET_PARAM, JudgeApiName
+from genrm_trio.domain.prompt import VERDICT_JSON_SCHEMA, InstructPrompt, PromptTemplateError
 from genrm_trio.domain.text import answer_text
-from genrm_trio.judge.base import JudgeCall, JudgeReply, ReplyStatus
+from genrm_trio.judge.base import JudgeAttemptError, JudgeCall, JudgeReply, ReplyStatus
 
 # The judge client's logger: the dropped-params line was logged there before the APIs had a
 # module of their own.
@@ -30,6 +31,7 @@ __all__ = [
     "ChatCompletionsApi",
     "GenRMModelApi",
     "JudgeApi",
+    "JudgePromptError",
     "OpenAIResponsesApi",
     "chat_body",
     "chat_params",
@@ -39,7 +41,9 @@ __all__ = [
     "judge_api",
     "judge_api_type",
     "openai_responses_body",
+    "prompt_messages",
     "responses_body",
+    "roles_refused",
 ]
 
 
@@ -49,11 +53,20 @@ class JudgeApi(Protocol):
 
     name: ClassVar[JudgeApiName]
     path: ClassVar[str]
-    # whether the model's chat template sees the roles principle, response_1 and response_2
-    custom_roles: ClassVar[bool]
+    # the request key of the attempt's output budget
+    budget_key: ClassVar[str]
+    # what to change when the judge's prompt tokens show it does not read the answers
+    unread_fix: ClassVar[str]
+
+    @property
+    def custom_roles(self) -> bool:
+        """Whether the model's chat template is sent the roles principle, response_1 and
+        response_2 (`judge.prompt: genrm` with an API that puts the answers in messages)."""
+        ...
 
     def body(self, call: JudgeCall) -> dict[str, Any]:
-        """The JSON body of one attempt of `call`."""
+        """The JSON body of one attempt of `call` (`JudgePromptError` if the instruct template
+        fails to render it)."""
         ...
 
     def interpret(self, reply: object) -> JudgeReply:
@@ -61,13 +74,41 @@ class JudgeApi(Protocol):
         ...
 
 
-def judge_api(api: str, create_params: Mapping[str, Any]) -> JudgeApi:
+def judge_api(
+    api: str,
+    create_params: Mapping[str, Any],
+    *,
+    prompt: InstructPrompt | None = None,
+    structured_output: bool = False,
+) -> JudgeApi:
     """The `judge.api` named `api` (or its earlier name, `JUDGE_API_ALIASES`), sending
-    `create_params` (copied: later changes to the mapping do not reach the requests)."""
+    `create_params` (copied: later changes to the mapping do not reach the requests); `prompt`:
+    the `judge.prompt: instruct` messages (None: the GenRM roles); `structured_output`: ask for
+    the verdict's JSON schema (`judge.structured_output`)."""
     kind = JUDGE_APIS.get(JUDGE_API_ALIASES.get(api, api))
     if kind is None:
         raise ValueError(f"unknown judge api {api!r}")
-    return kind(create_params)
+    return kind(create_params, prompt=prompt, structured_output=structured_output)
+
+
+class JudgePromptError(JudgeAttemptError):
+    """The `judge.prompt_template` failed to render this comparison (it rendered the sentinel
+    answers at start, `domain.prompt`). Not retried: the same comparison renders the same."""
+
+    type_name = "PromptTemplateError"
+
+
+_ROLE_NAMES: Final = (b"response_1", b"response_2", b"principle")
+
+
+def roles_refused(status: int, body: bytes) -> bool:
+    """Whether an error reply refuses the request for its GenRM roles: a 400, 422 or 500 whose
+    body names one of them (a hosted API's `Invalid value: 'response_1'` with `param:
+    messages[3].role`; vLLM's and a strict chat template's `unknown role: response_1`)."""
+    if status not in (400, 422, 500):
+        return False
+    lowered = body.lower()
+    return any(name in lowered for name in _ROLE_NAMES)
 
 
 # --- usage, shared by both replies ----------------------------------------------------------------
@@ -127,6 +168,30 @@ def _usage(reply: Mapping[str, Any]) -> tuple[int | None, int | None]:
 # --- Responses ------------------------------------------------------------------------------------
 
 
+def prompt_messages(prompt: InstructPrompt | None, call: JudgeCall) -> list[dict[str, str]]:
+    """The comparison as messages: the GenRM roles (`genrm_messages`) without an instruct
+    prompt, else its system and user messages; `JudgePromptError` if the template fails."""
+    if prompt is None:
+        return genrm_messages(call)
+    try:
+        return prompt.messages(call.history, call.principle, call.response_1, call.response_2)
+    except PromptTemplateError as exc:
+        raise JudgePromptError(f"judge.prompt_template: {exc}") from None
+
+
+def _verdict_format() -> dict[str, Any]:
+    """The verdict's JSON schema as a Responses `text.format` (`judge.structured_output`)."""
+    return {"type": "json_schema", "name": "verdict", "schema": VERDICT_JSON_SCHEMA, "strict": True}
+
+
+def _with_verdict_format(params: dict[str, Any]) -> dict[str, Any]:
+    """Responses create params whose `text.format` asks for the verdict schema (any other key of
+    `text` kept)."""
+    text = params.get("text")
+    params["text"] = {**(text if isinstance(text, Mapping) else {}), "format": _verdict_format()}
+    return params
+
+
 def genrm_messages(call: JudgeCall) -> list[dict[str, str]]:
     """The comparison as the model reads it: the history, then `{"role": "principle"}` (when
     the call has one), `{"role": "response_1"}` and `{"role": "response_2"}`. The judge's chat
@@ -156,7 +221,7 @@ def responses_body(params: Mapping[str, Any], call: JudgeCall) -> dict[str, Any]
     ]
     body["metadata"] = metadata
     if call.max_output_tokens is not None:
-        body["max_output_tokens"] = call.max_output_tokens
+        body[GenRMModelApi.budget_key] = call.max_output_tokens
     return body
 
 
@@ -187,10 +252,29 @@ class GenRMModelApi:
 
     name: ClassVar[JudgeApiName] = "genrm_model"
     path: ClassVar[str] = "/responses"
-    custom_roles: ClassVar[bool] = False
+    budget_key: ClassVar[str] = "max_output_tokens"
+    unread_fix: ClassVar[str] = (
+        "judge.api genrm_model sends the answers in metadata, which only Gym's genrm_model "
+        "server shows the model; for vLLM or any other OpenAI-compatible server set "
+        "judge.api: chat_completions (or openai_responses)"
+    )
 
-    def __init__(self, create_params: Mapping[str, Any]) -> None:
-        self._params: Final = copy.deepcopy(dict(create_params))
+    def __init__(
+        self,
+        create_params: Mapping[str, Any],
+        *,
+        prompt: InstructPrompt | None = None,
+        structured_output: bool = False,
+    ) -> None:
+        if prompt is not None:
+            # the settings refuse it (judge.prompt): Gym's protocol has no messages to fill
+            raise ValueError("judge.api genrm_model sends no messages: no judge.prompt: instruct")
+        params = copy.deepcopy(dict(create_params))
+        self._params: Final = _with_verdict_format(params) if structured_output else params
+
+    @property
+    def custom_roles(self) -> bool:
+        return False
 
     def body(self, call: JudgeCall) -> dict[str, Any]:
         return responses_body(self._params, call)
@@ -199,17 +283,27 @@ class GenRMModelApi:
         return interpret_responses(reply)
 
 
-def openai_responses_body(params: Mapping[str, Any], call: JudgeCall) -> dict[str, Any]:
-    """A plain OpenAI Responses request: the create params, with `input` the history, the
-    principle and both answers as messages (`genrm_messages`), `"stream": false` (servers that
-    stream by default, such as transformers serve, then answer one JSON object), and the
-    attempt's own budget as `max_output_tokens` when the call carries one."""
+def openai_responses_body(
+    params: Mapping[str, Any], call: JudgeCall, prompt: InstructPrompt | None = None
+) -> dict[str, Any]:
+    """A plain OpenAI Responses request: the create params, with `input` the comparison as
+    messages (`prompt_messages`: the history, the principle and both answers as the GenRM roles,
+    or the instruct prompt's system and user messages), `"stream": false` (servers that stream
+    by default, such as transformers serve, then answer one JSON object), and the attempt's own
+    budget as `max_output_tokens` when the call carries one."""
     body = dict(params)
-    body["input"] = [{**message, "type": "message"} for message in genrm_messages(call)]
+    body["input"] = [{**message, "type": "message"} for message in prompt_messages(prompt, call)]
     body["stream"] = False
     if call.max_output_tokens is not None:
-        body["max_output_tokens"] = call.max_output_tokens
+        body[OpenAIResponsesApi.budget_key] = call.max_output_tokens
     return body
+
+
+_ROLES_FIX: Final = (
+    "judge.api {api} with judge.prompt: genrm sends the answers as the roles principle, "
+    "response_1 and response_2: the judge model's chat template must render them (one that "
+    "drops unknown roles hides the answers); for any other model set judge.prompt: instruct"
+)
 
 
 @final
@@ -220,13 +314,26 @@ class OpenAIResponsesApi:
 
     name: ClassVar[JudgeApiName] = "openai_responses"
     path: ClassVar[str] = "/responses"
-    custom_roles: ClassVar[bool] = True
+    budget_key: ClassVar[str] = "max_output_tokens"
+    unread_fix: ClassVar[str] = _ROLES_FIX.format(api="openai_responses")
 
-    def __init__(self, create_params: Mapping[str, Any]) -> None:
-        self._params: Final = copy.deepcopy(dict(create_params))
+    def __init__(
+        self,
+        create_params: Mapping[str, Any],
+        *,
+        prompt: InstructPrompt | None = None,
+        structured_output: bool = False,
+    ) -> None:
+        params = copy.deepcopy(dict(create_params))
+        self._params: Final = _with_verdict_format(params) if structured_output else params
+        self._prompt: Final = prompt
+
+    @property
+    def custom_roles(self) -> bool:
+        return self._prompt is None
 
     def body(self, call: JudgeCall) -> dict[str, Any]:
-        return openai_responses_body(self._params, call)
+        return openai_responses_body(self._params, call, self._prompt)
 
     def interpret(self, reply: object) -> JudgeReply:
         return interpret_responses(reply)
@@ -248,7 +355,7 @@ _CHAT_SAME_NAME: Final = frozenset(
         "safety_identifier",
     }
 )
-_CHAT_MAPPED: Final = frozenset({"max_output_tokens", "reasoning", "text", "instructions"})
+_CHAT_MAPPED: Final = frozenset({OUTPUT_BUDGET_PARAM, "reasoning", "text", "instructions"})
 _CHAT_REBUILT: Final = frozenset({"input", "metadata"})
 
 
@@ -263,8 +370,8 @@ def chat_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], str | None, 
     for key, value in params.items():
         if key in _CHAT_SAME_NAME:
             out[key] = value
-        elif key == "max_output_tokens":
-            out["max_tokens"] = value
+        elif key == OUTPUT_BUDGET_PARAM:
+            out[ChatCompletionsApi.budget_key] = value
         elif key == "reasoning" and isinstance(value, Mapping) and value.get("effort") is not None:
             out["reasoning_effort"] = value["effort"]
         elif key == "text" and isinstance(value, Mapping) and isinstance(value.get("format"), dict):
@@ -287,20 +394,29 @@ def chat_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], str | None, 
 
 
 def chat_body(
-    params: Mapping[str, Any], instructions: str | None, call: JudgeCall
+    params: Mapping[str, Any],
+    instructions: str | None,
+    call: JudgeCall,
+    prompt: InstructPrompt | None = None,
 ) -> dict[str, Any]:
     """A chat-completions request: history, then principle, response_1, response_2
-    (`genrm_messages`), `"stream": false`; the attempt's own budget, when the call carries one,
-    is sent as `max_tokens`."""
+    (`genrm_messages`), or the instruct prompt's system and user messages (`instructions`
+    joined to its system message: templates that take one system message take no second),
+    `"stream": false`; the attempt's own budget, when the call carries one, is sent as
+    `max_tokens`."""
     messages: list[dict[str, str]] = []
+    shown = prompt_messages(prompt, call)
     if instructions is not None:
-        messages.append({"role": "system", "content": instructions})
-    messages.extend(genrm_messages(call))
+        if prompt is not None and shown[0]["role"] == "system":
+            shown[0] = {"role": "system", "content": f"{instructions}\n\n{shown[0]['content']}"}
+        else:
+            messages.append({"role": "system", "content": instructions})
+    messages.extend(shown)
     body = dict(params)
     body["messages"] = messages
     body["stream"] = False
     if call.max_output_tokens is not None:
-        body["max_tokens"] = call.max_output_tokens
+        body[ChatCompletionsApi.budget_key] = call.max_output_tokens
     return body
 
 
@@ -336,10 +452,20 @@ class ChatCompletionsApi:
 
     name: ClassVar[JudgeApiName] = "chat_completions"
     path: ClassVar[str] = "/chat/completions"
-    custom_roles: ClassVar[bool] = True
+    budget_key: ClassVar[str] = "max_tokens"
+    unread_fix: ClassVar[str] = _ROLES_FIX.format(api="chat_completions")
 
-    def __init__(self, create_params: Mapping[str, Any]) -> None:
-        chat, instructions, dropped = chat_params(copy.deepcopy(dict(create_params)))
+    def __init__(
+        self,
+        create_params: Mapping[str, Any],
+        *,
+        prompt: InstructPrompt | None = None,
+        structured_output: bool = False,
+    ) -> None:
+        params = copy.deepcopy(dict(create_params))
+        if structured_output:
+            params = _with_verdict_format(params)  # mapped to response_format by chat_params
+        chat, instructions, dropped = chat_params(params)
         if dropped:
             log.info(
                 "judge.api chat_completions: ignoring create params chat does not take: %s",
@@ -347,9 +473,14 @@ class ChatCompletionsApi:
             )
         self._params: Final = chat
         self._instructions: Final = instructions
+        self._prompt: Final = prompt
+
+    @property
+    def custom_roles(self) -> bool:
+        return self._prompt is None
 
     def body(self, call: JudgeCall) -> dict[str, Any]:
-        return chat_body(self._params, self._instructions, call)
+        return chat_body(self._params, self._instructions, call, self._prompt)
 
     def interpret(self, reply: object) -> JudgeReply:
         return interpret_chat(reply)

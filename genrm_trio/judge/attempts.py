@@ -40,6 +40,7 @@ import trio
 from genrm_trio.config import Settings
 from genrm_trio.domain.ratelimit import RateLimitHeaders
 from genrm_trio.judge.base import (
+    AttemptTicket,
     ComparisonResult,
     Judge,
     JudgeAttemptError,
@@ -343,6 +344,40 @@ class Comparator:
         finally:
             self._active -= 1
 
+    async def _fitted(self, call: JudgeCall, ticket: QueueTicket) -> JudgeReply:
+        """`_reach`, and when the judge refuses the attempt for its context window, the one
+        resend with a budget that fits (part of the same attempt), else `JudgeContextOverflow`:
+        an overflow is never retried unchanged (judge/context.py)."""
+        context = self._rules.context
+        try:
+            return await self._reach(call, ticket)
+        except JudgeAttemptError as error:
+            overflow = context.overflowed(error, call.max_output_tokens)
+            if overflow is None:
+                raise
+            resend = context.resend(overflow, call.max_output_tokens)
+            if resend is None:
+                failure = context.failure(overflow, call.max_output_tokens)
+                failure.replica = error.replica
+                raise failure from error
+        log.info(
+            "judge context window: %s; resending once with max_output_tokens %d",
+            overflow.describe(),
+            resend.budget,
+        )
+        retry = dataclasses.replace(
+            call, max_output_tokens=resend.budget, ticket=AttemptTicket(call.ticket)
+        )
+        try:
+            return await self._reach(retry, ticket)
+        except JudgeAttemptError as error:
+            again = context.overflowed(error, resend.budget)
+            if again is None:
+                raise
+            failure = context.failure(again, resend.budget)
+            failure.replica = error.replica
+            raise failure from error
+
     async def _attempts(self, comparison: Comparison, ticket: QueueTicket) -> ComparisonResult:
         """`comparison`'s attempts, paced, until one gives its result or none is left."""
         for n in range(1, self._rules.attempts + 1):
@@ -350,7 +385,7 @@ class Comparator:
                 await self._sleep(n - 1, comparison.retry_after, ticket)
             call = comparison.next_call()
             try:
-                reply = await self._reach(call, ticket)
+                reply = await self._fitted(call, ticket)
             except RateLimitBeyondDeadline as held:
                 comparison.held_past_deadline(str(held))  # raises the JudgeError
                 raise

@@ -321,6 +321,10 @@ class ReplicaStats:
     # answers (None: no sign of it), and how many prompts showed it
     answers_unread: str | None = None
     prompts_unread: int = 0
+    # judge/prompt_check.py: why the judge does not take the GenRM roles (None: no sign of it)
+    roles_refused: str | None = None
+    # attempts the replica refused for its context window (judge/context.py)
+    context_overflows: int = 0
 
 
 @runtime_checkable

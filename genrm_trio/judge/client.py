@@ -22,7 +22,7 @@ import httpx
 from genrm_trio.config import ConfigError, Settings, endpoint_of, read_secret
 from genrm_trio.domain.ratelimit import parse_rate_limit_headers
 from genrm_trio.domain.ratelimit import parse_retry_after as retry_after_seconds
-from genrm_trio.judge.apis import JUDGE_APIS, JudgeApi, judge_api
+from genrm_trio.judge.apis import JUDGE_APIS, JudgeApi, judge_api, roles_refused
 from genrm_trio.judge.base import (
     EXCERPT_BYTES,
     JudgeBadJSON,
@@ -40,6 +40,7 @@ from genrm_trio.judge.pool import (
     UnreachableError,
     judge_pool,
 )
+from genrm_trio.judge.prompts import judge_prompt
 
 __all__ = [
     "TRANSPORT_ERRORS",
@@ -175,9 +176,11 @@ def transport_error(exc: httpx.HTTPError, redact: Redactor) -> JudgeTransportErr
 
 ROLES_HINT: Final = (
     "the judge's chat template must accept the roles principle, response_1 and response_2, "
-    "which judge.api {api} sends"
+    "which judge.api {api} sends with judge.prompt: genrm; for any other model set "
+    "judge.prompt: instruct"
 )
-"""Said after an HTTP 500 to an API that sends those roles (docs/configuration.md)."""
+"""Said after a reply that refuses the request for those roles (`apis.roles_refused`;
+docs/configuration.md)."""
 
 _FIRST_BYTES: Final = 80
 """How much of a reply that is not JSON its failure reason quotes."""
@@ -299,8 +302,8 @@ class HttpJudge:
             retry_after = None if rate_limit is None else rate_limit.retry_after_s
             error = JudgeHTTPError(status, self._redact(body, EXCERPT_BYTES), retry_after)
             error.rate_limit = rate_limit
-            if status == 500 and self._api.custom_roles:
-                # what a chat template that rejects unknown roles answers (transformers, vLLM)
+            if self._api.custom_roles and roles_refused(status, body):
+                # what a chat template or an API that rejects unknown roles answers
                 error.hint = ROLES_HINT.format(api=self._api.name)
             raise error
         content_type = _raw_header(headers, b"content-type")
@@ -359,7 +362,12 @@ def make_http_judge(
     return HttpJudge(
         url=base_url.rstrip("/") + JUDGE_APIS[judge.api].path,
         endpoint=endpoint_of(base_url),
-        api=judge_api(judge.api, settings.judge_create_params),
+        api=judge_api(
+            judge.api,
+            settings.judge_create_params,
+            prompt=judge_prompt(judge),
+            structured_output=judge.structured_output,
+        ),
         pool=judge_pool(base_url, judge, backend=backend),
         token=token,
         probe_url=base_url.rstrip("/") + "/models",

@@ -16,8 +16,10 @@ import logging
 from collections.abc import Sequence
 from typing import NoReturn, assert_never, final
 
-from genrm_trio.config import Settings
+from genrm_trio.config import OUTPUT_BUDGET_PARAM, Settings
+from genrm_trio.domain.context_window import context_overflow
 from genrm_trio.domain.verdict import Verdict, VerdictParseError, parse_overall, parse_rubric
+from genrm_trio.judge.apis import JudgePromptError
 from genrm_trio.judge.base import (
     AttemptTicket,
     ComparisonResult,
@@ -33,6 +35,7 @@ from genrm_trio.judge.base import (
     Usage,
     one_line,
 )
+from genrm_trio.judge.context import ContextFit, JudgeContextOverflow
 from genrm_trio.judge.events import AttemptEvents
 
 log = logging.getLogger("genrm_trio.judge")
@@ -41,10 +44,17 @@ __all__ = ["Comparison", "ComparisonRules", "outcome_of"]
 
 
 def outcome_of(error: JudgeAttemptError) -> tuple[str, str]:
-    """(metric outcome, retry cause) of a failed attempt."""
+    """(metric outcome, retry cause) of a failed attempt (an overflow and a prompt that does not
+    render are never retried: their cause is never counted)."""
     match error:
+        case JudgeHTTPError() if context_overflow(error.status, error.body) is not None:
+            return "context_overflow", "context_overflow"
         case JudgeHTTPError():
             return "http_error", "http"
+        case JudgeContextOverflow():
+            return "context_overflow", "context_overflow"
+        case JudgePromptError():
+            return "prompt_error", "prompt_error"
         case JudgeTimeout():
             return "timeout", "timeout"
         case JudgeBadJSON():
@@ -75,9 +85,11 @@ class ComparisonRules:
         self.path = path
         self.attempts = settings.attempts
         self.timeout = settings.judge_request_timeout_s
-        params = settings.judge_create_params
-        self.budget_tokens = params.get("max_output_tokens", params.get("max_tokens"))
+        # the configured budget as given, for the log lines (also when it is not an integer)
+        self.budget_tokens = settings.judge_create_params.get(OUTPUT_BUDGET_PARAM)
         self.budget = settings.output_budget  # every comparison's first attempt asks for this
+        # each attempt's budget fitted into the judge's context window (judge/context.py)
+        self.context = ContextFit(settings.judge.context_tokens, settings.judge.min_output_tokens)
         self.escalation = settings.judge.budget_escalation
         self.rubric = settings.score_source == "rubric_mean"
         self.defaults = Verdict(
@@ -180,7 +192,9 @@ class Comparison:
         self._previous = ticket
         return dataclasses.replace(
             call,
-            max_output_tokens=budget if budget is not None else call.max_output_tokens,
+            max_output_tokens=rules.context.budget(
+                call, budget if budget is not None else call.max_output_tokens
+            ),
             avoid_replica=self.avoid,
             ticket=ticket,
         )
@@ -223,6 +237,7 @@ class Comparison:
         (the next attempt follows, if any is left: `result` otherwise)."""
         self.avoid = None
         self.retry_after = None
+        self._rules.context.observe(self._call, reply)
         if reply.input_tokens is not None and reply.output_tokens is not None:
             used_in, used_out = self._tokens or (0, 0)
             self._tokens = (used_in + reply.input_tokens, used_out + reply.output_tokens)

@@ -12,7 +12,11 @@ from genrm_trio.judge.client import make_http_judge
 from genrm_trio.judge.fleet import JudgeFleet
 from genrm_trio.judge.network import NetworkBackend
 
-__all__ = ["make_judge"]
+__all__ = ["ANSWER_PROBE_S", "make_judge"]
+
+ANSWER_PROBE_S = 30.0
+"""The answer probe of a replica waits at most this long (less when judge_request_timeout_s is):
+one output token, but a loaded judge queues it."""
 
 
 def make_judge(settings: Settings, *, backend: NetworkBackend | None = None) -> JudgeFleet:
@@ -29,6 +33,18 @@ def make_judge(settings: Settings, *, backend: NetworkBackend | None = None) -> 
         raise ConfigError(
             "settings", "judge.api", f"required with judge.base_url: {JUDGE_API_CHOICES}"
         )
+    # the GenRM roles go to the model with judge.prompt genrm and an API that sends messages
+    sends_roles = judge.prompt == "genrm" and judge.api != "genrm_model"
+    twins = []
+    if sends_roles and judge.probe:
+        # the same replicas with the instruct prompt: the answer probe tells by them whether a
+        # refusal is the roles' (judge/answer_probe.py)
+        instruct = settings.model_copy(
+            update={"judge": judge.model_copy(update={"prompt": "instruct"})}
+        )
+        twins = [
+            make_http_judge(instruct, base_url=url, backend=backend) for url in judge.base_urls
+        ]
     return JudgeFleet(
         [
             (url, make_http_judge(settings, base_url=url, backend=backend))
@@ -40,4 +56,10 @@ def make_judge(settings: Settings, *, backend: NetworkBackend | None = None) -> 
         stall_after_s=judge.replica_stall_s,
         outage_probe_s=judge.outage_probe_s,
         api=judge.api,
+        sends_roles=sends_roles,
+        # judge.probe: Gym's model servers start beside this one (and have no /models)
+        answer_probe_s=min(ANSWER_PROBE_S, settings.judge_request_timeout_s)
+        if judge.probe
+        else None,
+        instruct_twins=twins,
     )

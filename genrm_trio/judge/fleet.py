@@ -17,7 +17,9 @@ The fleet is a facade over one module per job:
   `wait_reachable`, and the reference-counted watch (`keep_watch`);
 - judge/stall.py: the stall watch (`judge.replica_stall_s`);
 - judge/ledger.py: the reply observer (`ReplyObserver`, `observe`) and the per-replica ledger fed
-  by it: calls, failures, latency, usage and the answer check.
+  by it: calls, failures, latency, usage, the answer check and the prompt check;
+- judge/answer_probe.py: with `answer_probe`, one comparison sent to each replica when it is first
+  watched and whenever it comes back, whose prompt tokens say whether it reads the answers.
 
 Why an attempt ended the fleet is told, not guessed: an answer or a failure it sees; its own
 deadline the `Comparator` reports through the attempt's `AttemptTicket` (a hung replica is then
@@ -34,6 +36,7 @@ from typing import final
 
 import trio
 
+from genrm_trio.judge.answer_probe import ProbeFailed, probe_answers
 from genrm_trio.judge.base import (
     Judge,
     JudgeAttemptError,
@@ -81,7 +84,14 @@ class JudgeFleet:
         api: str | None = None,
         labels: Sequence[str] | None = None,
         report_replicas: bool = True,
+        sends_roles: bool = False,
+        answer_probe_s: float | None = None,
+        instruct_twins: Sequence[Judge] = (),
     ) -> None:
+        """`sends_roles`: the replicas are sent the GenRM roles (the ledger watches whether they
+        take them); `answer_probe_s`: probe each replica's reading of the answers, bounded by
+        this (None: not probed); `instruct_twins`: each replica again with `judge.prompt:
+        instruct`, with which the probe tells a refusal of the roles (closed with the fleet)."""
         if not replicas:
             raise ValueError("a judge fleet needs at least one replica")
         urls = [url for url, _ in replicas]
@@ -99,7 +109,16 @@ class JudgeFleet:
         )
         self._outage = Outage(self._replicas, self._router, probe_max_s=outage_probe_s)
         self._stall = StallWatch(self._replicas, self._router, stall_after_s)
-        self._ledger = ReplicaLedger(len(self._replicas), api) if report_replicas else None
+        self._ledger = (
+            ReplicaLedger(len(self._replicas), api, sends_roles=sends_roles)
+            if report_replicas
+            else None
+        )
+        self._answer_probe_s = answer_probe_s if self._ledger is not None else None
+        self._twins = list(instruct_twins)
+        # replicas whose answer probe is due: each at the first watch, again when it is back
+        self._to_probe = list(self._replicas) if self._answer_probe_s is not None else []
+        self._probe_wanted = trio.Event()
         self._observers: list[ReplyObserver] = [] if self._ledger is None else [self._ledger]
         self._path = replicas[0][1].path
         self._endpoint = ",".join(names)
@@ -174,9 +193,39 @@ class JudgeFleet:
         return self._outage.watched
 
     async def keep_watch(self) -> None:
-        """Probe the replicas that cannot be reached until they answer; runs until cancelled
-        (each engine runs it in its nursery; several may: judge/outage.py)."""
-        await self._outage.keep_watch()
+        """Probe the replicas that cannot be reached until they answer, and each replica's
+        reading of the answers when due; runs until cancelled (each engine runs it in its
+        nursery; several may: judge/outage.py; a due answer probe is sent by one of them)."""
+        if self._answer_probe_s is None:
+            await self._outage.keep_watch()
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._answer_probes)
+            await self._outage.keep_watch()
+
+    async def _answer_probes(self) -> None:
+        """Send each due answer probe, as they fall due."""
+        async with trio.open_nursery() as nursery:
+            while True:
+                while self._to_probe:
+                    nursery.start_soon(self._probe_answers, self._to_probe.pop(0))
+                await self._probe_wanted.wait()
+
+    async def _probe_answers(self, replica: Replica) -> None:
+        ledger, limit = self._ledger, self._answer_probe_s
+        assert ledger is not None and limit is not None
+        twin = self._twins[replica.index] if self._twins else None
+        with trio.move_on_after(limit):
+            ledger.probed(replica, await probe_answers(replica.judge, instruct=twin))
+            return
+        ledger.probed(replica, ProbeFailed(f"no reply within {limit:g}s"))
+
+    def _answer_probe_due(self, replica: Replica) -> None:
+        if self._answer_probe_s is None or replica in self._to_probe:
+            return
+        self._to_probe.append(replica)
+        wanted, self._probe_wanted = self._probe_wanted, trio.Event()
+        wanted.set()
 
     async def wait_reachable(self) -> None:
         """Return once a replica can be reached (at once when one can, or when not watched)."""
@@ -300,6 +349,7 @@ class JudgeFleet:
         for changed in tuple(self._capacity_watchers):
             changed()
         self._outage.ended(replica, what)
+        self._answer_probe_due(replica)
 
     # --- observability --------------------------------------------------------------------
 
@@ -330,6 +380,8 @@ class JudgeFleet:
                     reasoning_tokens=counts.reasoning_tokens,
                     answers_unread=counts.answers.finding,
                     prompts_unread=counts.answers.prompts_unread,
+                    roles_refused=counts.prompt.finding,
+                    context_overflows=counts.context_overflows,
                 )
             )
         return stats
@@ -341,8 +393,8 @@ class JudgeFleet:
         self._closed = True
         with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_S):
             async with trio.open_nursery() as nursery:
-                for replica in self._replicas:
-                    nursery.start_soon(replica.judge.aclose)
+                for judge in [replica.judge for replica in self._replicas] + self._twins:
+                    nursery.start_soon(judge.aclose)
 
 
 def as_fleet(judge: Judge) -> JudgeFleet:

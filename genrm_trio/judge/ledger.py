@@ -21,10 +21,25 @@ What each counter counts (docs/http-api.md, `GET /judge/replicas`):
 from __future__ import annotations
 
 import logging
-from typing import Protocol, final
+from typing import Protocol, assert_never, final
 
+from genrm_trio.domain.context_window import context_overflow
 from genrm_trio.judge.answer_check import AnswerCheck, unread_fix
-from genrm_trio.judge.base import JudgeAttemptError, JudgeCall, JudgeReply
+from genrm_trio.judge.answer_probe import (
+    AnswersRead,
+    AnswersUnread,
+    ProbeFailed,
+    ProbeOutcome,
+    RolesRefused,
+)
+from genrm_trio.judge.base import (
+    JudgeAttemptError,
+    JudgeCall,
+    JudgeHTTPError,
+    JudgeReply,
+    ReplyStatus,
+)
+from genrm_trio.judge.prompt_check import PROMPT_FIX, PromptCheck
 from genrm_trio.judge.routing import Replica
 
 log = logging.getLogger("genrm_trio.judge")
@@ -67,12 +82,14 @@ class ReplicaCounts:
     __slots__ = (
         "answers",
         "calls",
+        "context_overflows",
         "failures",
         "input_tokens",
         "last_error",
         "latency_count",
         "latency_sum",
         "output_tokens",
+        "prompt",
         "reasoning_tokens",
     )
 
@@ -86,16 +103,21 @@ class ReplicaCounts:
         self.output_tokens = 0
         self.reasoning_tokens = 0
         self.answers = AnswerCheck()
+        self.prompt = PromptCheck()  # does it take the GenRM roles (judge/prompt_check.py)
+        self.context_overflows = 0  # attempts refused for the context window
 
 
 @final
 class ReplicaLedger:
     """The per-replica counters of a fleet, kept as a `ReplyObserver`; `api` is `judge.api`,
-    named in the "does not read the answers" line."""
+    named in the "does not read the answers" line; `sends_roles`: the judge is sent the GenRM
+    roles (`judge.prompt: genrm` with an API that puts the answers in messages), so whether it
+    takes them is watched (judge/prompt_check.py)."""
 
-    def __init__(self, replicas: int, api: str | None) -> None:
+    def __init__(self, replicas: int, api: str | None, *, sends_roles: bool = False) -> None:
         self.counts = [ReplicaCounts() for _ in range(replicas)]
         self._api = api
+        self._roles = sends_roles
 
     def sent(self, replica: Replica) -> None:
         self.counts[replica.index].calls += 1
@@ -111,7 +133,13 @@ class ReplicaLedger:
         counts = self.counts[replica.index]
         counts.latency_sum += seconds
         counts.latency_count += 1
-        if reply is None or reply.input_tokens is None or reply.output_tokens is None:
+        if isinstance(error, JudgeHTTPError):
+            self._refused(replica, counts, error)
+        if reply is None:
+            return
+        if self._roles and reply.status is ReplyStatus.COMPLETED and counts.prompt.watching:
+            self._roles_found(replica, counts.prompt.observe_text(reply.text))
+        if reply.input_tokens is None or reply.output_tokens is None:
             return
         counts.input_tokens += reply.input_tokens
         counts.output_tokens += reply.output_tokens
@@ -126,6 +154,50 @@ class ReplicaLedger:
                 reason,
                 unread_fix(self._api),
             )
+
+    def _refused(self, replica: Replica, counts: ReplicaCounts, error: JudgeHTTPError) -> None:
+        """An error status: a refusal for the context window, or of the GenRM roles."""
+        if context_overflow(error.status, error.body) is not None:
+            counts.context_overflows += 1
+        elif self._roles:
+            self._roles_found(replica, counts.prompt.observe_error(error.status, error.body))
+
+    def _roles_found(self, replica: Replica, reason: str | None) -> None:
+        """One ERROR, the first time `replica` shows it does not take the GenRM roles."""
+        if reason is not None:
+            log.error(
+                "the judge does not take the GenRM roles (replica %s): %s. Fix: %s",
+                replica.label,
+                reason,
+                PROMPT_FIX,
+            )
+
+    def probed(self, replica: Replica, outcome: ProbeOutcome) -> None:
+        """What the answer probe (judge/answer_probe.py) found of `replica`."""
+        counts = self.counts[replica.index]
+        match outcome:
+            case AnswersRead(tokens):
+                log.info(
+                    "judge replica %s reads the answers (the answer probe's prompt had %d tokens)",
+                    replica.label,
+                    tokens,
+                )
+            case AnswersUnread(reason):
+                if counts.answers.probed(reason) is not None:
+                    log.error(
+                        "the judge does not read the answers (replica %s): %s. Fix: %s",
+                        replica.label,
+                        reason,
+                        unread_fix(self._api),
+                    )
+            case RolesRefused(reason):
+                self._roles_found(replica, counts.prompt.refused(reason))
+            case ProbeFailed(reason):
+                log.info(
+                    "judge replica %s: the answer probe got no answer: %s", replica.label, reason
+                )
+            case _:
+                assert_never(outcome)
 
     def failed(self, replica: Replica, error: JudgeAttemptError) -> None:
         counts = self.counts[replica.index]

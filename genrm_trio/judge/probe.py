@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, final
 
@@ -25,7 +26,14 @@ from genrm_trio.judge.tls import proxy_variables_set
 # "genrm_trio.serve": operators filter on that name, and so do the tests (caplog).
 log = logging.getLogger("genrm_trio.serve")
 
-__all__ = ["PROBE_LIMIT_S", "ProbeReport", "log_proxy_use", "probe_judge"]
+__all__ = [
+    "PROBE_LIMIT_S",
+    "ProbeReport",
+    "log_proxy_use",
+    "probe_judge",
+    "served_window",
+    "with_context_window",
+]
 
 PROBE_IDS_SHOWN: Final = 8
 """At most this many of the judge's model ids are named in the model-mismatch warning."""
@@ -48,6 +56,38 @@ def _served_ids(body: bytes) -> list[str] | None:
         for entry in data
         if isinstance(entry, dict) and isinstance(entry.get("id"), str)
     ]
+
+
+def served_window(body: bytes, model: object) -> int | None:
+    """The context window a `GET /models` reply states, as vLLM and SGLang do (`max_model_len`
+    of the entry whose `id` is `model`; of the first entry when no model is configured or none
+    has that id), or None."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return None
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list):
+        return None
+    entries = [entry for entry in data if isinstance(entry, dict)]
+    chosen = next((entry for entry in entries if entry.get("id") == model), None)
+    if chosen is None and entries:
+        chosen = entries[0]
+    window = chosen.get("max_model_len") if chosen is not None else None
+    if isinstance(window, int) and not isinstance(window, bool) and window >= 1:
+        return window
+    return None
+
+
+def with_context_window(settings: Settings, windows: Sequence[int]) -> Settings:
+    """`settings` with `judge.context_tokens` set to the smallest window the probe read, when
+    the key is not set (a configured window wins: the operator may keep a margin of their own)."""
+    if settings.judge.context_tokens is not None or not windows:
+        return settings
+    window = min(windows)
+    log.info("judge context window: %d tokens (max_model_len from GET /models)", window)
+    judge = settings.judge.model_copy(update={"context_tokens": window})
+    return settings.model_copy(update={"judge": judge})
 
 
 def _check_model(settings: Settings, body: bytes) -> None:
@@ -82,6 +122,9 @@ class ProbeReport:
 
     answered: bool
     unreachable: tuple[str, ...] = ()
+    # the context window each replica that answered states (`served_window`), for
+    # `with_context_window`
+    windows: tuple[int, ...] = ()
 
 
 async def probe_judge(
@@ -105,14 +148,16 @@ async def probe_judge(
         return ProbeReport(answered=False)
     answered: list[bool] = []
     unreachable: list[str] = []
+    windows: list[int] = []
     async with trio.open_nursery() as nursery:
         for base_url in urls:
             nursery.start_soon(
-                _probe_one, settings, token, base_url, answered, unreachable, backend
+                _probe_one, settings, token, base_url, answered, unreachable, backend, windows
             )
     return ProbeReport(
         answered=len(answered) == len(urls) and all(answered),
         unreachable=tuple(url for url in urls if url in unreachable),
+        windows=tuple(windows),
     )
 
 
@@ -123,6 +168,7 @@ async def _probe_one(
     answered: list[bool],
     unreachable: list[str],
     backend: NetworkBackend | None,
+    windows: list[int],
 ) -> None:
     # The probe goes through a pool made as the judge calls' own are (`judge_pool`: TLS trust
     # from judge.ca_file or SSL_CERT_FILE/SSL_CERT_DIR, the reply cap), so that it fails where
@@ -155,6 +201,9 @@ async def _probe_one(
         if 200 <= status <= 299:
             log.info("judge probe GET %s: HTTP %d", url, status)
             _check_model(settings, body)
+            window = served_window(body, settings.judge_create_params.get("model"))
+            if window is not None:
+                windows.append(window)
             answered.append(True)
             return
         problem = f"HTTP {status}"

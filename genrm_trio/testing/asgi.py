@@ -22,6 +22,7 @@ from genrm_trio.judge.base import JudgeCall
 from genrm_trio.testing.core import (
     DEFAULT_BUDGET_TOKENS,
     SimConfig,
+    context_refusal,
     prompt_length,
     token_count,
 )
@@ -263,8 +264,8 @@ def _chat_body(
 @dataclass(frozen=True, slots=True)
 class _SimApi:
     """The simulated judge's side of one judge API: the comparison a request asks for, the key
-    of its output budget, the reply body, and, for the policy stand-in, whether a request is a
-    judge call and a policy request's text."""
+    of its output budget (the API object's), the reply body, and, for the policy stand-in,
+    whether a request is a judge call and a policy request's text."""
 
     call: Callable[[Mapping[str, Any]], JudgeCall]
     budget_key: str
@@ -280,7 +281,7 @@ def _sim_api(name: JudgeApiName) -> _SimApi:
         case "genrm_model":
             return _SimApi(
                 _responses_call,
-                "max_output_tokens",
+                JUDGE_APIS[name].budget_key,
                 _responses_body,
                 _responses_shaped,
                 _responses_prompt,
@@ -288,13 +289,15 @@ def _sim_api(name: JudgeApiName) -> _SimApi:
         case "openai_responses":
             return _SimApi(
                 _openai_responses_call,
-                "max_output_tokens",
+                JUDGE_APIS[name].budget_key,
                 _responses_body,
                 _openai_responses_shaped,
                 _responses_prompt,
             )
         case "chat_completions":
-            return _SimApi(_chat_call, "max_tokens", _chat_body, _chat_shaped, _chat_prompt)
+            return _SimApi(
+                _chat_call, JUDGE_APIS[name].budget_key, _chat_body, _chat_shaped, _chat_prompt
+            )
         case _:
             assert_never(name)
 
@@ -323,11 +326,22 @@ def _route_api(apis: tuple[JudgeApiName, ...], request: Mapping[str, Any]) -> Ju
     return next((name for name in apis if SIM_APIS[name].judge_shaped(request)), apis[0])
 
 
-def _budget_tokens(request: Mapping[str, Any], api: JudgeApiName) -> int:
+def _asked_budget(request: Mapping[str, Any], api: JudgeApiName) -> int | None:
     value = request.get(SIM_APIS[api].budget_key)
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    return DEFAULT_BUDGET_TOKENS
+    return None
+
+
+def _budget_tokens(request: Mapping[str, Any], api: JudgeApiName) -> int:
+    asked = _asked_budget(request, api)
+    return DEFAULT_BUDGET_TOKENS if asked is None else asked
+
+
+def _overflow_body(message: str) -> bytes:
+    """vLLM's error body (0.10: `ErrorResponse` under `error`)."""
+    error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+    return _json_bytes({"error": error})
 
 
 def _format_retry_after(seconds: float) -> str:
@@ -393,7 +407,7 @@ class SimJudgeApp:
             elif not self._authorised(scope):
                 await _respond(send, 401, default_body(401).encode())
             else:
-                await _respond(send, 200, _MODELS_BODY)
+                await _respond(send, 200, _models_body(self._core.config.context_tokens))
             return
         apis = _ROUTES.get(path)
         if apis is None:
@@ -479,6 +493,14 @@ class SimJudgeApp:
             if fault == "not_json":
                 await _respond(send, 200, NOT_JSON_BODY.encode(), content_type=b"text/plain")
                 return
+            window = self._core.config.context_tokens
+            if window is not None:
+                asked = _asked_budget(request, api)
+                refusal = context_refusal(window, token_count(prompt_length(call)), asked)
+                if refusal is not None:
+                    self._core.overflows += 1
+                    await _respond(send, 400, _overflow_body(refusal))
+                    return
             limit = _budget_tokens(request, api)
             budget = fault == "budget_exhausted" or self._core.cut_off(decision, limit)
             text = (
@@ -522,9 +544,13 @@ class SimJudgeApp:
             self._core.end()
 
 
-_MODELS_BODY: Final = _json_bytes(
-    {"object": "list", "data": [{"id": _MODEL_ID, "object": "model", "owned_by": "genrm-trio"}]}
-)
+def _models_body(context_tokens: int | None) -> bytes:
+    """`GET /v1/models`: the one model, with `max_model_len` as vLLM reports it when the
+    simulated judge has a context window."""
+    model: dict[str, Any] = {"id": _MODEL_ID, "object": "model", "owned_by": "genrm-trio"}
+    if context_tokens is not None:
+        model["max_model_len"] = context_tokens
+    return _json_bytes({"object": "list", "data": [model]})
 
 
 async def _read_body(receive: Receive) -> bytes | None:

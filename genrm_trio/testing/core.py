@@ -19,7 +19,7 @@ from genrm_trio.testing.judgment import JudgmentModel, call_key, judged_verdict,
 from genrm_trio.testing.ratelimit import SimLimiter, SimRateLimits
 from genrm_trio.testing.verdicts import LengthModel, answer_digest, forced_need, normal_from_digest
 
-__all__ = ["Api", "SimCall", "SimConfig", "SimStatistics"]
+__all__ = ["Api", "SimCall", "SimConfig", "SimStatistics", "context_refusal"]
 
 Api = Literal["in_process"] | JudgeApiName
 """How a call reached the simulator: in process, or over HTTP by one of the judge APIs."""
@@ -57,6 +57,9 @@ class SimConfig:
     capacity: int | None = None  # calls served at once; None: every call at once
     judgment: JudgmentModel | None = None  # noisy verdicts from latent qualities (testing.judgment)
     rate_limits: SimRateLimits | None = None  # a hosted API's limits (testing.ratelimit)
+    # vLLM's max_model_len: a call whose prompt tokens plus output budget exceed it gets vLLM's
+    # HTTP 400 (`context_refusal`), and GET /v1/models reports it (None: no window)
+    context_tokens: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple(self.rules))
@@ -72,6 +75,10 @@ class SimConfig:
             raise ValueError("fault_rate must be within [0, 1]")
         if self.capacity is not None and (type(self.capacity) is not int or self.capacity < 1):
             raise ValueError("capacity must be an integer >= 1 (or None: unlimited)")
+        if self.context_tokens is not None and (
+            type(self.context_tokens) is not int or self.context_tokens < 1
+        ):
+            raise ValueError("context_tokens must be an integer >= 1 (or None: no window)")
         if self.fault_kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault {self.fault_kind!r}; expected one of {FAULT_KINDS}")
         for rule in self.rules:
@@ -119,10 +126,31 @@ class SimStatistics:
     # seconds from the first served call to the last (what a throughput is measured over)
     limited_tokens: int = 0
     limited_span_s: float = 0.0
+    overflows: int = 0  # calls refused for the context window (`SimConfig.context_tokens`)
 
 
 def token_count(text_length: int) -> int:
     return text_length // 4
+
+
+def context_refusal(window: int, prompt_tokens: int, max_tokens: int | None) -> str | None:
+    """vLLM's message refusing a request that does not fit its context window `window`
+    (vLLM's texts, `vllm/entrypoints/openai/serving_engine.py`), or None when it fits. A
+    request without an output budget gets what is left of the window, as in vLLM."""
+    if max_tokens is None:
+        if prompt_tokens < window:
+            return None
+        return (
+            f"This model's maximum context length is {window} tokens. However, your request "
+            f"has {prompt_tokens} input tokens. Please reduce the length of the input messages."
+        )
+    if prompt_tokens + max_tokens <= window:
+        return None
+    return (
+        f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
+        f"maximum context length is {window} tokens and your request has {prompt_tokens} "
+        f"input tokens ({max_tokens} > {window} - {prompt_tokens})."
+    )
 
 
 # --- the shared core --------------------------------------------------------------------------
@@ -156,6 +184,7 @@ class SimCore:
         self.max_in_flight = 0
         self.bad_requests = 0
         self.exhausted = 0
+        self.overflows = 0
         self._places = None if config.capacity is None else trio.CapacityLimiter(config.capacity)
         self.serving = 0
         self.max_serving = 0
@@ -334,6 +363,7 @@ class SimCore:
             max_in_flight=self.max_in_flight,
             bad_requests=self.bad_requests,
             exhausted=self.exhausted,
+            overflows=self.overflows,
             capacity=self.config.capacity,
             serving=self.serving,
             max_serving=self.max_serving,

@@ -93,6 +93,7 @@ def sim_config_from_args(
     capacity: int | None = None,
     judgment: JudgmentModel | None = None,
     rate_limits: SimRateLimits | None = None,
+    context_tokens: int | None = None,
 ) -> SimConfig:
     """Build a SimConfig from `sim-judge` flags (milliseconds, `--fault` specs). ValueError if bad.
 
@@ -120,4 +121,5 @@ def sim_config_from_args(
         capacity=capacity,
         judgment=judgment,
         rate_limits=rate_limits,
+        context_tokens=context_tokens,
     )
