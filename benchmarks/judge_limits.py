@@ -77,7 +77,7 @@ class Result:
     limit: str
     mode: str
     calls_needed: int  # judge comparisons the workload needs
-    served: int = 0  # judge calls the judge served (200)
+    served: int = 0  # judge calls the judge served (200; genrm-trio's start-up answer probe too)
     rate_limited: int = 0  # 429 replies
     served_tokens: int = 0  # what the served calls were charged (prompt + max_tokens)
     span_s: float = 0.0  # first served call to last, at the judge
