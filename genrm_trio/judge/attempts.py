@@ -147,7 +147,7 @@ class Comparator:
 
     def statistics(self) -> ComparatorStatistics:
         queue = self._queue.statistics()
-        limits = self._limits.statistics()
+        limits = self._limits
         events = self._events
         return ComparatorStatistics(
             max_concurrency=queue.total,

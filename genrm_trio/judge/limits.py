@@ -491,6 +491,16 @@ class JudgeLimits:
 
     # --- observability ------------------------------------------------------------------------
 
+    @property
+    def throttled(self) -> int:
+        """Calls waiting for the rate limit now (no clock: readable outside trio too)."""
+        return len(self._waiting)
+
+    @property
+    def rate_limited(self) -> int:
+        """429 replies since the start."""
+        return self._rate_limited
+
     def statistics(self) -> LimitsStatistics:
         now = trio.current_time()
         return LimitsStatistics(
