@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import assert_never, final
+from typing import NoReturn, assert_never, final
 
 from genrm_trio.config import OUTPUT_BUDGET_PARAM, Settings
 from genrm_trio.domain.context_window import context_overflow
@@ -219,6 +219,18 @@ class Comparison:
         raise JudgeError(
             message, usage=self._usage(), attempts=n, escalations=self._escalations
         ) from error
+
+    def held_past_deadline(self, why: str) -> NoReturn:
+        """The judge's rate limit holds this attempt past the deadline (judge/limits.py): the
+        comparison fails now, with `why`; the held attempt was never sent, so is none."""
+        rules = self._rules
+        rules.events.comparison_ended("failed")
+        raise JudgeError(
+            f"GenRM judge {rules.endpoint} {rules.path} pair={self._pair}: {why}",
+            usage=self._usage(),
+            attempts=self._n - 1,
+            escalations=self._escalations,
+        )
 
     def on_reply(self, reply: JudgeReply) -> ComparisonResult | None:
         """The attempt got a reply: the comparison's result when it holds a verdict, else None
