@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, NamedTuple, final
 
 __all__ = [
+    "SCORE_KEYS",
     "Verdict",
     "VerdictParseError",
     "find_json_spans",
@@ -34,7 +35,9 @@ class VerdictParseError(ValueError):
     """The judge's output holds no valid verdict."""
 
 
-_SCORE_KEYS: Final = ("score_1", "score_2", "ranking")
+SCORE_KEYS: Final = ("score_1", "score_2", "ranking")
+"""The keys of a verdict object, one of which any candidate holds."""
+
 _SCORE_BOUNDS: Final = (1.0, 5.0)
 _RANKING_BOUNDS: Final = (1.0, 6.0)
 _PREVIEW_CHARS: Final = 200
@@ -190,7 +193,7 @@ def _triple(obj: dict[str, Any], defaults: Verdict | None, validate_range: bool)
     """The three scores of `obj`; missing keys take `defaults` (never range-checked) or fail."""
     bounds = (_SCORE_BOUNDS, _SCORE_BOUNDS, _RANKING_BOUNDS)
     values: list[float] = []
-    for index, key in enumerate(_SCORE_KEYS):
+    for index, key in enumerate(SCORE_KEYS):
         if key in obj:
             number = _number(obj[key], bounds[index] if validate_range else None)
         elif defaults is not None:
@@ -248,11 +251,11 @@ def parse_overall(
         inner = obj.get("overall")
         if isinstance(inner, dict):
             obj = inner
-        if not any(key in obj for key in _SCORE_KEYS):
+        if not any(key in obj for key in SCORE_KEYS):
             return None
         return _triple(obj, defaults, validate_range)
 
-    verdict = _search(text, candidate, _SCORE_KEYS)
+    verdict = _search(text, candidate, SCORE_KEYS)
     if verdict is None:
         raise VerdictParseError(f"No parseable JSON found in GenRM output: {_preview(text)}")
     return verdict
