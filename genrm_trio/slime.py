@@ -5,11 +5,14 @@
     --custom-reward-post-process-path genrm_trio.slime.post_process_rewards
 
 With `--group-rm`, slime awaits `group_rm(args, samples)` on its asyncio loop with the
-`n_samples_per_prompt` samples of one prompt (which must be the server's
-`num_rollouts_per_prompt`) and sets each `sample.reward` to what it returns. The prompt is
-`sample.prompt` (a string or chat messages), the completion `sample.response`; the group is
-scored through the async client at `args.rm_url` (the bearer token, if the server wants one,
-from the environment variable `GENRM_TRIO_API_KEY`).
+`--n-samples-per-prompt` samples of one prompt (which must be the server's
+`num_rollouts_per_prompt`; another size is refused before anything is sent) and sets each
+`sample.reward` to what it returns. The prompt is `sample.prompt` (a string or chat messages),
+the completion `sample.response`; the group is scored through the async client at
+`args.rm_url` (the bearer token, if the server wants one, from the environment variable
+`GENRM_TRIO_API_KEY`), one client (and so one connection pool) per event loop and URL, kept
+for the loop's life. A custom generate function that returns several samples per rollout
+gives slime a group of lists; `group_rm` refuses it (a group is one sample per rollout).
 
 slime has no reward that means "no score": `None` fails in its reward tensor and NaN turns the
 group's normalised rewards into NaN. `sample.remove_sample` zeroes a sample's loss mask but,
@@ -19,8 +22,10 @@ normalization". So a masked sample gets `remove_sample = True`, its reason in
 when the whole group is masked), which keeps the group mean of slime's default normalisation
 the scored members' mean. `post_process_rewards` (`--custom-reward-post-process-path`)
 normalises each group over its scored members only (the samples without
-`metadata["genrm_masked"]`) (mean, and the standard deviation under
-`--grpo-std-normalization`, as slime's default does over all) and gives a masked sample 0.0.
+`metadata["genrm_masked"]`): the mean, and the standard deviation unless
+`--disable-grpo-std-normalization` is given, as slime's default does over all (nothing unless
+the estimator normalises and `--disable-rewards-normalization` is absent), and gives a masked
+sample 0.0. Its batch must be whole groups of `--n-samples-per-prompt`.
 """
 
 from __future__ import annotations
@@ -30,7 +35,13 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from genrm_trio.client import AsyncGenRMClient, GroupSettings, Masked, scored_mean
+from genrm_trio.client import (
+    GroupSizeError,
+    MaskedRollout,
+    group_size_message,
+    loop_client,
+    scored_mean,
+)
 
 __all__ = ["API_KEY_ENV", "group_rm", "post_process_rewards"]
 
@@ -39,28 +50,33 @@ _GROUP_NORMALISED = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
 _STD_NORMALISED = ("grpo", "gspo", "cispo")
 _EPSILON = 1e-6  # slime's
 _MASKED = "genrm_masked"  # the metadata key of a masked sample: its reason
-# each server's GET /group_settings, read once per process rather than once per group
-_SETTINGS: dict[str, GroupSettings] = {}
 
 
 async def group_rm(args: Any, samples: Sequence[Any], **kwargs: Any) -> list[float]:
     """slime's `--custom-rm-path` function under `--group-rm`: one reward per sample."""
     if not samples:
         return []
+    nested = [i for i, sample in enumerate(samples) if isinstance(sample, list | tuple)]
+    if nested:
+        raise GroupSizeError(
+            f"group_rm: rollout {nested[0]} of the group is {len(samples[nested[0]])} samples: "
+            "the custom generate function returns several samples per rollout, but a "
+            "genrm-trio group is one sample per rollout (return one Sample)"
+        )
     prompts = {repr(sample.prompt) for sample in samples}
     if len(prompts) != 1:
-        raise ValueError(f"group_rm: a group of {len(samples)} samples with different prompts")
-    api_key = os.environ.get(API_KEY_ENV) or None
-    settings = _SETTINGS.get(args.rm_url)
-    async with AsyncGenRMClient(args.rm_url, api_key=api_key, group_settings=settings) as client:
-        results = await client.score_group_results(
-            samples[0].prompt, [sample.response for sample in samples]
-        )
-        _SETTINGS[args.rm_url] = await client.group_settings()
+        raise GroupSizeError(f"group_rm: a group of {len(samples)} samples with different prompts")
+    client = loop_client(args.rm_url, api_key=os.environ.get(API_KEY_ENV) or None)
+    size = await client.num_rollouts_per_prompt()
+    if len(samples) != size:
+        raise GroupSizeError(group_size_message(len(samples), size, "--n-samples-per-prompt"))
+    results = await client.score_group_results(
+        samples[0].prompt, [sample.response for sample in samples]
+    )
     mean = scored_mean(results)
     rewards: list[float] = []
     for sample, result in zip(samples, results, strict=True):
-        if type(result) is Masked:
+        if type(result) is MaskedRollout:
             sample.remove_sample = True
             sample.metadata[_MASKED] = result.reason
             rewards.append(mean)
@@ -77,7 +93,11 @@ def post_process_rewards(args: Any, samples: Sequence[Any]) -> tuple[list[float]
         return raw, raw
     size = args.n_samples_per_prompt
     if len(samples) % size:
-        raise ValueError(f"{len(samples)} samples are not whole groups of {size}")
+        raise GroupSizeError(
+            f"post_process_rewards: a batch of {len(samples)} samples is not whole groups of "
+            f"--n-samples-per-prompt={size} (is a generator returning several samples per "
+            "rollout, or were samples dropped?)"
+        )
     divide = args.advantage_estimator in _STD_NORMALISED and args.grpo_std_normalization
     rewards: list[float] = []
     for start in range(0, len(samples), size):

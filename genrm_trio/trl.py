@@ -5,9 +5,13 @@
 
 `genrm_reward(base_url)` is a reward function with TRL's signature (`prompts, completions,
 **kwargs -> list[float | None]`). TRL repeats each prompt `num_generations` times in a row; the
-function cuts the batch into those groups (each must be one prompt repeated; set
-`num_generations` to the server's `num_rollouts_per_prompt`), scores every group at once
-through the client (`genrm_trio.client`), and returns None for a masked completion. TRL turns
+function cuts the batch into those groups (each must be one prompt repeated), scores every group
+at once through the client (`genrm_trio.client`), and returns None for a masked completion.
+`num_generations` must be the server's `num_rollouts_per_prompt`: the function reads it from the
+trainer (TRL passes its bound `log_metric` among the kwargs; `num_generations_eval` while
+evaluating) or from its own `num_generations` argument, and refuses a batch, before sending
+anything, when the two differ (consecutive groups of one prompt would otherwise be judged as
+smaller groups, and TRL would normalise over its own). TRL turns
 None into NaN; a row whose every reward function gave None is left out of its group's mean and
 standard deviation, its advantage is 0 and it is left out of the logged reward statistics.
 
@@ -30,9 +34,10 @@ Nothing here imports TRL: the extra `genrm-trio[trl]` installs it for you.
 from __future__ import annotations
 
 import inspect
+import logging
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, final
@@ -40,6 +45,7 @@ from typing import Any, final
 import trio
 
 from genrm_trio.client import (
+    RESENDS,
     AsyncGenRMClient,
     Completion,
     GroupSettings,
@@ -47,10 +53,20 @@ from genrm_trio.client import (
     Prompt,
     RolloutResult,
     all_at_once,
+    group_size_message,
     rewards_of,
 )
 
-__all__ = ["BatchGroup", "GenRMReward", "batch_groups", "genrm_reward", "masked_by"]
+__all__ = [
+    "TRL_LOGGER",
+    "BatchGroup",
+    "GenRMReward",
+    "MaskedRowWarningFilter",
+    "batch_groups",
+    "genrm_reward",
+    "masked_by",
+    "trainer_num_generations",
+]
 
 RewardFunc = Callable[..., Any]
 
@@ -92,7 +108,7 @@ def batch_groups(
         prompt = prompts[members[0][0]]
         for position, _ in members[1:]:
             if prompts[position] != prompt:
-                raise ValueError(
+                raise GroupSizeError(
                     f"completions {members[0][0]} and {position} of the batch are in group "
                     f"{number} but have different prompts: TRL repeats each prompt "
                     f"num_generations times in a row; set num_generations to the server's "
@@ -100,6 +116,34 @@ def batch_groups(
                 )
         out.append(BatchGroup(number, prompt, tuple(members)))
     return out
+
+
+TRL_LOGGER = "trl.trainer.grpo_trainer"
+"""The logger of TRL's `GRPOTrainer`, which warns about rows every reward function gave None."""
+
+
+class MaskedRowWarningFilter(logging.Filter):
+    """Drops TRL's warning "All reward functions returned None for the following kwargs: ...
+    Please ensure that at least one reward function returns a valid reward.", written for
+    every batch with such a row. For genrm-trio such a row is a masked completion, which TRL
+    leaves out of its group's statistics as it should: not a mistake. Every other record
+    passes. `logging.getLogger(TRL_LOGGER).addFilter(MaskedRowWarningFilter())`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # accelerate's logger adapter puts "[RANK 0] " first
+        return "All reward functions returned None for the following" not in str(record.msg)
+
+
+def trainer_num_generations(kwargs: Mapping[str, Any]) -> int | None:
+    """The group size of TRL's batch, read from the trainer behind the `log_metric` it passes
+    to reward functions: `num_generations` while training, `num_generations_eval` while
+    evaluating; None when called otherwise (by hand, or by a TRL without it)."""
+    trainer = getattr(kwargs.get("log_metric"), "__self__", None)
+    if trainer is None:
+        return None
+    training = getattr(getattr(trainer, "model", None), "training", True)
+    value = getattr(trainer, "num_generations" if training else "num_generations_eval", None)
+    return value if type(value) is int else None
 
 
 def _distributed() -> tuple[int, int]:
@@ -128,7 +172,7 @@ def _broadcast_run_id() -> str:
 
 class GenRMReward:
     """TRL's reward function over genrm-trio (see the module docstring). `last_results` holds
-    the last batch's `Scored` / `Masked` per completion (the reasons of the Nones)."""
+    the last batch's `ScoredRollout` / `MaskedRollout` per completion (the reasons of the Nones)."""
 
     def __init__(
         self,
@@ -141,6 +185,8 @@ class GenRMReward:
         run_id: str | None = None,
         process_index: int | None = None,
         num_processes: int | None = None,
+        num_generations: int | None = None,
+        resends: int = RESENDS,
     ) -> None:
         self.__name__ = name  # TRL's name for its logs (rewards/<name>/mean)
         self.base_url = base_url
@@ -150,6 +196,8 @@ class GenRMReward:
         self.run_id = run_id
         self.process_index = process_index
         self.num_processes = num_processes
+        self.num_generations = num_generations
+        self.resends = resends
         self.calls = 0
         self.last_completions: Sequence[Completion] | None = None
         self.last_results: list[RolloutResult] = []
@@ -158,14 +206,21 @@ class GenRMReward:
     def __call__(
         self, prompts: Sequence[Prompt], completions: Sequence[Completion], **kwargs: Any
     ) -> list[float | None]:
-        return rewards_of(self.score_batch(prompts, completions))
+        num_generations = self.num_generations or trainer_num_generations(kwargs)
+        return rewards_of(self.score_batch(prompts, completions, num_generations=num_generations))
 
     def score_batch(
-        self, prompts: Sequence[Prompt], completions: Sequence[Completion]
+        self,
+        prompts: Sequence[Prompt],
+        completions: Sequence[Completion],
+        *,
+        num_generations: int | None = None,
     ) -> list[RolloutResult]:
-        """A `Scored` or `Masked` per completion of TRL's batch; every group at once."""
+        """A `ScoredRollout` or `MaskedRollout` per completion of TRL's batch; every group at
+        once. `num_generations`: TRL's group size, refused (nothing sent) unless it is the
+        server's."""
         if len(prompts) != len(completions):
-            raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+            raise GroupSizeError(f"{len(prompts)} prompts but {len(completions)} completions")
         rank, world = _distributed()
         rank = rank if self.process_index is None else self.process_index
         world = world if self.num_processes is None else self.num_processes
@@ -173,7 +228,9 @@ class GenRMReward:
             self.run_id = _broadcast_run_id() if world > 1 else uuid.uuid4().hex
         call = self.calls
         self.calls += 1
-        results = trio.run(partial(self._score, prompts, completions, rank, world, call))
+        results = trio.run(
+            partial(self._score, prompts, completions, rank, world, call, num_generations)
+        )
         self.last_completions = completions
         self.last_results = results
         return results
@@ -185,6 +242,7 @@ class GenRMReward:
         rank: int,
         world: int,
         call: int,
+        num_generations: int | None,
     ) -> list[RolloutResult]:
         results: list[RolloutResult | None] = [None] * len(completions)
         async with AsyncGenRMClient(
@@ -192,8 +250,12 @@ class GenRMReward:
             api_key=self.api_key,
             timeout=self.timeout,
             group_settings=self._settings,
+            resends=self.resends,
         ) as client:
             settings = self._settings = await client.group_settings()
+            size = settings.num_rollouts_per_prompt
+            if num_generations is not None and num_generations != size:
+                raise GroupSizeError(group_size_message(num_generations, size, "num_generations"))
             groups = batch_groups(
                 prompts,
                 group_size=settings.num_rollouts_per_prompt,
@@ -224,13 +286,15 @@ def genrm_reward(
     principle: str | None = None,
     name: str = "genrm",
     run_id: str | None = None,
+    num_generations: int | None = None,
 ) -> GenRMReward:
     """TRL's reward function: GenRM pairwise rewards from the genrm-trio server at
     `base_url`, None for a masked completion. `timeout`: the bound of each group's wait, and
     so of the batch's, whose groups wait at once (default: the server's deadlines plus a
     margin); `principle`: sent with every group; `name`: the name in TRL's logs; `run_id`: the
     same on every process of a multi-process run (default: new, and shared through
-    torch.distributed)."""
+    torch.distributed); `num_generations`: TRL's, checked against the server's group size
+    (default: read from the trainer at each call)."""
     return GenRMReward(
         base_url,
         api_key=api_key,
@@ -238,6 +302,7 @@ def genrm_reward(
         principle=principle,
         name=name,
         run_id=run_id,
+        num_generations=num_generations,
     )
 
 

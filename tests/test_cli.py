@@ -500,7 +500,7 @@ async def test_serve_sim_health_then_sigterm_fails_waiting_group_with_503(
             # serve() returned: the group's waiter got its 503 first.
             assert len(replies) == 1
             assert replies[0].status_code == 503
-            assert replies[0].json() == {"detail": SHUTTING_DOWN}
+            assert replies[0].json() == {"detail": SHUTTING_DOWN, "reason": "shutting_down"}
             with pytest.raises(httpx.ConnectError):
                 await client.get(f"{base}/health")
 

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import signal
 import socket
+import struct
+import traceback
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,18 +21,21 @@ import pytest
 import trio
 import trio.testing
 from genrm_server import COLLECT_S, PROMPT, N, Server, answers, server
+from procs import start_server, wait_cohort_state
 
 from genrm_trio.client import (
     AsyncGenRMClient,
     GenRMClient,
     GenRMError,
+    GenRMReplyError,
     GenRMRequestError,
     GenRMTimeout,
     GenRMUnavailable,
     GroupSettings,
     GroupSizeError,
-    Masked,
-    Scored,
+    MaskedRollout,
+    ScoredRollout,
+    all_at_once,
     one_error,
     verify_body,
 )
@@ -62,12 +71,12 @@ async def test_a_whole_group_gets_the_servers_rewards_under_trio(server: Server)
         rewards = await client.score_group(PROMPT, completions)
         results = await client.score_group_results(PROMPT, completions)  # a new group
     assert rewards == await compare_rewards(server.url, completions)
-    assert [r.reward for r in results if type(r) is Scored] == rewards
+    assert [r.reward for r in results if type(r) is ScoredRollout] == rewards
     # every request names its attempt: the server logs no legacy (attempt-less) request
     assert "group attempt omitted" not in server.serve.log()
     assert len(set(rewards)) > 1  # the judge told the answers apart
     for index, result in enumerate(results):
-        assert type(result) is Scored
+        assert type(result) is ScoredRollout
         assert result.row["_ng_rollout_index"] == index
         assert result.row["mask_sample"] is False
 
@@ -90,9 +99,14 @@ def test_blocking_client_masks_only_the_failed_pairs(server: Server) -> None:
     completions = answers("blocking", failing={0})
     results = client.score_group_results(PROMPT, completions)
     # (3, 0) and (0, 1) fail: 3, 0 and 1 are masked; 2 is scored
-    assert [type(result) for result in results] == [Masked, Masked, Scored, Masked]
+    assert [type(result) for result in results] == [
+        MaskedRollout,
+        MaskedRollout,
+        ScoredRollout,
+        MaskedRollout,
+    ]
     for result in results:
-        if type(result) is Masked:
+        if type(result) is MaskedRollout:
             assert result.kind == "judge_failed"
             assert result.reason  # the server's failure message
             assert result.row is not None and result.row["mask_sample"] is True
@@ -104,7 +118,7 @@ def test_blocking_client_masks_only_the_failed_pairs(server: Server) -> None:
 def test_a_group_whose_every_member_is_masked_is_all_none_never_zero(server: Server) -> None:
     client = GenRMClient(server.url)
     results = client.score_group_results(PROMPT, answers("all", failing=set(range(N))))
-    assert all(type(result) is Masked for result in results)
+    assert all(type(result) is MaskedRollout for result in results)
     assert rewards_none(client.score_group(PROMPT, answers("all2", failing=set(range(N)))))
 
 
@@ -125,9 +139,14 @@ def test_conversational_prompts_and_completions(server: Server) -> None:
 
 def test_a_group_of_the_wrong_size_is_refused_before_anything_is_sent(server: Server) -> None:
     client = GenRMClient(server.url)
-    with pytest.raises(GroupSizeError, match=r"a group of 3 completions.*=4 \(nothing was sent"):
+    with pytest.raises(
+        GroupSizeError,
+        match=r"the group's size is 3 but the genrm-trio server scores groups of "
+        r"num_rollouts_per_prompt=4: set the group's size to 4, or start the server with "
+        r"--num-rollouts-per-prompt 3 \(nothing was sent\)",
+    ):
         client.score_group(PROMPT, answers("short")[:3])
-    with pytest.raises(GroupSizeError, match="a group of 5"):
+    with pytest.raises(GroupSizeError, match="the group's size is 5 "):
         client.score_group(PROMPT, [*answers("long"), "one more"])
     assert httpx.get(server.url + "/cohorts").json() == []  # no cohort was opened
 
@@ -139,9 +158,9 @@ async def test_a_group_missing_members_fails_at_the_servers_deadline(server: Ser
             PROMPT, list(enumerate(answers("partial")[:2])), group_id="client-partial-group"
         )
     assert trio.current_time() - started >= COLLECT_S
-    assert [type(result) for result in results] == [Masked, Masked]
+    assert [type(result) for result in results] == [MaskedRollout, MaskedRollout]
     for result in results:
-        assert type(result) is Masked and result.kind == "group_failed"
+        assert type(result) is MaskedRollout and result.kind == "group_failed"
         assert result.row is None and result.reason
 
 
@@ -149,8 +168,8 @@ def test_an_unreachable_server_raises() -> None:
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    client = GenRMClient(f"http://127.0.0.1:{port}")
-    with pytest.raises(GenRMUnavailable, match="unreachable: ConnectError"):
+    client = GenRMClient(f"http://127.0.0.1:{port}", resends=0)  # resends: see the mock tests
+    with pytest.raises(GenRMUnavailable, match="unreachable after 1 tries: ConnectError"):
         client.score_group(PROMPT, answers("x"))
 
 
@@ -291,22 +310,38 @@ async def test_a_reply_that_is_not_json_is_the_clients_error() -> None:
             await client.score_group(PROMPT, answers("x"))
 
 
-async def test_shutting_down_raises_and_a_group_failure_is_masked() -> None:
+@pytest.mark.parametrize("detail", ["GenRM server is shutting down", "stopping (reworded)"])
+async def test_shutting_down_is_read_from_the_reason_not_the_prose(detail: str) -> None:
     async def shutting_down(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(503, json={"detail": "GenRM server is shutting down"})
+        return httpx.Response(503, json={"detail": detail, "reason": "shutting_down"})
 
     async with mock_client(shutting_down) as client:
-        with pytest.raises(GenRMUnavailable, match="shutting down"):
+        with pytest.raises(
+            GenRMUnavailable, match=r"answered 503 \(shutting_down\): " + re.escape(detail)
+        ):
             await client.score_group(PROMPT, answers("x"))
 
-    message = "GenRM cohort 'k' is missing rollouts [3] after 1800s"
+
+@pytest.mark.parametrize("reason", ["group_failed", "superseded"])
+async def test_a_group_failure_is_masked_whatever_its_prose(reason: str) -> None:
+    message = "GenRM server is shutting down"  # the prose of a shutdown: the reason decides
 
     async def failed(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(503, json={"detail": message})
+        return httpx.Response(503, json={"detail": message, "reason": reason})
 
     async with mock_client(failed) as client:
         results = await client.score_group_results(PROMPT, answers("x"))
-    assert results == [Masked(message, "group_failed")] * N
+    assert results == [MaskedRollout(message, "group_failed")] * N
+
+
+@pytest.mark.parametrize("body", [{"detail": "no reason"}, {"detail": "x", "reason": "new_one"}])
+async def test_a_503_without_a_known_reason_stops_rather_than_masks(body: dict[str, str]) -> None:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json=body)
+
+    async with mock_client(handler) as client:
+        with pytest.raises(GenRMUnavailable, match="answered 503"):
+            await client.score_group(PROMPT, answers("x"))
 
 
 async def test_at_capacity_is_retried_after_retry_after(
@@ -320,7 +355,9 @@ async def test_at_capacity_is_retried_after_retry_after(
         tries[index] = tries.get(index, 0) + 1
         if index == 1 and tries[index] < 3:
             detail = "GenRM server is at capacity (8 active cohorts); retry later"
-            return httpx.Response(503, json={"detail": detail}, headers={"Retry-After": "1"})
+            return httpx.Response(
+                503, json={"detail": detail, "reason": "at_capacity"}, headers={"Retry-After": "1"}
+            )
         return httpx.Response(200, json=row(body, 0.25))
 
     async with mock_client(handler) as client:
@@ -380,3 +417,389 @@ def test_bad_arguments() -> None:
         GenRMClient("http://x", timeout=0)
     with pytest.raises(ValueError, match="timeout must be a positive number"):
         AsyncGenRMClient("http://x", timeout=float("nan"))
+
+
+# --- a connection that breaks: the member is sent again (docs/trainers.md, "The client") --------
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        httpx.ReadError("[Errno 104] Connection reset by peer"),
+        httpx.RemoteProtocolError("Server disconnected without sending a response."),
+        httpx.ConnectError("[Errno 111] Connection refused"),  # a restart
+        httpx.WriteError("[Errno 32] Broken pipe"),
+    ],
+)
+async def test_a_member_whose_connection_breaks_is_sent_again_the_same(
+    broken: httpx.TransportError, autojump_clock: trio.testing.MockClock
+) -> None:
+    sent: dict[int, list[dict[str, Any]]] = {}
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        tries = sent.setdefault(body["_ng_rollout_index"], [])
+        tries.append(body)
+        if body["_ng_rollout_index"] == 2 and len(tries) <= 2:
+            raise broken
+        return httpx.Response(200, json=row(body, body["_ng_rollout_index"] / 4))
+
+    async with mock_client(handler) as client:
+        started = trio.current_time()
+        assert await client.score_group(PROMPT, answers("x")) == [0.0, 0.25, 0.5, 0.75]
+    assert trio.current_time() - started == 0.25 + 0.5  # the back-off, doubling
+    assert {index: len(tries) for index, tries in sent.items()} == {0: 1, 1: 1, 2: 3, 3: 1}
+    first, *again = sent[2]
+    assert again == [first, first]  # the same group id, attempt, index and completion
+
+
+async def test_a_connection_that_keeps_breaking_is_unavailable_after_the_resends(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    calls: list[float] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(trio.current_time())
+        raise httpx.ConnectError("[Errno 111] Connection refused")
+
+    async with mock_client(handler) as client:
+        started = trio.current_time()
+        with pytest.raises(GenRMUnavailable, match=r"unreachable after 6 tries: ConnectError"):
+            await client.score_members(PROMPT, [(0, "a")], group_id="g")
+    assert [t - started for t in calls] == [0.0, 0.25, 0.75, 1.75, 3.75, 7.75]
+    async with mock_client(handler, resends=2) as client:
+        with pytest.raises(GenRMUnavailable, match=r"unreachable after 3 tries"):
+            await client.score_members(PROMPT, [(0, "a")], group_id="g")
+    assert len(calls) == 6 + 3
+
+
+async def test_resends_stay_within_the_groups_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadError("reset")
+
+    async with mock_client(handler, timeout=1.0) as client:
+        started = trio.current_time()
+        with pytest.raises(GenRMTimeout, match=r"no answer within 1 s"):
+            await client.score_group(PROMPT, answers("x"))
+    assert trio.current_time() - started == 1.0
+
+
+async def test_a_transport_error_that_would_repeat_is_not_sent_again() -> None:
+    calls = 0
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        raise httpx.UnsupportedProtocol("Request URL has an unsupported protocol 'htp://'")
+
+    async with mock_client(handler) as client:
+        with pytest.raises(GenRMUnavailable, match="unreachable: UnsupportedProtocol"):
+            await client.score_members(PROMPT, [(0, "a")], group_id="g")
+    assert calls == 1
+
+
+# --- a client that does not trust its server (docs/reliability.md, "Security") -----------------
+
+
+def raw_reply(text: str, status: int = 200) -> Any:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, content=text.encode(), headers={"content-type": "json"})
+
+    return handler
+
+
+async def test_a_reply_over_the_size_limit_is_refused() -> None:
+    async with mock_client(raw_reply("x" * 1001), max_reply_bytes=1000) as client:
+        with pytest.raises(GenRMReplyError, match=r"a reply of 1001 bytes, over the client's "):
+            await client.score_members(PROMPT, [(0, "a")], group_id="g")
+
+    async def huge_length(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b"{}", headers={"content-length": "9" * 5000})
+
+    async with mock_client(huge_length) as client:
+        with pytest.raises(GenRMReplyError, match=r"a reply of 9999.* bytes, over the client's"):
+            await client.score_members(PROMPT, [(0, "a")], group_id="g")
+
+
+async def test_a_long_refusal_is_cut_in_the_errors_message() -> None:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(409, json={"detail": "x" * 100_000})
+
+    async with mock_client(handler) as client:
+        with pytest.raises(GenRMRequestError) as caught:
+            await client.score_members(PROMPT, [(0, "a")], group_id="g")
+    assert str(caught.value) == "genrm-trio answered 409: " + "x" * 1000
+    assert caught.value.detail == "x" * 100_000  # the whole detail stays on the error
+
+
+# httpx's inner byte generators, left at the limit, are finalised by trio when collected (with a
+# ResourceWarning that pytest reports as unraisable); the reply is refused all the same
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_a_reply_without_a_length_is_cut_at_the_size_limit() -> None:
+    async def chunked(request: httpx.Request) -> httpx.Response:
+        async def body() -> Any:  # no Content-Length: counted as it arrives
+            for _ in range(100):
+                yield b"[" * 100
+
+        return httpx.Response(200, content=body())
+
+    async with mock_client(chunked, max_reply_bytes=1000) as client:
+        with pytest.raises(GenRMReplyError, match=r"a reply of over 1100 bytes"):
+            await client.score_members(PROMPT, [(0, "a")], group_id="g")
+
+
+@pytest.mark.parametrize(
+    ("reply", "error"),
+    [
+        ('{"reward": NaN, "mask_sample": false}', r"not JSON: .* \(NaN is not JSON\)"),
+        ('{"reward": Infinity, "mask_sample": false}', r"not JSON: .* \(Infinity is not JSON\)"),
+        ('{"reward": 1e999, "mask_sample": false}', r"a reward that is not a finite number: inf"),
+        ('{"reward": 1' + "0" * 4000 + ', "mask_sample": false}', r"not a finite number: 1000"),
+        ('{"reward": 1' + "0" * 5000 + ', "mask_sample": false}', r"not JSON: .* \(Exceeds"),
+        ("[" * 100_000 + "]" * 100_000, r"not JSON: .* \(JSON nested too deeply\)"),
+        ('{"reward": 1.0, "mask_sample": "evil"}', r"mask_sample is not a boolean: 'evil'"),
+        ('{"reward": "1.0", "mask_sample": false}', r"without a numeric reward: '1.0'"),
+    ],
+)
+async def test_a_reply_the_api_does_not_define_is_a_typed_error(reply: str, error: str) -> None:
+    async with mock_client(raw_reply(reply)) as client:
+        with pytest.raises(GenRMReplyError, match=error):
+            await client.score_members(PROMPT, [(0, "a")], group_id="g")
+
+
+@pytest.mark.parametrize(
+    ("settings", "error"),
+    [
+        (
+            '{"num_rollouts_per_prompt": 4, "cohort_collection_timeout_s": Infinity, '
+            '"cohort_evaluation_timeout_s": 1}',
+            "not JSON",
+        ),
+        (
+            '{"num_rollouts_per_prompt": 4, "cohort_collection_timeout_s": 1e999, '
+            '"cohort_evaluation_timeout_s": 1}',
+            "cohort_collection_timeout_s is not a positive",
+        ),
+        (
+            '{"num_rollouts_per_prompt": 4, "cohort_collection_timeout_s": 1, '
+            '"cohort_evaluation_timeout_s": -5}',
+            "cohort_evaluation_timeout_s is not a positive",
+        ),
+        (
+            '{"num_rollouts_per_prompt": 4, "cohort_collection_timeout_s": 1' + "0" * 400 + ", "
+            '"cohort_evaluation_timeout_s": 1}',
+            "unexpected reply",
+        ),
+        (
+            '{"num_rollouts_per_prompt": 4.5, "cohort_collection_timeout_s": 1, '
+            '"cohort_evaluation_timeout_s": 1}',
+            "bad num_rollouts_per_prompt 4.5",
+        ),
+    ],
+)
+async def test_group_settings_that_are_not_finite_waits_are_refused(
+    settings: str, error: str
+) -> None:
+    http = httpx.AsyncClient(transport=httpx.MockTransport(raw_reply(settings)))
+    async with AsyncGenRMClient("http://genrm", http=http) as client:
+        with pytest.raises(GenRMReplyError, match=error):
+            await client.group_settings()
+    await http.aclose()
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "waits"), [("0", 1.0), ("-3", 1.0), ("nan", 1.0), ("soon", 1.0), ("2", 2.0)]
+)
+async def test_retry_after_has_a_floor(
+    retry_after: str, waits: float, autojump_clock: trio.testing.MockClock
+) -> None:
+    tries: list[float] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        tries.append(trio.current_time())
+        if len(tries) < 3:
+            return httpx.Response(
+                503,
+                json={"detail": "at capacity", "reason": "at_capacity"},
+                headers={"Retry-After": retry_after},
+            )
+        return httpx.Response(200, json=row(json.loads(request.content), 0.5))
+
+    async with mock_client(handler) as client:
+        started = trio.current_time()
+        assert await client.score_members(PROMPT, [(0, "a")], group_id="g") == [
+            ScoredRollout(0.5, {"reward": 0.5, "mask_sample": False, "_ng_rollout_index": 0})
+        ]
+    assert [t - started for t in tries] == [0.0, waits, 2 * waits]
+
+
+async def test_a_long_retry_after_is_clamped_to_the_clients_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    tries = 0
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal tries
+        tries += 1
+        return httpx.Response(
+            503, json={"detail": "busy", "reason": "at_capacity"}, headers={"Retry-After": "1e9"}
+        )
+
+    async with mock_client(handler, timeout=45.0) as client:
+        started = trio.current_time()
+        with pytest.raises(GenRMTimeout):
+            await client.score_members(PROMPT, [(0, "a")], group_id="g")
+    assert trio.current_time() - started == 45.0
+    assert tries == 2  # at 0 and after the 30 s cap, never a 1e9 s wait
+
+
+def test_proxy_variables_are_not_used(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as sock:  # a proxy that is not there: a client using it fails
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, dead)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    rewards = GenRMClient(server.url).score_group(PROMPT, answers("no-proxy"))
+    assert all(isinstance(reward, float) for reward in rewards)
+
+
+def test_bad_client_bounds() -> None:
+    with pytest.raises(ValueError, match="resends must be >= 0"):
+        AsyncGenRMClient("http://x", resends=-1)
+    with pytest.raises(ValueError, match="max_reply_bytes >= 1"):
+        AsyncGenRMClient("http://x", max_reply_bytes=0)
+
+
+# --- live: a server that shuts down mid-step, and a proxy that resets connections ---------------
+
+
+async def test_a_server_shutting_down_mid_step_is_one_error_not_a_nest_of_groups(
+    tmp_path: Path,
+) -> None:
+    """The real engine's shutdown: two groups wait for their last member when the server gets
+    SIGTERM; the step ends with one `GenRMUnavailable` read from the 503's reason, whose
+    traceback shows no exception group."""
+    config = {"num_rollouts_per_prompt": N, "cohort_collection_timeout_s": 600.0}
+    proc = await trio.to_thread.run_sync(start_server, tmp_path, config)
+    caught: list[BaseException] = []
+    try:
+        async with AsyncGenRMClient(proc.url) as client, httpx.AsyncClient() as http:
+
+            async def group(tag: str) -> None:
+                members = list(enumerate(answers(tag)))[: N - 1]  # the last never comes
+                await client.score_members(PROMPT, members, group_id=f"stop-{tag}")
+
+            async def step() -> None:
+                try:
+                    await all_at_once([partial(group, "a"), partial(group, "b")])
+                except BaseException as exc:
+                    caught.append(exc)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(step)
+                for tag in "ab":
+                    await wait_cohort_state(
+                        http, proc.url, f"stop-{tag}", "collecting", requests_waiting=N - 1
+                    )
+                proc.signal(signal.SIGTERM)
+        assert await trio.to_thread.run_sync(proc.wait, 30.0) == 0
+    finally:
+        await trio.to_thread.run_sync(proc.close)
+    (error,) = caught
+    assert type(error) is GenRMUnavailable
+    assert str(error) == (
+        f"genrm-trio at {proc.url} answered 503 (shutting_down): GenRM server is shutting down"
+    )
+    shown = "".join(traceback.format_exception(error))
+    # no group and no chain shown (source lines quoted in it may name ExceptionGroup)
+    assert "Exception Group Traceback" not in shown, shown
+    assert "During handling" not in shown and "direct cause" not in shown, shown
+    assert shown.count("Traceback (most recent call last)") == 1
+    assert shown.splitlines()[-1] == f"genrm_trio.client.GenRMUnavailable: {error}"
+
+
+class ResettingProxy:
+    """A TCP proxy on 127.0.0.1 in front of the server that resets every `every`-th connection
+    it accepts (RST: SO_LINGER 0): the odd ones before the request reaches the server, the even
+    ones after the server answered, when the answer is lost. Every other connection is relayed
+    both ways, byte for byte."""
+
+    def __init__(self, target_port: int, every: int) -> None:
+        self.target_port = target_port
+        self.every = every
+        self.accepted = 0
+        self.reset_before = 0
+        self.reset_after = 0
+        self.port = 0
+
+    async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self.handle, listeners)
+
+    @staticmethod
+    async def reset(stream: trio.SocketStream) -> None:
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await stream.aclose()
+
+    async def handle(self, client: trio.SocketStream) -> None:
+        self.accepted += 1
+        number = self.accepted
+        doomed = number % self.every == 0
+        if doomed and (number // self.every) % 2:
+            self.reset_before += 1
+            await self.reset(client)
+            return
+        server = await trio.open_tcp_stream("127.0.0.1", self.target_port)
+        async with server, trio.open_nursery() as nursery:
+
+            async def upstream() -> None:
+                while data := await client.receive_some(65536):
+                    await server.send_all(data)
+                nursery.cancel_scope.cancel()
+
+            async def downstream() -> None:
+                while data := await server.receive_some(65536):
+                    if doomed:  # the server answered: the answer is lost
+                        self.reset_after += 1
+                        break
+                    await client.send_all(data)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(upstream)
+            nursery.start_soon(downstream)
+        if doomed:
+            await self.reset(client)
+        else:
+            await client.aclose()
+
+
+async def test_steps_through_a_proxy_that_resets_connections_get_exact_rewards(
+    server: Server,
+) -> None:
+    proxy = ResettingProxy(int(server.url.rpartition(":")[2]), every=3)
+    steps = [[answers(f"reset-{step}-{group}") for group in range(3)] for step in range(4)]
+    got: list[list[list[float | None]]] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.serve)
+        async with AsyncGenRMClient(f"http://127.0.0.1:{proxy.port}") as client:
+            for groups in steps:
+                rewards: list[list[float | None]] = [[] for _ in groups]
+
+                async def one(
+                    into: list[list[float | None]], index: int, completions: list[str]
+                ) -> None:
+                    into[index] = await client.score_group(PROMPT, completions)
+
+                await all_at_once(partial(one, rewards, i, g) for i, g in enumerate(groups))
+                got.append(rewards)
+        nursery.cancel_scope.cancel()
+    assert proxy.reset_before > 0 and proxy.reset_after > 0  # both kinds of break happened
+    for groups, rewards in zip(steps, got, strict=True):
+        for completions, group_rewards in zip(groups, rewards, strict=True):
+            assert group_rewards == await compare_rewards(server.url, completions)

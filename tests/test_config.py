@@ -46,7 +46,8 @@ D12_DEFAULT_LINE = (
 D37_LINE = (
     "masked rows carry a placeholder reward 0.0; the trainer must exclude them (NeMo RL: "
     "env.should_mask_flagged_samples: true and grpo.masked_reward_policy: exclude_infra, or "
-    "exclude; the default include counts the 0.0)"
+    "exclude; the default include counts the 0.0; genrm-trio's TRL, verl and slime rewards "
+    "leave them out themselves, docs/trainers.md)"
 )
 DEADLINES = (
     "cohort_collection_timeout_s",

@@ -255,7 +255,9 @@ async def test_supersession_hangs_up_the_older_attempts_comparisons(
 
             nursery.start_soon(old)
             nursery.start_soon(new)
-    superseded = GroupFailed("cohort", "GenRM group 'g' attempt 0 was superseded by attempt 1")
+    superseded = GroupFailed(
+        "cohort", "GenRM group 'g' attempt 0 was superseded by attempt 1", "superseded"
+    )
     assert replies["old"] == {0: superseded, 1: superseded}
     assert all(isinstance(r, Scored) for r in replies["new"].values())
     first = judge.calls[0]
@@ -277,7 +279,7 @@ async def test_shutdown_hangs_up_the_started_comparisons(autojump_clock: MockClo
         nursery.start_soon(send)
         await trio.sleep(0.5)
         await engine.aclose()
-    shutting_down = GroupFailed("cohort", "GenRM server is shutting down")
+    shutting_down = GroupFailed("cohort", "GenRM server is shutting down", "shutting_down")
     assert got == {0: shutting_down, 1: shutting_down}
     [call] = judge.calls
     assert call.cancelled_at == t0 + 0.5
@@ -616,7 +618,8 @@ async def test_a_restart_judges_a_collecting_groups_comparisons_again(tmp_path: 
                 await trio.sleep(0.01)
             assert [c.shown for c in first.calls] == [("a0", "a1")]
             await engine.aclose()
-    assert got == {i: GroupFailed("cohort", "GenRM server is shutting down") for i in (0, 1)}
+    shutting_down = GroupFailed("cohort", "GenRM server is shutting down", "shutting_down")
+    assert got == {i: shutting_down for i in (0, 1)}
     second = ScriptedJudge()
     interrupted = GroupFailed(
         "cohort", INTERRUPTED_TEMPLATE.format(key=shown_id("group_id::g::group_attempt::0"))

@@ -214,7 +214,7 @@ async def test_shutdown_fails_waiters_and_prevents_new_work(autojump_clock: Mock
                 nursery.start_soon(send, judging, member(i, group="j"))
             await trio.sleep(0.1)
             await engine.aclose()
-        shutting = GroupFailed("cohort", "GenRM server is shutting down")
+        shutting = GroupFailed("cohort", "GenRM server is shutting down", "shutting_down")
         assert collecting == [shutting] and judging == [shutting] * 3
         reply = await verify(engine, member(1, group="c"))
         assert isinstance(reply, RequestRejected) and reply.reason is Rejection.UNAVAILABLE

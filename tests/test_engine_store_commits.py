@@ -254,7 +254,7 @@ async def test_supersession_during_a_pending_open_commit(autojump_clock: MockClo
                 [active] = engine.active_cohorts()  # the old cohort failed in memory at once
                 assert active.group_attempt == 1
         assert out["old"] == GroupFailed(
-            "cohort", "GenRM group 'g' attempt 0 was superseded by attempt 1"
+            "cohort", "GenRM group 'g' attempt 0 was superseded by attempt 1", "superseded"
         )
         assert isinstance(out["new0"], Scored) and isinstance(out["new1"], Scored)
     order = [
@@ -425,8 +425,8 @@ async def test_a_restore_that_raises_a_watermark_supersedes_the_active_older_att
             assert report.conflicts == []
         superseded = "GenRM group 'g' attempt 0 was superseded by attempt 1"
         assert replies == {
-            0: GroupFailed("cohort", superseded),
-            1: GroupFailed("cohort", superseded),
+            0: GroupFailed("cohort", superseded, "superseded"),
+            1: GroupFailed("cohort", superseded, "superseded"),
         }
         # the waiters: at once (after the terminal record's commit), not at the collection deadline
         assert at == {0: 1.0 + 2 * commit, 1: 1.0 + 2 * commit}

@@ -433,7 +433,9 @@ async def test_partial_old_attempt_is_superseded_by_new_attempt(autojump_clock: 
             await trio.testing.wait_all_tasks_blocked()
             new = await gather(engine, [member(0, attempt=1), member(1, attempt=1)])
         assert old == [
-            GroupFailed("cohort", "GenRM group 'g' attempt 0 was superseded by attempt 1")
+            GroupFailed(
+                "cohort", "GenRM group 'g' attempt 0 was superseded by attempt 1", "superseded"
+            )
         ]
         assert rewards(new) == [1.0, 2.0]
         by_state = engine.statistics().cohorts_by_state
@@ -523,7 +525,7 @@ async def test_late_judge_result_cannot_publish_after_supersession(
                 engine, [member(0, attempt=1, answer="a3"), member(1, attempt=1, answer="a4")]
             )
         message = "GenRM group 'g' attempt 0 was superseded by attempt 1"
-        assert old == [GroupFailed("cohort", message)] * 2
+        assert old == [GroupFailed("cohort", message, "superseded")] * 2
         assert rewards(new) == [4.0, 5.0]
         assert [c.cancelled for c in judge.calls] == [True, True, False, False]
         assert engine.statistics().cohorts_by_state == {"failed": 1, "scored": 1}
@@ -682,7 +684,7 @@ async def test_a_long_group_id_is_cut_in_every_detail_and_stored_failure(
         f"GenRM cohort {shown_key} already has a different response for rollout_index=0",
     )
     assert replies["first"] == GroupFailed(
-        "cohort", f"GenRM group {shown} attempt 1 was superseded by attempt 2"
+        "cohort", f"GenRM group {shown} attempt 1 was superseded by attempt 2", "superseded"
     )
     collection = GroupFailed(
         "cohort",

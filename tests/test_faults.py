@@ -480,7 +480,8 @@ async def test_abandoned_group_fails_at_the_collection_deadline(servers: Servers
             assert replies[i].status == 503
             assert replies[i].body == {
                 "detail": f"GenRM cohort 'group_id::abandoned::group_attempt::0' did not collect "
-                f"{N} unique rollout indices within {COLLECT_S}s"
+                f"{N} unique rollout indices within {COLLECT_S}s",
+                "reason": "group_failed",
             }
         assert COLLECT_S - 0.1 <= elapsed < COLLECT_S + MARGIN_S, elapsed
         _measured("collection deadline 1.0 s -> 503", elapsed)
@@ -526,7 +527,7 @@ async def test_sigterm_while_judging_delivers_503s_and_exits_0(
             _measured("SIGTERM -> 503s delivered", answered)
             for i in range(N):
                 assert replies[i].status == 503
-                assert replies[i].body == {"detail": SHUTTING_DOWN}
+                assert replies[i].body == {"detail": SHUTTING_DOWN, "reason": "shutting_down"}
             code = await trio.to_thread.run_sync(server.wait, grace_s + MARGIN_S)
             exited = trio.current_time() - signalled
             assert code == 0
@@ -714,7 +715,8 @@ async def test_sigkill_with_state_loses_nothing_acknowledged(
                 assert fenced.body == {
                     "detail": f"GenRM cohort 'group_id::{group_id}::group_attempt::0' was "
                     "interrupted by a server restart; retry the whole group with a new "
-                    "_ng_group_attempt"
+                    "_ng_group_attempt",
+                    "reason": "group_failed",
                 }
             retry, _ = await run_group(
                 http, base, bodies("durable-judging", answers("[slowish]", N), attempt=1)

@@ -21,7 +21,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import trio
@@ -32,6 +32,7 @@ from hypothesis.control import currently_in_test_context
 
 from genrm_trio.config import Settings, settings_from_mapping
 from genrm_trio.domain.codec import MAX_DEPTH
+from genrm_trio.domain.model import Unavailable
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.http.app import create_app
 from genrm_trio.testing import SimConfig, SimJudge
@@ -148,7 +149,11 @@ def check(reply: Got) -> Any:
     reply.body.decode("ascii")  # ASCII-safe JSON
     value = json.loads(reply.body, parse_constant=_no_constants)
     if reply.status != 200:
-        assert isinstance(value, dict) and list(value) == ["detail"], value
+        # a 503 names its machine-readable reason too (docs/http-api.md, "503 reasons")
+        keys = ["detail", "reason"] if reply.status == 503 else ["detail"]
+        assert isinstance(value, dict) and list(value) == keys, value
+        if reply.status == 503:
+            assert value["reason"] in get_args(Unavailable), value
         detail = value["detail"]
         if reply.status == 422 and isinstance(detail, list):
             assert 1 <= len(detail) <= 64

@@ -29,7 +29,8 @@ from genrm_trio.config import Settings, settings_from_mapping
 N1_LINE = (
     "num_rollouts_per_prompt is 1: every /verify is answered at once with default_score (3.0) "
     "and no judge call; set num_rollouts_per_prompt (serve --num-rollouts-per-prompt N) to the "
-    "rollouts per prompt the trainer sends (NeMo RL: grpo.num_generations_per_prompt, e.g. "
+    "rollouts per prompt the trainer sends (NeMo RL: grpo.num_generations_per_prompt; TRL: "
+    "num_generations; verl: actor_rollout_ref.rollout.n; slime: --n-samples-per-prompt; e.g. "
     "num_rollouts_per_prompt: 16)"
 )
 

@@ -35,10 +35,10 @@ from tiny_models import ML_PACKAGES, REQUIRE_ML_ENV, build_tiny_model
 from genrm_trio.client import (
     Completion,
     GenRMClient,
-    Masked,
+    MaskedRollout,
     Prompt,
     RolloutResult,
-    Scored,
+    ScoredRollout,
     verify_body,
 )
 from genrm_trio.domain.text import response_digest
@@ -85,11 +85,17 @@ class Recording(GenRMReward):
     def __init__(self, base_url: str) -> None:
         super().__init__(base_url)
         self.batches: list[tuple[list[Completion], list[RolloutResult]]] = []
+        self.num_generations_seen: list[int | None] = []
 
     def score_batch(
-        self, prompts: Sequence[Prompt], completions: Sequence[Completion]
+        self,
+        prompts: Sequence[Prompt],
+        completions: Sequence[Completion],
+        *,
+        num_generations: int | None = None,
     ) -> list[RolloutResult]:
-        results = super().score_batch(prompts, completions)
+        self.num_generations_seen.append(num_generations)  # read from the trainer
+        results = super().score_batch(prompts, completions, num_generations=num_generations)
         self.batches.append((list(completions), results))
         return results
 
@@ -191,6 +197,7 @@ def test_grpo_trains_two_steps_on_genrm_rewards_with_masked_rows_left_out(
     assert trainer.state.global_step == STEPS
     logged = [entry for entry in trainer.state.log_history if "rewards/genrm/mean" in entry]
     assert len(logged) == STEPS == len(reward.batches)
+    assert reward.num_generations_seen == [N] * STEPS  # TRL's, through its log_metric
 
     # every completion got the server's answer: None where it masked, its reward exactly
     records = server_records(genrm.url, str(reward.run_id))
@@ -201,16 +208,16 @@ def test_grpo_trains_two_steps_on_genrm_rewards_with_masked_rows_left_out(
         for position, (completion, result) in enumerate(zip(completions, results, strict=True)):
             record = records[(call * BATCH // N + position // N, position % N)]
             if record is None:
-                assert type(result) is Masked
+                assert type(result) is MaskedRollout
                 masked += 1
             else:
-                assert type(result) is Scored and result.reward == record["reward"]
+                assert type(result) is ScoredRollout and result.reward == record["reward"]
                 assert record["answer_text"] == completion
                 scored += 1
     # the run held masked and scored completions side by side in one group (with these flags
     # and seeds, every group of both steps): what the statistics below must keep apart
     mixed = [
-        {type(result) for result in results[start : start + N]} == {Masked, Scored}
+        {type(result) for result in results[start : start + N]} == {MaskedRollout, ScoredRollout}
         for _, results in reward.batches
         for start in range(0, BATCH, N)
     ]
@@ -219,7 +226,7 @@ def test_grpo_trains_two_steps_on_genrm_rewards_with_masked_rows_left_out(
     # TRL's statistics leave the None rows out: each step's logged mean and std are over the
     # scored rows (counting a None as 0 would change them wherever a step masked one)
     for entry, (_, results) in zip(logged, reward.batches, strict=True):
-        values = [float32(r.reward) for r in results if type(r) is Scored]
+        values = [float32(r.reward) for r in results if type(r) is ScoredRollout]
         assert entry["rewards/genrm/mean"] == pytest.approx(statistics.fmean(values), abs=1e-6)
         if len(values) > 1:
             assert entry["rewards/genrm/std"] == pytest.approx(statistics.stdev(values), abs=1e-5)
@@ -229,7 +236,7 @@ def test_grpo_trains_two_steps_on_genrm_rewards_with_masked_rows_left_out(
     # for the others; TRL's logged rewards are the server's, NaN for a masked row
     assert len(logs) == STEPS
     for (advantages, logged_rewards), (_, results) in zip(logs, reward.batches, strict=True):
-        rewards = [r.reward if type(r) is Scored else None for r in results]
+        rewards = [r.reward if type(r) is ScoredRollout else None for r in results]
         assert advantages == pytest.approx(expected_advantages(rewards), abs=1e-4)
         for value, expected in zip(logged_rewards, rewards, strict=True):
             if expected is None:
@@ -298,3 +305,39 @@ def test_two_processes_split_a_group_and_the_server_joins_it(genrm: Proc) -> Non
     digests = [cohort["members"][str(i)]["response_digest"] for i in range(N)]
     sent = [verify_body("the prompt", text, group_id="g", rollout_index=0) for text in texts]
     assert digests == [response_digest(body["response"]) for body in sent]
+
+
+def test_the_trl_example_trains_three_steps_and_counts_masked_rows() -> None:
+    """examples/trl_grpo.py, as a user runs it (README, "With TRL"): its own tiny policy, the
+    simulated judge and a server; TRL's warning about masked rows is filtered out."""
+    require_trl()
+    example = Path(__file__).resolve().parent.parent / "examples" / "trl_grpo.py"
+    done = subprocess.run(
+        [sys.executable, str(example)], capture_output=True, text=True, timeout=600, check=False
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    fields = dict(field.split("=") for field in last.split())
+    assert fields["steps"] == "3" and fields["completions"] == "24", last
+    assert int(fields["scored"]) + int(fields["masked"]) == 24
+    assert int(fields["scored"]) > 0 and int(fields["masked"]) > 0  # the judge's faults masked
+    assert "All reward functions returned None" not in output
+
+
+def test_the_masked_row_filter_drops_only_trls_all_none_warning() -> None:
+    import logging
+
+    from genrm_trio.trl import MaskedRowWarningFilter
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("trl", logging.WARNING, __file__, 1, message, None, None)
+
+    quiet = MaskedRowWarningFilter()
+    warning = (
+        "[RANK 0] All reward functions returned None for the following kwargs:\n{}\n"
+        "Please ensure that at least one reward function returns a valid reward."
+    )
+    assert not quiet.filter(record(warning))
+    assert not quiet.filter(record(warning.removeprefix("[RANK 0] ")))
+    assert quiet.filter(record("Some other warning about reward functions"))

@@ -31,6 +31,7 @@ from genrm_trio.domain.model import (
     Rejection,
     RequestRejected,
     Scored,
+    Unavailable,
     VerifyInput,
 )
 from genrm_trio.engine.engine import open_engine
@@ -150,7 +151,7 @@ async def test_verify_cohort_group_failure_is_503() -> None:
     message = "GenRM cohort 'group_id::g1::group_attempt::0' is missing rollout_index=[2, 3]"
     engine = FakeEngine(verify_outcome=outcome(GroupFailed("cohort", message)))
     status, reply, headers = await call(app_for(engine), "/verify", body=verify_body())
-    assert (status, reply) == (503, {"detail": message})
+    assert (status, reply) == (503, {"detail": message, "reason": "group_failed"})
     assert headers["content-type"] == "application/json"
 
 
@@ -180,11 +181,20 @@ async def test_verify_cohort_group_failure_is_503() -> None:
 async def test_verify_rejections(
     reason: Rejection, retry_after_s: float | None, status: int, detail: str, extra: dict[str, str]
 ) -> None:
-    """The HTTP layer alone turns an engine rejection into a status and headers."""
-    rejection = RequestRejected(reason, detail, retry_after_s=retry_after_s)
+    """The HTTP layer alone turns an engine rejection into a status and headers; a 503 carries
+    the rejection's machine-readable reason."""
+    unavailable: Unavailable | None = None
+    if reason is Rejection.UNAVAILABLE:
+        unavailable = "shutting_down" if retry_after_s is None else "at_capacity"
+    rejection = RequestRejected(
+        reason, detail, retry_after_s=retry_after_s, unavailable=unavailable
+    )
     engine = FakeEngine(verify_outcome=outcome(rejection))
     got, reply, headers = await call(app_for(engine), "/verify", body=verify_body())
-    assert (got, reply) == (status, {"detail": detail})
+    expected: dict[str, object] = {"detail": detail}
+    if unavailable is not None:
+        expected["reason"] = unavailable
+    assert (got, reply) == (status, expected)
     for key, value in extra.items():
         assert headers[key.lower()] == value
     if not extra:
@@ -363,7 +373,10 @@ async def test_compare_failures(exc: Exception, status: int, detail: str | None)
     engine = FakeEngine(compare_outcome=run)
     got, reply, _ = await call(app_for(engine), "/compare", body=COMPARE)
     assert got == status
-    assert reply == {"detail": detail if detail is not None else str(exc)}
+    expected: dict[str, object] = {"detail": detail if detail is not None else str(exc)}
+    if status == 503:
+        expected["reason"] = "compare_failed"
+    assert reply == expected
 
 
 async def test_compare_bad_role_is_422() -> None:

@@ -227,7 +227,10 @@ async def test_restore_after_shutdown_is_503(autojump_clock: MockClock) -> None:
         status, reply = await call(
             app, "/checkpoint", body={"version": 1, "cohorts": [], "watermarks": {}}
         )
-        assert (status, reply) == (503, {"detail": "GenRM server is shutting down"})
+        assert (status, reply) == (
+            503,
+            {"detail": "GenRM server is shutting down", "reason": "shutting_down"},
+        )
 
 
 # --- with durable state (real clock: SQLite runs in worker threads) ----------------------------

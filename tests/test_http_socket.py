@@ -315,4 +315,4 @@ async def test_graceful_shutdown_while_judging_delivers_503s(
     capsys.readouterr()
     assert len(replies) == 4
     assert all(r.status_code == 503 for r in replies)
-    assert all(r.json() == {"detail": SHUTTING_DOWN} for r in replies)
+    assert all(r.json() == {"detail": SHUTTING_DOWN, "reason": "shutting_down"} for r in replies)

@@ -57,7 +57,7 @@ async def _wait_active(http: httpx.AsyncClient, base: str, count: int) -> None:
 
 def _refused(reply: Reply, n: int = CAPACITY) -> None:
     assert reply.status == 503
-    assert reply.body == {"detail": _at_capacity(n)}
+    assert reply.body == {"detail": _at_capacity(n), "reason": "at_capacity"}
     assert reply.headers["retry-after"] == "1"
 
 

@@ -266,7 +266,7 @@ async def test_a_shutdown_waits_for_a_scoring_thread_already_running(
             release.set()
     assert closed == [0.0]
     assert len(judge.calls) == 256
-    assert replies == [GroupFailed("cohort", SHUTTING_DOWN)] * n
+    assert replies == [GroupFailed("cohort", SHUTTING_DOWN, "shutting_down")] * n
 
 
 async def test_score_off_loop_pauses_the_collector_and_restores_it() -> None:

@@ -114,7 +114,8 @@ async def test_a_sigint_delivered_twice_is_one_graceful_stop(
     assert text.endswith("ms later: already shutting down (the same stop, delivered twice)")
     assert not any("stopping without waiting" in text for _, text in messages)
     assert [r.status_code for r in replies] == [503, 503]
-    assert all(r.json() == {"detail": "GenRM server is shutting down"} for r in replies)
+    shutdown = {"detail": "GenRM server is shutting down", "reason": "shutting_down"}
+    assert all(r.json() == shutdown for r in replies)
 
 
 def test_exit_process_freezes_the_heap_then_exits() -> None:

@@ -1,8 +1,8 @@
 """The trainer adapters (docs/trainers.md), each called as its trainer calls it, with a batch
 built here, against a live `genrm-trio serve` (tests/genrm_server.py): TRL's reward function
-(`genrm_trio.trl`), verl's batch `custom_reward_function` (`genrm_trio.verl`) and slime's
-`--group-rm` function and reward post-processing (`genrm_trio.slime`). None of them needs the
-trainer installed; the real GRPO run is tests/test_grpo.py."""
+(`genrm_trio.trl`) and slime's `--group-rm` function and reward post-processing
+(`genrm_trio.slime`). None of them needs the trainer installed; the real GRPO run is
+tests/test_grpo.py, verl's reward manager is tests/test_verl.py."""
 
 from __future__ import annotations
 
@@ -11,27 +11,26 @@ import socket
 import statistics
 import threading
 from argparse import Namespace
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
 from genrm_server import FAIL, PROMPT, N, Server, answers, server
+from procs import Proc, start_server
 
-import genrm_trio.verl
 from genrm_trio.client import (
-    AsyncGenRMClient,
     GenRMClient,
-    GenRMRequestError,
     GenRMUnavailable,
     GroupSettings,
     GroupSizeError,
-    Masked,
-    Scored,
+    MaskedRollout,
+    ScoredRollout,
+    loop_client,
 )
 from genrm_trio.slime import group_rm, post_process_rewards
-from genrm_trio.trl import BatchGroup, batch_groups, genrm_reward, masked_by
-from genrm_trio.verl import compute_score, group_positions
+from genrm_trio.trl import BatchGroup, GenRMReward, batch_groups, genrm_reward, masked_by
 
 pytestmark = pytest.mark.slow
 __all__ = ["server"]  # the module's live server (a fixture)
@@ -61,7 +60,7 @@ def test_batch_groups_follow_trls_layout() -> None:
     ]
     with pytest.raises(GroupSizeError, match=r"a batch of 6 completions \(1 process\(es\) x 6\)"):
         batch_groups(["a"] * 6, group_size=4)
-    with pytest.raises(ValueError, match="completions 0 and 2 of the batch are in group 0"):
+    with pytest.raises(GroupSizeError, match="completions 0 and 2 of the batch are in group 0"):
         batch_groups(["a", "a", "b", "b"], group_size=4)
 
 
@@ -75,8 +74,78 @@ def test_trl_reward_scores_each_group_and_masks_with_none(server: Server) -> Non
     # member 1's pairs (0, 1) and (1, 2) fail: 0, 1 and 2 are None, 3 keeps its score
     assert rewards[N : N + 3] == [None, None, None]
     assert rewards[N + 3] == reference(server, OTHER, second)[3]
-    assert [type(result) for result in reward.last_results[N:]] == [Masked] * 3 + [Scored]
+    assert [type(result) for result in reward.last_results[N:]] == [MaskedRollout] * 3 + [
+        ScoredRollout
+    ]
     assert reward.calls == 1
+
+
+class FakeTrainer:
+    """What `genrm_reward` reads of TRL's `GRPOTrainer`, through the bound `log_metric` TRL
+    passes to reward functions (trl/trainer/grpo_trainer.py, `_calculate_rewards`)."""
+
+    def __init__(self, num_generations: int, num_generations_eval: int) -> None:
+        self.num_generations = num_generations
+        self.num_generations_eval = num_generations_eval
+        self.model = Namespace(training=True)
+
+    def _log_metric(self, name: str, value: float) -> None:
+        raise AssertionError("not called")  # pragma: no cover
+
+
+@pytest.fixture(scope="module")
+def servers_of_8_and_1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, Proc]]:
+    """Two more servers with the simulated judge: groups of 8, and the default (groups of 1)."""
+    started: dict[int, Proc] = {}
+    try:
+        for size in (8, 1):
+            directory = tmp_path_factory.mktemp(f"n{size}")
+            config = {"num_rollouts_per_prompt": size} if size > 1 else {}
+            started[size] = start_server(directory, config)
+        yield started
+    finally:
+        for proc in started.values():
+            proc.close()
+
+
+@pytest.mark.parametrize(
+    ("trl", "server_size", "error"),
+    [
+        (
+            16,
+            8,
+            r"num_generations is 16 but the genrm-trio server scores groups of "
+            r"num_rollouts_per_prompt=8: set num_generations to 8, or start the server with "
+            r"--num-rollouts-per-prompt 16 \(nothing was sent\)",
+        ),
+        (
+            4,
+            1,
+            r"num_generations is 4 but the genrm-trio server scores groups of "
+            r"num_rollouts_per_prompt=1 \(a server started without it scores groups of one\): "
+            r"set num_generations to 1, or start the server with --num-rollouts-per-prompt 4",
+        ),
+    ],
+)
+def test_trl_refuses_a_num_generations_other_than_the_servers_before_sending(
+    servers_of_8_and_1: dict[int, Proc], trl: int, server_size: int, error: str
+) -> None:
+    url = servers_of_8_and_1[server_size].url
+    trainer = FakeTrainer(trl, num_generations_eval=server_size)
+    texts = answers("size", n=2 * trl)
+    prompts = [PROMPT] * trl + [OTHER] * trl  # two of TRL's groups: whole groups of the server's
+    with pytest.raises(GroupSizeError, match=error):
+        genrm_reward(url)(prompts=prompts, completions=texts, log_metric=trainer._log_metric)
+    with pytest.raises(GroupSizeError, match=f"num_generations is {trl} but"):
+        genrm_reward(url, num_generations=trl)(prompts=prompts, completions=texts)
+    assert httpx.get(url + "/cohorts").json() == []  # nothing was sent
+    # evaluating, TRL's groups are num_generations_eval (here the server's): scored
+    trainer.model.training = False
+    prompts = [PROMPT] * server_size + [OTHER] * server_size
+    rewards = genrm_reward(url)(
+        prompts=prompts, completions=texts[: 2 * server_size], log_metric=trainer._log_metric
+    )
+    assert len(rewards) == 2 * server_size and all(isinstance(r, float) for r in rewards)
 
 
 def test_trl_conversational_format(server: Server) -> None:
@@ -119,9 +188,9 @@ def test_trl_raises_the_clients_error_not_an_exception_group() -> None:
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    reward = genrm_reward(f"http://127.0.0.1:{port}")
+    reward = GenRMReward(f"http://127.0.0.1:{port}", resends=0)
     reward._settings = GroupSettings(N, 10.0, 10.0)  # known: the members' requests fail
-    with pytest.raises(GenRMUnavailable, match="unreachable: ConnectError"):
+    with pytest.raises(GenRMUnavailable, match="unreachable after 1 tries: ConnectError"):
         reward(prompts=[PROMPT] * N + [OTHER] * N, completions=answers("a") + answers("b"))
 
 
@@ -154,72 +223,6 @@ def test_masked_by_gives_the_whole_row_none(server: Server) -> None:
     assert masked_length(prompts=[PROMPT] * N, completions=texts) == expected
     wrapped = masked_by(genrm, async_length)
     assert asyncio.run(wrapped(prompts=[PROMPT] * N, completions=texts)) == expected
-
-
-# --- verl -----------------------------------------------------------------------------------------
-
-
-def test_verl_groups_by_row_whatever_the_batch_order() -> None:
-    infos = [{"index": 7, "question": "q"}, {"index": 8, "question": "q"}] * 2
-    assert group_positions(infos, prompt_key="question", group_size=2) == [
-        ("q", [0, 2]),
-        ("q", [1, 3]),
-    ]
-    with pytest.raises(KeyError, match="extra_info has no 'prompt'"):
-        group_positions(infos, prompt_key="prompt", group_size=2)
-    with pytest.raises(GroupSizeError, match=r"set actor_rollout_ref\.rollout\.n"):
-        group_positions(infos[:3], prompt_key="question", group_size=2)
-
-
-def test_verl_batch_reward_function(server: Server) -> None:
-    clean, failing = answers("verl-a"), answers("verl-b", failing={0})
-    # verl's batch after balance_batch: the two rows' rollouts interleaved
-    order = [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2), (0, 3), (1, 3)]
-    texts = [(clean, failing)[row][i] for row, i in order]
-    infos = [{"index": row, "question": (PROMPT, OTHER)[row]} for row, _ in order]
-    scores = compute_score(
-        data_sources=["genrm"] * 8,
-        solution_strs=texts,
-        ground_truths=[None] * 8,
-        extra_infos=infos,
-        base_url=server.url,  # custom_reward_function.reward_kwargs
-    )
-    by_row: dict[int, list[dict[str, float]]] = {0: [], 1: []}
-    for (row, _), score in zip(order, scores, strict=True):
-        by_row[row].append(score)
-    assert [s["score"] for s in by_row[0]] == reference(server, PROMPT, clean)
-    assert [s["genrm_masked"] for s in by_row[0]] == [0.0] * N
-    # 0's pairs (3, 0) and (0, 1) fail: 3, 0 and 1 are masked and get the scored mean (2's
-    # reward), so their advantage is 0 and the group mean is the scored members' mean
-    expected = reference(server, OTHER, failing)
-    assert expected[:2] == [None, None] and expected[3] is None
-    assert [s["genrm_masked"] for s in by_row[1]] == [1.0, 1.0, 0.0, 1.0]
-    assert [s["score"] for s in by_row[1]] == [expected[2]] * N
-    assert {s["genrm_scored_mean"] for s in by_row[1]} == {expected[2]}
-
-
-def test_verl_raises_the_clients_error_not_an_exception_group(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    def refuse(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(409, json={"detail": "superseded"})
-
-    class Refused(AsyncGenRMClient):  # every /verify refused, for both groups of the batch
-        def __init__(self, base_url: str, **kwargs: Any) -> None:
-            http = httpx.AsyncClient(transport=httpx.MockTransport(refuse))
-            settings = GroupSettings(N, 10.0, 10.0)
-            super().__init__(base_url, http=http, group_settings=settings, **kwargs)
-
-    monkeypatch.setattr(genrm_trio.verl, "AsyncGenRMClient", Refused)
-    infos = [{"index": i // N, "question": (PROMPT, OTHER)[i // N]} for i in range(2 * N)]
-    with pytest.raises(GenRMRequestError, match="409: superseded"):
-        compute_score(
-            data_sources=["genrm"] * 2 * N,
-            solution_strs=answers("a") + answers("b"),
-            ground_truths=[None] * 2 * N,
-            extra_infos=infos,
-            base_url="http://genrm",
-        )
 
 
 # --- slime ----------------------------------------------------------------------------------------
@@ -293,3 +296,35 @@ def test_slime_group_rm_refuses_mixed_prompts(server: Server) -> None:
 
 def test_the_fail_tag_is_what_the_judge_fails_on() -> None:
     assert FAIL in answers("x", failing={0})[0] and FAIL not in answers("x")[0]
+
+
+def test_slime_refuses_a_group_of_another_size_and_samples_per_rollout(server: Server) -> None:
+    group = [Sample(PROMPT, text) for text in answers("slime-size", n=N + 1)]
+    with pytest.raises(
+        GroupSizeError,
+        match=rf"--n-samples-per-prompt is {N + 1} but the genrm-trio server scores groups of "
+        rf"num_rollouts_per_prompt={N}",
+    ):
+        asyncio.run(group_rm(slime_args(server), group))
+    nested: list[Any] = [[Sample(PROMPT, "a"), Sample(PROMPT, "b")]] * N
+    with pytest.raises(GroupSizeError, match="rollout 0 of the group is 2 samples"):
+        asyncio.run(group_rm(slime_args(server), nested))
+    with pytest.raises(GroupSizeError, match=rf"not whole groups of --n-samples-per-prompt={N}"):
+        post_process_rewards(slime_args(server), [Sample(PROMPT, "a", reward=1.0)] * (N + 1))
+    assert httpx.get(server.url + "/cohorts").json() == []  # nothing was sent
+
+
+def test_slime_keeps_one_client_per_event_loop_and_url(server: Server) -> None:
+    args = slime_args(server)
+    clients: list[object] = []
+
+    async def rollout(tag: str) -> None:  # several groups of one run, on one loop
+        for number in range(3):
+            group = [Sample(PROMPT, text) for text in answers(f"{tag}-{number}")]
+            await group_rm(args, group)
+            clients.append(loop_client(server.url))
+
+    asyncio.run(rollout("loop-1"))
+    asyncio.run(rollout("loop-2"))
+    assert len({id(client) for client in clients[:3]}) == 1  # one client for the loop's groups
+    assert clients[3] is not clients[0]  # a new loop, a new client (the old pool was its loop's)

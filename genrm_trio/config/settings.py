@@ -609,7 +609,8 @@ class Settings(_Strict):
 
     def startup_warnings(self) -> list[str]:
         """The start-up warning lines: N = 1 (D50), D12, an unused `comparisons_per_rollout` and
-        D37 (docs/configuration.md, "Start-up warnings")."""
+        D37 (docs/configuration.md, "Start-up warnings"). A trainer's setting is named for each
+        trainer genrm-trio knows: the server cannot tell which one will call it."""
         lines: list[str] = []
         if not self.cohorting:
             # Gym's default too, and silent there: a server started without the trainer's group
@@ -618,8 +619,9 @@ class Settings(_Strict):
                 f"num_rollouts_per_prompt is {self.num_rollouts_per_prompt}: every /verify is "
                 f"answered at once with default_score ({self.default_score}) and no judge call; "
                 "set num_rollouts_per_prompt (serve --num-rollouts-per-prompt N) to the "
-                "rollouts per prompt the trainer sends (NeMo RL: grpo.num_generations_per_prompt, "
-                "e.g. num_rollouts_per_prompt: 16)"
+                "rollouts per prompt the trainer sends (NeMo RL: grpo.num_generations_per_prompt; "
+                "TRL: num_generations; verl: actor_rollout_ref.rollout.n; slime: "
+                "--n-samples-per-prompt; e.g. num_rollouts_per_prompt: 16)"
             )
         elif (
             self.evaluation_deadline_policy == "fail_group"
@@ -650,6 +652,7 @@ class Settings(_Strict):
         lines.append(
             "masked rows carry a placeholder reward 0.0; the trainer must exclude them "
             "(NeMo RL: env.should_mask_flagged_samples: true and grpo.masked_reward_policy: "
-            "exclude_infra, or exclude; the default include counts the 0.0)"
+            "exclude_infra, or exclude; the default include counts the 0.0; genrm-trio's TRL, "
+            "verl and slime rewards leave them out themselves, docs/trainers.md)"
         )
         return lines

@@ -13,6 +13,11 @@ from typing import Any, Literal, final
 
 JSONValue = Any  # a decoded JSON value (dict/list/str/int/float/bool/None)
 FailureKind = Literal["judge", "cohort"]
+Unavailable = Literal[
+    "shutting_down", "at_capacity", "group_failed", "superseded", "compare_failed"
+]
+"""Why a request got 503: the `reason` field of the reply (docs/http-api.md, "503 reasons"), so a
+client tells a shutdown from a failed group without reading the prose of `detail`."""
 
 # The failure of every cohort and `/compare` batch a shutdown cuts short (docs/differences.md,
 # D28); the store recognises it too (such a cohort keeps its `open` record).
@@ -76,6 +81,7 @@ class GroupFailed:
 
     kind: FailureKind
     message: str
+    reason: Unavailable = "group_failed"  # a cohort-kind failure's 503 reason
 
 
 MemberOutcome = Scored | Masked | GroupFailed
@@ -101,24 +107,32 @@ class Rejection(enum.Enum):
 class RequestRejected(Exception):
     """A request refused before (or instead of) attaching to a cohort.
 
-    `retry_after_s`: when the caller may try again, for an UNAVAILABLE that is expected to pass.
+    `retry_after_s`: when the caller may try again, for an UNAVAILABLE that is expected to pass;
+    `unavailable`: an UNAVAILABLE's reason on the wire (every UNAVAILABLE names one).
     """
 
     def __init__(
-        self, reason: Rejection, detail: str, *, retry_after_s: float | None = None
+        self,
+        reason: Rejection,
+        detail: str,
+        *,
+        retry_after_s: float | None = None,
+        unavailable: Unavailable | None = None,
     ) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
         self.retry_after_s = retry_after_s
+        self.unavailable = unavailable
 
 
 class CompareFailed(Exception):
     """`/compare` failed: a judge error (fail-fast), the deadline, or shutdown → 503."""
 
-    def __init__(self, detail: str) -> None:
+    def __init__(self, detail: str, *, reason: Unavailable = "compare_failed") -> None:
         super().__init__(detail)
         self.detail = detail
+        self.reason = reason
 
 
 @final

@@ -31,6 +31,7 @@ from genrm_trio.domain.model import (
     Rejection,
     RequestRejected,
     Scored,
+    Unavailable,
 )
 from genrm_trio.domain.records import COMPRESS_FROM, MemberRecord, TerminalRecord, compressed
 from genrm_trio.domain.text import ID_LOGGED_LIMIT, shown_id
@@ -197,6 +198,9 @@ class Cohort:
         self.comparisons_done = 0
         self.comparisons_failed = 0
         self._host = host
+        # the 503 reason of a failure, which the terminal record does not keep (a restored
+        # failure is a failed group)
+        self.unavailable: Unavailable = "group_failed"
         if record is not None:
             self.released.set()
 
@@ -221,9 +225,11 @@ class Cohort:
         self.members[member.index] = member
         self.arrival.set()
 
-    def fail(self, kind: FailureKind, message: str) -> bool:
+    def fail(
+        self, kind: FailureKind, message: str, *, reason: Unavailable = "group_failed"
+    ) -> bool:
         """collecting | judging → failed with this failure; False once terminal (a no-op)."""
-        return machine.fail(self, failure=GroupFailed(kind, message))
+        return machine.fail(self, failure=GroupFailed(kind, message, reason))
 
     # --- the replay/conflict matrix (docs/architecture.md, "Keys, digests and replay") --------
 
@@ -296,6 +302,7 @@ class Cohort:
                 failure=failure.message,
                 failure_kind=failure.kind,
             )
+            self.unavailable = failure.reason
         else:
             outcomes: Mapping[int, Scored | Masked] = event.kwargs["outcomes"]
             members: dict[int, MemberRecord] = {}
@@ -335,7 +342,7 @@ class Cohort:
         message = self.record.failure or "GenRM cohort evaluation failed"
         if self.legacy:
             message = with_legacy_suffix(message)
-        return GroupFailed(self.record.failure_kind or "cohort", message)
+        return GroupFailed(self.record.failure_kind or "cohort", message, self.unavailable)
 
     def member_outcome(self, index: int) -> MemberOutcome:
         """The terminal outcome of slot ``index`` (requires a terminal record)."""

@@ -78,7 +78,7 @@ class Comparisons:
         """Batch comparison (docs/http-api.md, "POST /compare"), fail-fast, in the caller's task."""
         s = self.settings
         if self._closed:
-            raise CompareFailed(SHUTTING_DOWN)
+            raise CompareFailed(SHUTTING_DOWN, reason="shutting_down")
         if rubric_mode(s) and not item.expected_rubric_ids:
             raise RequestRejected(Rejection.INVALID, RUBRIC_REQUIRED)
         n = len(item.responses)
@@ -142,7 +142,7 @@ class Comparisons:
             raise CompareFailed(first_error[0].message)
         if scope.cancelled_caught:
             if self._closed:
-                raise CompareFailed(SHUTTING_DOWN)
+                raise CompareFailed(SHUTTING_DOWN, reason="shutting_down")
             self.metrics.deadline_failures.labels("compare").inc()
             why = unreachable_note(self._comparator.unreachable_for())
             raise CompareFailed(f"GenRM compare deadline exceeded after {timeout}s{why}")

@@ -225,7 +225,7 @@ class Engine:
             self._closed = True  # refuse new requests at once (D28)
             async with self._lock:  # let a request already inside the registry finish
                 for cohort in list(self._registry.active):
-                    cohort.fail("cohort", SHUTTING_DOWN)
+                    cohort.fail("cohort", SHUTTING_DOWN, reason="shutting_down")
             self._compares.close()
         await self._idle.wait()
         self._registry.clear()
@@ -270,7 +270,7 @@ class Engine:
         if item.group_id is not None and not item.group_attempt_given:
             _log_legacy_attempt_once()
         if self._closed:
-            raise RequestRejected(Rejection.UNAVAILABLE, SHUTTING_DOWN)
+            raise RequestRejected(Rejection.UNAVAILABLE, SHUTTING_DOWN, unavailable="shutting_down")
         if rubric_mode(s) and not item.expected_rubric_ids:
             raise RequestRejected(Rejection.INVALID, RUBRIC_REQUIRED)
         if not s.cohorting:
@@ -358,7 +358,7 @@ class Engine:
         s = self.settings
         reg = self._registry
         if self._closed:
-            raise RequestRejected(Rejection.UNAVAILABLE, SHUTTING_DOWN)
+            raise RequestRejected(Rejection.UNAVAILABLE, SHUTTING_DOWN, unavailable="shutting_down")
         now = trio.current_time()
         group_id = arrival.group_id
         attempt = arrival.group_attempt
@@ -478,7 +478,7 @@ class Engine:
     async def compare(self, item: CompareInput) -> CompareResult:
         """Batch comparison (docs/http-api.md, "POST /compare"): ``engine/compare.py``."""
         if self._closed:  # closed at once, before the batches in flight are cancelled
-            raise CompareFailed(SHUTTING_DOWN)
+            raise CompareFailed(SHUTTING_DOWN, reason="shutting_down")
         return await self._compares.compare(item)
 
     # --- terminal records (durable state and checkpoints) ------------------------------------
@@ -527,7 +527,9 @@ class Engine:
         applied."""
         async with self._lock:
             if self._closed:
-                raise RequestRejected(Rejection.UNAVAILABLE, SHUTTING_DOWN)
+                raise RequestRejected(
+                    Rejection.UNAVAILABLE, SHUTTING_DOWN, unavailable="shutting_down"
+                )
             plan = plan_restore(self._registry, records, watermarks)
             if self._store is not None and (plan.adds or plan.raises):
                 # bounded: the lock is held; a stalled store fails the restore, nothing applied

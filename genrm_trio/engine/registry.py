@@ -210,6 +210,7 @@ class Registry:
                     Rejection.UNAVAILABLE,
                     f"GenRM server is at capacity ({len(self.active)} active cohorts); retry later",
                     retry_after_s=1.0,
+                    unavailable="at_capacity",
                 )
         if group_id is not None:
             if advances:
@@ -229,6 +230,7 @@ class Registry:
                 "cohort",
                 f"GenRM group {shown_id(group_id)} attempt {old.group_attempt} was superseded "
                 f"by attempt {attempt}",
+                reason="superseded",
             ):
                 superseded += 1
         return superseded

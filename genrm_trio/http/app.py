@@ -174,7 +174,7 @@ class _Routes:
         elif type(outcome) is GroupFailed and outcome.kind == "judge":
             row = held.failsafe_row(outcome.message)
         elif type(outcome) is GroupFailed:
-            return 503, {"detail": outcome.message}, None
+            return 503, {"detail": outcome.message, "reason": outcome.reason}, None
         else:
             raise TypeError(f"unexpected outcome {type(outcome).__name__}")
         if self.debug:

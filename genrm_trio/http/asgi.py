@@ -91,9 +91,11 @@ def error_reply(exc: Exception, method: str, path: str) -> Reply:
         return 422, {"detail": exc.errors}, None
     if isinstance(exc, RequestRejected):
         status, headers = rejection_status(exc)
-        return status, {"detail": exc.detail}, headers
+        if exc.unavailable is None:
+            return status, {"detail": exc.detail}, headers
+        return status, {"detail": exc.detail, "reason": exc.unavailable}, headers
     if isinstance(exc, CompareFailed):
-        return 503, {"detail": exc.detail}, None
+        return 503, {"detail": exc.detail, "reason": exc.reason}, None
     if isinstance(exc, HTTPException) and exc.code is not None:
         allow = None
         if isinstance(exc, MethodNotAllowed) and exc.valid_methods:

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, creat
 from pydantic.json_schema import models_json_schema
 
 from genrm_trio.domain.checkpoint import RestoreReport
-from genrm_trio.domain.model import CohortView
+from genrm_trio.domain.model import CohortView, Unavailable
 from genrm_trio.http.asgi import PUBLIC_PATHS
 from genrm_trio.http.rows import FAILSAFE_REASON_LIMIT
 from genrm_trio.http.schema import (
@@ -119,9 +119,16 @@ class CompareReply(BaseModel):
 
 
 class ErrorDetail(BaseModel):
-    """Every non-200 reply except 422."""
+    """Every non-200 reply except 422 and 503."""
 
     detail: str
+
+
+class UnavailableDetail(BaseModel):
+    """A 503: the message, and its reason for programs (docs/http-api.md, "503 reasons")."""
+
+    detail: str
+    reason: Unavailable
 
 
 class ValidationItem(BaseModel):
@@ -197,6 +204,7 @@ _SCHEMA_MODELS: tuple[tuple[type[BaseModel], Literal["validation", "serializatio
     (CompareBody, "validation"),
     (CompareReply, "serialization"),
     (ErrorDetail, "serialization"),
+    (UnavailableDetail, "serialization"),
     (ValidationErrorReply, "serialization"),
     (SeedSessionRequest, "validation"),
     (SeedSessionResponse, "serialization"),
@@ -233,6 +241,7 @@ def openapi_document(*, title: str, version: str, auth: bool) -> dict[str, Any]:
         return _ref(names[model])
 
     plain = _reply("Error", ref(ErrorDetail))
+    unavailable = _reply("Unavailable: see its reason", ref(UnavailableDetail))
     invalid = _reply("Invalid JSON or schema", ref(ValidationErrorReply))
     too_large = _reply("Request body exceeds server.max_body_bytes", ref(ErrorDetail))
     common: dict[str, Any] = {"404": _reply("Not Found", ref(ErrorDetail))}
@@ -269,13 +278,13 @@ def openapi_document(*, title: str, version: str, auth: bool) -> dict[str, Any]:
             "Reward one rollout of a cohort (buffers until the group is complete)",
             VerifyBody,
             {"oneOf": [ref(VerifyRow), ref(FailsafeRow)]},
-            **{"409": plain, "503": plain},
+            **{"409": plain, "503": unavailable},
         ),
         "/compare": post(
             "Judge a batch of answers pairwise",
             CompareBody,
             ref(CompareReply),
-            **{"503": plain},
+            **{"503": unavailable},
         ),
         "/seed_session": post("No-op session seed", SeedSessionRequest, ref(SeedSessionResponse)),
         "/close_session": post(
@@ -328,7 +337,7 @@ def openapi_document(*, title: str, version: str, auth: bool) -> dict[str, Any]:
                     "422": _reply(
                         "An invalid checkpoint: nothing applied", ref(ValidationErrorReply)
                     ),
-                    "503": plain,
+                    "503": unavailable,
                     **common,
                 },
             },
