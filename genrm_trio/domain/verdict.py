@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from array import array
 from collections.abc import Callable, Sequence
 from typing import Any, Final, NamedTuple, final
 
@@ -59,41 +60,57 @@ _SPECIAL: Final = re.compile(r'[{}"\\]')
 class _Track:
     """Unfinished scans sharing one string state; a scan's depth is its key plus `offset`.
 
-    `pending` maps a key to its scan's start, or to a list of starts once tracks that met share
-    the key: a lone `int` per scan keeps a reply of n unclosed braces at about 100 bytes per
-    brace, not 190. `size` counts the scans, so `_merge` re-keys the track with fewer scans."""
+    The scans a track opened itself (while outside a string) are a stack of two arrays, `keys`
+    and `starts`: a new scan is always the shallowest (depth 1, every other one deeper), and a
+    closing brace closes the shallowest, so keys only fall along the stack and the one to close
+    is the last. Eight bytes a value, and no dict to grow: a reply of 4 M unclosed braces held
+    400 MB in a dict of them, and its resize held the GIL for 86 ms at a time. Scans that came
+    from another track (`_merge`) are in `pending`: a key to a start, or to a list of starts
+    once tracks that met share the key. `size` counts every scan, so `_merge` re-keys the track
+    with fewer."""
 
-    __slots__ = ("offset", "pending", "size")
+    __slots__ = ("keys", "offset", "pending", "size", "starts")
 
     def __init__(self) -> None:
         self.offset = 0
+        self.keys = array("q")
+        self.starts = array("q")
         self.pending: dict[int, int | list[int]] = {}
         self.size = 0
+
+
+def _add(pending: dict[int, int | list[int]], key: int, starts: int | list[int]) -> None:
+    held = pending.get(key)
+    if held is None:
+        pending[key] = starts
+        return
+    joined = held if isinstance(held, list) else [held]
+    if isinstance(starts, list):
+        joined.extend(starts)
+    else:
+        joined.append(starts)
+    pending[key] = joined
 
 
 def _merge(into: _Track | None, track: _Track | None) -> _Track | None:
     """Join two tracks that reached the same state, re-keying the one with fewer scans (so each
     scan is re-keyed O(log n) times in all). Sizing them by keys instead was quadratic: text
     like `{\\"{\\"…` piles every scan onto one key, and that one key was re-keyed each time."""
-    if into is None or not into.pending:
-        return track if track is not None and track.pending else None
-    if track is None or not track.pending:
+    if into is None or not into.size:
+        return track if track is not None and track.size else None
+    if track is None or not track.size:
         return into
     big, small = (into, track) if into.size >= track.size else (track, into)
     shift = small.offset - big.offset
     pending = big.pending
-    for key, starts in small.pending.items():
-        key += shift
-        held = pending.get(key)
-        if held is None:
-            pending[key] = starts
-        else:
-            joined = held if isinstance(held, list) else [held]
-            if isinstance(starts, list):
-                joined.extend(starts)
-            else:
-                joined.append(starts)
-            pending[key] = joined
+    keys, starts = small.keys, small.starts
+    if len(keys) == 1:  # the common case (a scan just opened), without a zip's set-up
+        _add(pending, keys[0] + shift, starts[0])
+    elif keys:
+        for key, start in zip(keys, starts, strict=False):  # equal lengths
+            _add(pending, key + shift, start)
+    for key, held in small.pending.items():
+        _add(pending, key + shift, held)
     big.size += small.size
     return big
 
@@ -102,7 +119,7 @@ def _span_ends(text: str) -> dict[int, int]:
     """For every "{" whose scan balances, the index of the "}" that closes it.
 
     One pass over the special characters with three tracks (outside a string, inside one, just
-    after a backslash inside one). A brace changes no track's state, so it costs a dict update;
+    after a backslash inside one). A brace changes no track's state, so it costs a stack step;
     only a quote or a backslash moves tracks between states. Linear in the text (issue #40:
     the per-character state dict this replaced cost about 1.7 s per MB of braces)."""
     ends: dict[int, int] = {}
@@ -123,15 +140,20 @@ def _span_ends(text: str) -> dict[int, int]:
             if out is None:
                 out = _Track()
             out.offset += 1
-            # a new scan, now at depth 1: every other scan of `out` is deeper, so the key is new
-            out.pending[1 - out.offset] = k
+            out.keys.append(1 - out.offset)  # a new scan, at depth 1
+            out.starts.append(k)
             out.size += 1
         elif ch == "}":
             if escaped is not None:
                 inside, escaped = _merge(inside, escaped), None
             if out is not None:
                 out.offset -= 1
-                closed = out.pending.pop(-out.offset, None)
+                key = -out.offset  # the scans now at depth 0
+                if out.keys and out.keys[-1] == key:
+                    out.keys.pop()
+                    ends[out.starts.pop()] = k
+                    out.size -= 1
+                closed = out.pending.pop(key, None) if out.pending else None
                 if isinstance(closed, int):
                     ends[closed] = k
                     out.size -= 1
@@ -139,8 +161,7 @@ def _span_ends(text: str) -> dict[int, int]:
                     for start in closed:
                         ends[start] = k
                     out.size -= len(closed)
-                if not out.pending:
-                    out = None
+                # an emptied `out` is kept for the next "{" (`_merge` drops empty tracks)
         elif ch == '"':
             # outside → inside, inside → outside, after a backslash → inside (the quote is
             # escaped)
