@@ -144,7 +144,7 @@ class _ReplicaCollector(Collector):
         )
         failures = CounterMetricFamily(
             "genrm_trio_judge_replica_failures",
-            "Judge attempts that failed retryably (transport error, 408, 429, 5xx), per replica",
+            "Judge attempts that failed retryably (transport error, 408, 5xx), per replica",
             labels=["replica"],
         )
         ejections = CounterMetricFamily(
@@ -268,6 +268,28 @@ class Metrics:
             "the slot (complete: the group's members are all in; collecting: an eager comparison)",
             ["priority"],
             buckets=(0.0, 0.001, 0.01, 0.1, 1, 10, 60, 600),
+            registry=r,
+        )
+        self.judge_throttled = Gauge(
+            "genrm_trio_judge_throttled",
+            "Judge calls waiting for the judge's rate limit (a 429's hold, the configured or "
+            "announced requests and tokens per minute)",
+            registry=r,
+        )
+        self.judge_rate_limited = Counter(
+            "genrm_trio_judge_rate_limited",
+            "Judge replies of HTTP 429 (each holds its replica; no attempt, no failure)",
+            registry=r,
+        )
+        self.judge_throttled_seconds = Counter(
+            "genrm_trio_judge_throttled_seconds",
+            "Seconds judge calls waited for the judge's rate limit, summed over the calls",
+            registry=r,
+        )
+        self.judge_cost = Counter(
+            "genrm_trio_judge_cost",
+            "What the judge's reported usage cost at judge.price_per_million_input_tokens and "
+            "judge.price_per_million_output_tokens (0 without prices)",
             registry=r,
         )
         self.eager_comparisons = Counter(

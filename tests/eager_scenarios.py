@@ -4,9 +4,9 @@ property tests (tests/test_engine_eager_properties.py, tests/test_engine_eager_g
 A scenario is a group (size, comparison graph, judge passes, position balance, fixed baseline,
 attempts, judge slots; every value of each key, derived from the settings), an arrival order and
 times, and a verdict outcome per shown pair (a verdict, a
-judge failure, an unparsable reply, or a first attempt answered 429 with or without a
+judge failure, an unparsable reply, or a first attempt answered 503 with or without a
 `Retry-After` that may or may not fit the group deadline, then a verdict) with a latency, so
-that the 429 comes at any point of collection; `run` plays it with eager starts on or off.
+that the 503 comes at any point of collection; `run` plays it with eager starts on or off.
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     )
     outcome = st.tuples(
         st.sampled_from(
-            # "429 s": Retry-After s (30 fits the 100 s group deadline, 500 does not)
+            # "503 s": Retry-After s (30 fits the 100 s group deadline, 500 does not); a 503,
+            # as a 429 holds its replica instead of sleeping a retry (judge/limits.py)
             [
                 *("verdict", "verdict", "verdict", "failure", "unparsable"),
-                *("429", "429 0.5", "429 30", "429 500"),
+                *("503", "503 0.5", "503 30", "503 500"),
             ]
         ),
         st.sampled_from([0.0, 0.05, 0.3, 1.5]),
@@ -70,13 +71,13 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
 
 def step_of(outcome: Outcome, ordinal: int, retries: int) -> Step:
     kind, delay, (score_1, score_2, ranking) = outcome
-    if kind.startswith("429") and ordinal == 0 and retries:
+    if kind.startswith("503") and ordinal == 0 and retries:
         # The first attempt at this shown pair only (a retry gets the verdict). Without retries
         # it would fail whichever judge pass of the pair came first, which eager starts may
         # order differently, so then the pair gets its verdict at once.
         _, _, after = kind.partition(" ")
         retry_after = float(after) if after else None
-        return Step(delay=delay, error=JudgeHTTPError(429, b"slow down", retry_after))
+        return Step(delay=delay, error=JudgeHTTPError(503, b"slow down", retry_after))
     if kind == "failure":
         return http_error(delay=delay)
     if kind == "unparsable":

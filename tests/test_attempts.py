@@ -124,7 +124,8 @@ async def test_null_text_is_retried_as_unusable(autojump_clock: trio.testing.Moc
     assert rig.script.calls == 2
 
 
-@pytest.mark.parametrize("status", [408, 429, 500, 503, 599])
+# A 429 is no attempt: it holds its replica (tests/test_rate_limits.py).
+@pytest.mark.parametrize("status", [408, 500, 503, 599])
 async def test_transient_http_error_costs_one_extra_call(
     autojump_clock: trio.testing.MockClock, status: int
 ) -> None:
@@ -177,7 +178,7 @@ async def test_transport_errors_share_the_budget(
             assert failure.usage is None
 
 
-@pytest.mark.parametrize("status", [400, 401, 403, 404, 408, 429, 500, 503])
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 408, 500, 503])
 async def test_http_budget_exhaustion_never_defaults(
     autojump_clock: trio.testing.MockClock, status: int
 ) -> None:
@@ -262,7 +263,7 @@ async def test_request_carries_answers_in_metadata_only(
 # --- judge failures are failures, never defaults --------------------------------------------
 
 
-@pytest.mark.parametrize(("status", "calls"), [(401, 1), (429, 4), (500, 4)])
+@pytest.mark.parametrize(("status", "calls"), [(401, 1), (500, 4)])
 async def test_http_failure_message_and_call_counts(
     autojump_clock: trio.testing.MockClock, status: int, calls: int
 ) -> None:
@@ -563,7 +564,7 @@ async def test_zero_sleep_retries_at_once(autojump_clock: trio.testing.MockClock
 async def test_retry_after_is_honoured_exactly(autojump_clock: trio.testing.MockClock) -> None:
     # Honoured, and stretched by up to RETRY_AFTER_JITTER of itself (D44), never shortened.
     rig = Rig(
-        Script(http(429, retry_after="7"), http(503, retry_after="0"), valid()),
+        Script(http(503, retry_after="7"), http(503, retry_after="0"), valid()),
         rng=random.Random(7),
     )
     start = trio.current_time()
@@ -581,7 +582,7 @@ async def test_a_retry_after_slept_while_collecting_keeps_its_time_when_the_dead
     """A Retry-After slept while its group collects, whose group then completes with a deadline
     the sleep still fits: the sleep ends when it was chosen to (its jitter kept); only a
     deadline it no longer fits sizes it again (tests/test_engine_eager.py)."""
-    rig = Rig(Script(http(429, retry_after="7"), valid()), rng=random.Random(7))
+    rig = Rig(Script(http(503, retry_after="7"), valid()), rng=random.Random(7))
     queue = rig.queue
     group = queue.group(complete=False)
     start = trio.current_time()
@@ -605,7 +606,7 @@ async def test_a_retry_after_slept_while_collecting_keeps_its_time_when_the_dead
 async def test_retry_after_that_does_not_fit_the_deadline_is_ignored(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    rig = Rig(Script(http(429, retry_after="60"), valid()))
+    rig = Rig(Script(http(503, retry_after="60"), valid()))
     start = trio.current_time()
     with trio.fail_after(30):  # the enclosing (group) deadline
         assert (await rig.compare()).attempts == 2

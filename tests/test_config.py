@@ -174,6 +174,10 @@ def test_judge_defaults() -> None:
         "max_response_bytes": 33554432,
         "max_response_bytes_total": 268435456,
         "ca_file": None,
+        "requests_per_minute": None,
+        "tokens_per_minute": None,
+        "price_per_million_input_tokens": None,
+        "price_per_million_output_tokens": None,
         "prompt": "genrm",
         "prompt_template": None,
         "structured_output": False,
@@ -181,6 +185,23 @@ def test_judge_defaults() -> None:
         "min_output_tokens": 256,
     }
     assert judge.endpoint == "unconfigured"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("requests_per_minute", 0, "greater than or equal to 1"),
+        ("tokens_per_minute", -5, "greater than or equal to 1"),
+        ("price_per_million_input_tokens", -0.5, "greater than or equal to 0"),
+        ("price_per_million_output_tokens", float("inf"), "finite"),
+    ],
+)
+def test_judge_limits_and_prices_are_checked(key: str, value: float, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        settings_from_mapping({"judge": {key: value}})
+    assert f"judge.{key}" in str(info.value) and fragment in str(info.value)
+    judge = settings_from_mapping({"judge": {key: 3}}).judge
+    assert getattr(judge, key) == 3
 
 
 def test_server_defaults() -> None:

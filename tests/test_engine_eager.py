@@ -434,10 +434,10 @@ async def test_mask_pending_at_the_deadline_after_completion(autojump_clock: Moc
 
 
 def retry_after_once(seconds: float) -> ScriptedJudge:
-    """A judge whose first call of pair (0, 1) gets 429 with `Retry-After: seconds`; every
+    """A judge whose first call of pair (0, 1) gets 503 with `Retry-After: seconds`; every
     other call answers after 0.1 s."""
     return ScriptedJudge(
-        pairs={("a0", "a1"): [Step(error=JudgeHTTPError(429, b"slow down", seconds)), Step()]},
+        pairs={("a0", "a1"): [Step(error=JudgeHTTPError(503, b"slow down", seconds)), Step()]},
         latency=0.1,
     )
 
@@ -446,7 +446,7 @@ def retry_after_once(seconds: float) -> ScriptedJudge:
 async def test_a_retry_after_taken_while_collecting_respects_the_deadline_set_later(
     autojump_clock: MockClock, policy: str
 ) -> None:
-    """The first call of pair (0, 1) gets 429 with `Retry-After: 30` while the group collects;
+    """The first call of pair (0, 1) gets 503 with `Retry-After: 30` while the group collects;
     members 2 and 3 arrive 0.5 s later and set the 3 s group deadline. The 30 s no longer fits
     before it, so, as without eager starts, it is not slept: the retry follows the plain retry
     sleep, and every row is scored as with eager starts off."""
@@ -469,7 +469,7 @@ async def test_a_retry_after_taken_while_collecting_respects_the_deadline_set_la
             got[on], at = await arrive(engine, schedule)
         first_pair = [c.started - t0 for c in judge.calls if c.shown == ("a0", "a1")]
         if on:
-            # 429 at 0; its sleep, sized at 0 (no deadline yet) to 30 s, is sized again at 0.5
+            # 503 at 0; its sleep, sized at 0 (no deadline yet) to 30 s, is sized again at 0.5
             # against the deadline of 3.5: the 0.2 s retry sleep, already over
             assert first_pair == pytest.approx([0.0, 0.5])
             assert at == {i: pytest.approx(0.6) for i in range(4)}

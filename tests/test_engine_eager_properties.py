@@ -2,7 +2,7 @@
 
 Random groups (size, strategy, judge passes, position balance, fixed baseline, attempts, judge
 slots), random arrival orders and times, and random verdict outcomes per shown pair (a verdict,
-a judge failure, an unparsable reply, a first attempt answered 429 with or without a
+a judge failure, an unparsable reply, a first attempt answered 503 with or without a
 `Retry-After`, at any point of collection) with random latencies, each run with
 `eager_comparisons: true` and `false` in virtual time: every member gets the same reply (rows,
 rewards, masks and per-group metrics; only the eager row's own share of comparisons done early is

@@ -347,7 +347,8 @@ async def test_worked_example_circular_two_failures(autojump_clock: MockClock) -
 # --- judge failures and the failsafe ------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("status", "calls_each"), [(401, 1), (429, 2), (500, 2)])
+# (a 429 holds instead: tests/test_rate_limits.py)
+@pytest.mark.parametrize(("status", "calls_each"), [(401, 1), (500, 2)])
 async def test_judge_http_failure_never_completes_cohort(
     autojump_clock: MockClock, status: int, calls_each: int
 ) -> None:

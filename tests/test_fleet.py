@@ -819,7 +819,9 @@ async def _comparisons_against(
 
 @pytest.mark.parametrize(
     ("mode", "latency"),
-    [("ok", 1.0), ("http500", 1.0), ("http429", 1.0), ("dead", 1.0), ("ok", math.inf)],
+    # (a judge answering 429 forever holds its calls until their deadlines: no attempts;
+    # tests/test_rate_limits.py)
+    [("ok", 1.0), ("http500", 1.0), ("dead", 1.0), ("ok", math.inf)],
 )
 async def test_a_fleet_of_one_runs_comparisons_exactly_as_its_one_judge_would(
     mode: str, latency: float, autojump_clock: trio.testing.MockClock
@@ -886,36 +888,36 @@ async def test_retry_after_holds_back_only_the_replica_that_sent_it(
         assert result.selected is not None
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(comparison, "first", 0.0)  # a: 429, then b after the 0.1 s pacing
+        # a: 429, no attempt: sent again to b at once (no retry pacing)
+        nursery.start_soon(comparison, "first", 0.0)
         nursery.start_soon(comparison, "second", 0.5)  # b: a is held back, though idle
         nursery.start_soon(comparison, "third", 5.5)  # a's hold is over: a again, then b
     assert [start for start, _ in slow_down.log] == [0.0, 5.5]
-    assert [start for start, _ in healthy.log] == [0.1, 0.5, 5.6]
-    assert ends == {"first": 1.1, "second": 1.5, "third": pytest.approx(6.6)}
+    assert [start for start, _ in healthy.log] == [0.0, 0.5, 5.5]
+    assert ends == {"first": 1.0, "second": 1.5, "third": 6.5}
+    # throttled is serving: a was never ejected, and its 429s were no failures
+    a_stats, _ = judge.replica_stats()
+    assert (a_stats.ejections, a_stats.failures, a_stats.calls) == (0, 0, 2)
 
 
-async def test_when_every_replica_holds_back_the_retry_waits_for_the_first_with_jitter(
+async def test_when_every_replica_is_held_the_call_waits_for_the_first_hold_to_end(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    import random
-
-    from genrm_trio.judge.attempts import RETRY_AFTER_JITTER
     from genrm_trio.judge.base import JudgeError
 
     a = Replica("a", mode="http429", retry_after=2.0)
     b = Replica("b", mode="http429", retry_after=2.0)
     judge = fleet(a, b)
-    comparator, _ = comparator_for(judge, two_replicas(), rng=random.Random(5))
-    with pytest.raises(JudgeError):
+    comparator, _ = comparator_for(judge, two_replicas())
+    with trio.fail_after(5.0), pytest.raises(JudgeError) as info:
         await comparator.compare(CALL, pair=(0, 1), judge_pass=0)
-    twin = random.Random(5)
-    # a at 0 (held to 2.0); b at once after the pacing, 0.1 (held to 2.1); then both are held:
-    # wait until a's hold ends, 1.9 s, stretched by up to 10 %; then b's is over too.
-    third = 0.1 + 1.9 * (1 + twin.uniform(0.0, RETRY_AFTER_JITTER))
-    assert 2.0 < third <= 0.1 + 1.9 * (1 + RETRY_AFTER_JITTER)
-    assert [start for start, _ in a.log] == [0.0, third]
-    assert b.log[0][0] == 0.1
-    assert len(a.log) + len(b.log) == 4
+    # a at 0 (held to 2), b at once (held to 2); both held: the call waits, then a and b again
+    # at 2 and at 4; then both are held to 6, past the 5 s deadline: it fails at once, at 4.
+    assert [start for start, _ in a.log] == [0.0, 2.0, 4.0]
+    assert [start for start, _ in b.log] == [0.0, 2.0, 4.0]
+    assert trio.current_time() == 4.0
+    assert info.value.attempts == 0
+    assert "holds its calls for 2s (after a 429), past the deadline in 1s" in info.value.message
 
 
 async def test_a_stalled_replica_is_out_at_replica_stall_s_and_its_calls_answered_elsewhere(

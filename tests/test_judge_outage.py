@@ -377,11 +377,11 @@ async def test_a_500_after_a_call_sent_again_is_still_the_requests_fault(
 # --- failing is not unreachable; down is down from the start (issue 37 item 3) ------------------
 
 
-@pytest.mark.parametrize("status", [500, 429])
+@pytest.mark.parametrize("status", [500])
 async def test_a_judge_that_fails_every_call_is_failing_not_unreachable(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture, status: int
 ) -> None:
-    """Every call answered 500 (or a bare 429), `GET /models` 200, under a watched engine: the
+    """Every call answered 500, `GET /models` 200, under a watched engine: the
     replica is ejected and keeps the trial back-off, but it can be reached, so there is no
     outage: no "unreachable" line, no probe, `/readyz` keeps its 200 and the gauge its 0, and
     comparisons spend their attempts 0.1 s apart (no wait for a probe). Before, each ejection
@@ -412,6 +412,50 @@ async def test_a_judge_that_fails_every_call_is_failing_not_unreachable(
     assert sorted({round(t % 5.0, 6) for t, _ in server.calls}) == [0.0, 0.1, 0.2, 0.3]
     [replica] = judge.replica_stats()
     assert replica.ejections >= 1 and replica.failures == len(server.calls)
+
+
+async def test_a_bare_429_storm_is_throttled_serving_never_ejected_nor_unreachable(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every call answered a bare 429 (no Retry-After, no x-ratelimit-* headers) under a watched
+    engine: each holds the replica for a doubling back-off (judge/limits.py), one call tries
+    when a hold ends, and a comparison whose next hold would end past its group's deadline fails
+    then with that reason. Throttled is serving: the replica is never ejected and nothing counts
+    as a failure, no "unreachable" line, no probe, `/readyz` keeps its 200 and the gauge its 0."""
+    caplog.set_level(logging.INFO, logger="genrm_trio.judge")
+    server = Server("a", failing=429)
+    judge = fleet(server)
+    replies: dict[str, list[object]] = {}
+    readiness: list[tuple[str | None, float | None]] = []
+
+    async def watch(engine: Engine) -> None:
+        for t in range(21):
+            await trio.sleep_until(float(t))
+            readiness.append((engine.judge_unreachable(), sample(engine, GAUGE)))
+
+    async with open_engine(config(), judge) as engine, trio.open_nursery() as nursery:
+        nursery.start_soon(watch, engine)
+        for g, at in enumerate((0.0, 5.0, 10.0, 15.0)):
+            nursery.start_soon(group, engine, f"g{g}", at, replies)
+    limited = "genrm_trio_judge_rate_limited_total"
+    assert readiness == [(None, 0.0)] * 21
+    assert judge.unreachable_seconds() == 0.0
+    assert server.probes == []
+    assert not [r for r in caplog.records if "unreachable" in r.getMessage()]
+    for rows in replies.values():
+        for row in rows:
+            assert isinstance(row, GroupFailed), row
+            assert "the judge's rate limit holds its calls for" in row.message, row
+    [replica] = judge.replica_stats()
+    assert (replica.ejections, replica.failures, replica.ejected) == (0, 0, False)
+    assert sample(engine, limited) == len(server.calls) == engine.statistics().judge.calls
+    # the first wave at 0 is one hold of 1 s; then one call at 1, 3, 7, 15: holds 1, 2, 4, 8, 16
+    # g0's four comparisons at 0 are one hold of 1 s; then one call each time a hold ends, the
+    # back-off doubling to its 32 s cap; at 287 the next hold (to 319) would end past every
+    # group's deadline (300 to 315): all sixteen comparisons fail then, with the reason
+    trials = [1.0, 3.0, 7.0, 15.0, 31.0, *(63.0 + 32.0 * k for k in range(8))]
+    assert sorted(t for t, _ in server.calls) == [0.0] * 4 + trials
+    assert trials[-1] == 287.0
 
 
 GAUGE = "genrm_trio_judge_unreachable"

@@ -271,6 +271,7 @@ def test_the_rules_cover_what_needs_a_person() -> None:
         "GenRMTrioJudgeUnreachable",
         "GenRMTrioReplicaStalled",
         "GenRMTrioJudgeQueueGrowing",
+        "GenRMTrioJudgeRateLimited",
         "GenRMTrioDeadlineFailures",
         "GenRMTrioDown",
         "GenRMTrioAbsent",

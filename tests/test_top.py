@@ -649,3 +649,30 @@ def test_a_judge_that_does_not_take_the_genrm_roles_is_a_red_line() -> None:
     assert isinstance(replicas, Group)
     styles = {str(part): part.style for part in replicas.renderables[1:] if isinstance(part, Text)}
     assert styles == {line: "bold red"}
+
+
+def test_a_hosted_judges_throttling_and_cost() -> None:
+    def sample(at: float, limited: float, cost: float, groups: float, throttled: int) -> Snapshot:
+        lines = [
+            "# TYPE genrm_trio_judge_rate_limited counter",
+            f"genrm_trio_judge_rate_limited_total {limited}",
+            "# TYPE genrm_trio_judge_throttled gauge",
+            f"genrm_trio_judge_throttled {throttled}",
+            "# TYPE genrm_trio_judge_cost counter",
+            f"genrm_trio_judge_cost_total {cost}",
+            "# TYPE genrm_trio_cohorts_terminal counter",
+            f'genrm_trio_cohorts_terminal_total{{state="scored"}} {groups}',
+            "# TYPE process_start_time_seconds gauge",
+            "process_start_time_seconds 1000",
+            "",
+        ]
+        return Snapshot(at, parse_metrics("\n".join(lines)), [], [replica("a:8000")])
+
+    watcher = Watcher("http://x")
+    first = text(watcher.update(sample(0.0, 2, 0.5, 10, 0), 1e6), width=200)
+    assert "judge cost        —      cost per group      —" in first  # no window yet
+    shown = text(watcher.update(sample(10.0, 7, 1.1, 30, 12), 1e6 + 10), width=200)
+    rows = {" ".join(line.split()) for line in shown.splitlines()}
+    assert "judge throttled 12 judge 429s 0.50/s" in rows  # 12 waiting now; 5 in 10 s
+    # 0.6 in 10 s, over 20 groups
+    assert "judge cost 3.6/min cost per group 0.03/group" in rows

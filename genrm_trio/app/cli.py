@@ -379,6 +379,7 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
             length_model=args.length_model,
             capacity=args.capacity,
             judgment=judgment,
+            rate_limits=_sim_rate_limits(args),
             context_tokens=args.context_tokens,
         )
     except ValueError as exc:
@@ -404,6 +405,20 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
     except* KeyboardInterrupt:
         code = 0
     return code
+
+
+def _sim_rate_limits(args: argparse.Namespace) -> Any:
+    """The sim judge's rate limits of `--rpm` / `--tpm` (None without either)."""
+    from genrm_trio.testing.ratelimit import SimRateLimits
+
+    if args.rpm is None and args.tpm is None:
+        return None
+    return SimRateLimits(
+        requests_per_minute=args.rpm,
+        tokens_per_minute=args.tpm,
+        headers=args.rate_limit_headers,
+        retry_after=args.retry_after,
+    )
 
 
 def _fault_spec(value: str) -> str:
@@ -547,6 +562,7 @@ def _add_sim_judge(sub: Any) -> None:
         default=None,
         help="pointwise preference sharpness beta (default: 1.57)",
     )
+    _add_sim_rate_limits(parser)
     parser.add_argument(
         "--api-key-env", metavar="VAR", help="require this variable's value as bearer token"
     )
@@ -560,6 +576,44 @@ def _add_sim_judge(sub: Any) -> None:
         ),
     )
     parser.set_defaults(handler=_run_sim_judge)
+
+
+def _add_sim_rate_limits(parser: Any) -> None:
+    from genrm_trio.testing.ratelimit import RETRY_AFTER_FORMS
+
+    parser.add_argument(
+        "--rpm",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="a hosted API's requests per minute: a call beyond them gets 429 (default: none)",
+    )
+    parser.add_argument(
+        "--tpm",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help=(
+            "a hosted API's tokens per minute, a call costing its prompt tokens plus its "
+            "max_tokens: a call beyond them gets 429 (default: none)"
+        ),
+    )
+    parser.add_argument(
+        "--no-rate-limit-headers",
+        dest="rate_limit_headers",
+        action="store_false",
+        help="with --rpm/--tpm, send no x-ratelimit-* headers (default: on every reply)",
+    )
+    parser.add_argument(
+        "--retry-after",
+        choices=RETRY_AFTER_FORMS,
+        default="seconds",
+        help=(
+            "how a 429 says when to come back: retry-after seconds, retry-after-ms, retry-after "
+            "as an HTTP date, only the x-ratelimit-reset-* headers, or not at all "
+            "(default: seconds)"
+        ),
+    )
 
 
 # --- demo and bench -----------------------------------------------------------------------------

@@ -52,6 +52,9 @@ _QUEUE_WAIT = "genrm_trio_judge_queue_wait_seconds"
 _GROUP_LATENCY = "genrm_trio_group_latency_seconds"
 _REWARD_LATENCY = "genrm_trio_reward_latency_seconds"
 _EAGER = "genrm_trio_eager_comparisons_total"
+_RATE_LIMITED = "genrm_trio_judge_rate_limited_total"
+_THROTTLED = "genrm_trio_judge_throttled"
+_COST = "genrm_trio_judge_cost_total"
 # the start of a replica's `last_error` when its last failure was a stall (judge.replica_stall_s)
 _STALL_ERROR: Final = f"{JudgeStalled.type_name}: "
 _START = "process_start_time_seconds"
@@ -246,6 +249,11 @@ def _count(value: float) -> str:
     return f"{value:.0f}"
 
 
+def _money(value: float | None, per: str) -> str:
+    """A cost (in the currency of judge.price_per_million_*) per minute or per group."""
+    return "—" if value is None else f"{value:.4g}/{per}"
+
+
 def _masked(
     total: float | None, alone: float | None, shown: Callable[[float], str], what: str = ""
 ) -> str:
@@ -367,6 +375,20 @@ def _summary(window: _Window, *, down: bool) -> RenderableType:
         _count(s.value("genrm_trio_judge_inflight")),
         "judge queued",
         _count(s.value("genrm_trio_judge_queued")),
+    )
+    cost = window.delta(_COST)
+    groups = window.delta(_TERMINAL)
+    table.add_row(  # a hosted judge's limits (docs/operations.md, "A hosted judge API")
+        "judge throttled",
+        _count(s.value(_THROTTLED)),
+        "judge 429s",
+        _rate(window.rate(_RATE_LIMITED)),
+    )
+    table.add_row(
+        "judge cost",
+        _money(None if cost is None else 60.0 * cost / window.span, "min"),
+        "cost per group",
+        _money(None if cost is None or not groups else cost / groups, "group"),
     )
     table.add_row(
         "queue wait p95",

@@ -249,6 +249,12 @@ class JudgeSettings(_Strict):
     # the replies being read at once, in all: max_concurrency replies at the cap would be 8 GiB
     max_response_bytes_total: int = Field(default=8 * MAX_RESPONSE_BYTES, ge=1024)
     ca_file: str | None = None
+    # A hosted judge's limits (docs/configuration.md, "A judge with rate limits"); unset, the
+    # replies' x-ratelimit-* headers and 429s pace the calls.
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    price_per_million_input_tokens: float | None = Field(default=None, ge=0)
+    price_per_million_output_tokens: float | None = Field(default=None, ge=0)
     prompt: PromptStyle = "genrm"
     prompt_template: str | None = None
     structured_output: bool = False
@@ -295,6 +301,11 @@ class JudgeSettings(_Strict):
     @classmethod
     def _positive_seconds(cls, value: float) -> float:
         return _finite("value", value, positive=True)
+
+    @field_validator("price_per_million_input_tokens", "price_per_million_output_tokens")
+    @classmethod
+    def _price(cls, value: float | None) -> float | None:
+        return None if value is None else _finite("value", value, positive=False)
 
     @field_validator("replica_stall_s")
     @classmethod

@@ -42,12 +42,15 @@ from typing import Final, assert_never, final
 import trio
 
 from genrm_trio.config import Settings
+from genrm_trio.domain.ratelimit import RateLimitHeaders
 from genrm_trio.judge.base import (
     AttemptTicket,
     ComparisonResult,
     Judge,
     JudgeAttemptError,
+    JudgeBadJSON,
     JudgeCall,
+    JudgeHTTPError,
     JudgeReply,
     JudgeTimeout,
     one_line,
@@ -61,6 +64,7 @@ from genrm_trio.judge.comparison import (
 )
 from genrm_trio.judge.events import AttemptEvents
 from genrm_trio.judge.fleet import as_fleet
+from genrm_trio.judge.limits import JudgeLimits, RateLimitBeyondDeadline, judge_limits
 from genrm_trio.judge.offload import score_off_loop
 from genrm_trio.judge.queue import JudgeQueue, QueueTicket, judge_queue
 from genrm_trio.metrics import Metrics
@@ -74,7 +78,8 @@ MAX_BACKOFF_S: Final = 30.0
 
 RETRY_AFTER_JITTER: Final = 0.1
 """A `Retry-After` wait is stretched by up to this fraction of itself, at random (D44), so that
-the comparisons one 429 held back do not all come back in the same millisecond."""
+the comparisons one 503 held back do not all come back in the same millisecond (a 429 is a hold of
+judge/limits.py instead, exact, one call first)."""
 
 
 @final
@@ -93,10 +98,21 @@ class ComparatorStatistics:
     failures: int  # comparisons that ended in a JudgeError
     escalations: int  # attempts started with an escalated output budget
     unreached: int  # calls that reached no judge server (no attempts: the judge was down)
+    throttled: int = 0  # calls waiting for the judge's rate limit now (judge/limits.py)
+    rate_limited: int = 0  # 429 replies since the start (holds: no attempts)
 
 
 class _JudgeDown(Exception):
     """No judge replica can be reached now: the call waits for one (`Comparator._reach`)."""
+
+
+class _Throttled(Exception):
+    """The judge answered 429: its replica is held (judge/limits.py) and the call goes again
+    once the limits admit it; no attempt (`Comparator._reach`)."""
+
+    def __init__(self, replica: str | None) -> None:
+        super().__init__(replica)
+        self.replica = replica
 
 
 @final
@@ -110,10 +126,13 @@ class Comparator:
         metrics: Metrics,
         *,
         queue: JudgeQueue | None = None,
+        limits: JudgeLimits | None = None,
         rng: random.Random | None = None,
     ) -> None:
         """`queue`: the judge queue every attempt takes a slot of, which `open_engine` builds
-        and shares (None: one of its own, `judge_queue`, for a comparator used alone)."""
+        and shares (None: one of its own, `judge_queue`, for a comparator used alone);
+        `limits`: the judge's rate limits every attempt is admitted under (None: those
+        `settings.judge` configures, `judge_limits`)."""
         # every judge is a fleet (judge/fleet.py); with several replicas a failure of the
         # replica (not of the request) is worth another attempt elsewhere
         self._fleet = fleet = as_fleet(judge)
@@ -121,6 +140,10 @@ class Comparator:
         self._settings = settings
         self._rng = rng if rng is not None else random.Random()
         self._queue = queue if queue is not None else judge_queue(fleet, settings, metrics)
+        if limits is None:
+            limits = judge_limits(settings, metrics, fleet.replicas)
+        self._limits = limits
+        fleet.route_around(limits.closed)  # new calls go to the replicas a 429 does not hold
         self._timeout = settings.judge_request_timeout_s
         # the one count of attempts: statistics() and the Prometheus series read it
         self._events = AttemptEvents(metrics)
@@ -137,6 +160,7 @@ class Comparator:
 
     def statistics(self) -> ComparatorStatistics:
         queue = self._queue.statistics()
+        limits = self._limits
         events = self._events
         return ComparatorStatistics(
             max_concurrency=queue.total,
@@ -150,6 +174,8 @@ class Comparator:
             failures=events.failures,
             escalations=events.escalations,
             unreached=events.unreached,
+            throttled=limits.throttled,
+            rate_limited=limits.rate_limited,
         )
 
     # --- one attempt ----------------------------------------------------------------------
@@ -167,6 +193,13 @@ class Comparator:
                 return await self._attempt(call, ticket)
             except _JudgeDown:
                 continue  # it went down while this call waited for its slot: not sent
+            except _Throttled as throttled:
+                # a 429 is no attempt: sent again once the limits admit it (judge/limits.py)
+                if call.ticket is not None:
+                    call.ticket.not_sent()
+                if self._elsewhere:
+                    call = dataclasses.replace(call, avoid_replica=throttled.replica)
+                continue
             except JudgeAttemptError as error:
                 if error.reached or not fleet.watched:
                     raise
@@ -180,16 +213,48 @@ class Comparator:
         """Seconds since no judge replica could be reached, or None."""
         return self._fleet.unreachable_for()
 
+    @property
+    def limits(self) -> JudgeLimits:
+        """The judge's rate limits every attempt is admitted under (judge/limits.py)."""
+        return self._limits
+
     async def _attempt(self, call: JudgeCall, ticket: QueueTicket) -> JudgeReply:
-        """One judge call holding a concurrency slot, under the per-attempt deadline."""
-        await self._queue.acquire(ticket)  # by priority: complete groups first
+        """One judge call admitted by the rate limits, then holding a concurrency slot, under
+        the per-attempt deadline."""
+        limits = self._limits
+        permit = limits.try_admit(call)
+        if permit is None:
+            permit = await limits.admit(call, ticket)  # by priority too; no slot held
+        if self._elsewhere and permit.label is not None:
+            call = dataclasses.replace(call, prefer_replica=permit.label)
         try:
-            fleet = self._fleet
-            if fleet.watched and fleet.unreachable_for() is not None:
-                raise _JudgeDown
-            return await self._timed_attempt(call)
+            await self._queue.acquire(ticket)  # by priority: complete groups first
+            try:
+                fleet = self._fleet
+                if fleet.watched and fleet.unreachable_for() is not None:
+                    raise _JudgeDown
+                reply = await self._timed_attempt(call)
+            finally:
+                self._queue.release()
+        except JudgeHTTPError as error:
+            if error.status == 429:
+                said = error.rate_limit
+                if said is None and error.retry_after is not None:
+                    said = RateLimitHeaders(retry_after_s=error.retry_after)
+                limits.rejected(permit, error.replica, said)
+                raise _Throttled(error.replica) from error
+            limits.answered(permit, error.replica, error.rate_limit, call, None, None)
+            raise
+        except JudgeBadJSON as error:
+            limits.answered(permit, error.replica, None, call, None, None)
+            raise
         finally:
-            self._queue.release()
+            limits.release(permit)
+        where = call.ticket.replica if call.ticket is not None else None
+        limits.answered(
+            permit, where, reply.rate_limit, call, reply.input_tokens, reply.output_tokens
+        )
+        return reply
 
     async def _timed_attempt(self, call: JudgeCall) -> JudgeReply:
         """The attempt itself (its slot held), under `judge_request_timeout_s`; its events
@@ -347,6 +412,9 @@ class Comparator:
             call = comparison.next_call()
             try:
                 reply = await self._fitted(call, ticket)
+            except RateLimitBeyondDeadline as held:
+                comparison.held_past_deadline(str(held))  # raises the JudgeError
+                raise
             except JudgeAttemptError as error:
                 comparison.on_error(error)  # raises the JudgeError when it ends the comparison
                 continue

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol, final, runtime_checkable
 
+from genrm_trio.domain.ratelimit import RateLimitHeaders
 from genrm_trio.domain.verdict import Verdict
 
 EXCERPT_BYTES: Final = 1000
@@ -34,6 +35,9 @@ class JudgeCall:
     # A fleet's replica (its label) that failed this comparison's previous attempt: the fleet
     # sends this attempt elsewhere when it can. Single judges ignore it.
     avoid_replica: str | None = None
+    # The replica the judge's rate limits admitted this attempt to (judge/limits.py): a fleet
+    # sends it there, though the limits hold that replica for other calls (its trial call).
+    prefer_replica: str | None = None
     # What this attempt's Comparator and a fleet tell each other (one per attempt of a fleet's
     # comparison; None for a single judge).
     ticket: AttemptTicket | None = field(default=None, compare=False, repr=False)
@@ -107,6 +111,8 @@ class JudgeReply:
     # it was cut in (it may hold a verdict, which a cut reply still does not count as)
     cut_by: str | None = None
     partial: str = ""
+    # what the reply's headers said of the judge's rate limits (None: nothing; judge/limits.py)
+    rate_limit: RateLimitHeaders | None = None
 
 
 class Judge(Protocol):
@@ -187,7 +193,8 @@ class JudgeTransportError(JudgeAttemptError):
 
 
 class JudgeHTTPError(JudgeAttemptError):
-    """A non-2xx status. Retryable for 408, 429 and 5xx (docs/differences.md, D14)."""
+    """A non-2xx status. Retryable for 408, 429 and 5xx (docs/differences.md, D14); a 429 is
+    then sent again as no attempt, once the judge's rate limits admit it (judge/limits.py)."""
 
     type_name = "JudgeHTTPError"
 
@@ -196,6 +203,7 @@ class JudgeHTTPError(JudgeAttemptError):
         self.status = status
         self.body = body[:EXCERPT_BYTES]  # only the excerpt is ever shown
         self.retry_after = retry_after  # seconds, parsed from Retry-After when present
+        self.rate_limit: RateLimitHeaders | None = None  # its rate-limit headers (a 429's)
         self.retryable = status in (408, 429) or 500 <= status <= 599
         self.hint: str | None = None  # what the client suspects, said after the reply
 

@@ -11,9 +11,8 @@ timeouts and no connection retries of its own (D15).
 
 from __future__ import annotations
 
-import email.utils
+import dataclasses
 import json
-import math
 import re
 import time
 from typing import Final, final
@@ -21,6 +20,8 @@ from typing import Final, final
 import httpx
 
 from genrm_trio.config import ConfigError, Settings, endpoint_of, read_secret
+from genrm_trio.domain.ratelimit import parse_rate_limit_headers
+from genrm_trio.domain.ratelimit import parse_retry_after as retry_after_seconds
 from genrm_trio.judge.apis import JUDGE_APIS, JudgeApi, judge_api, roles_refused
 from genrm_trio.judge.base import (
     EXCERPT_BYTES,
@@ -144,22 +145,7 @@ class Redactor:
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
     """Seconds to wait from a Retry-After header: delay-seconds or an HTTP date (wall clock)."""
-    if value is None:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        pass
-    else:
-        return seconds if math.isfinite(seconds) and seconds >= 0 else None
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+    return retry_after_seconds(value, now=time.time() if now is None else now)
 
 
 def _raw_header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
@@ -311,15 +297,20 @@ class HttpJudge:
             raise transport_error(exc, self._redact) from exc
         finally:
             self._in_flight -= 1
+        rate_limit = parse_rate_limit_headers(headers, now=time.time())
         if not 200 <= status <= 299:
-            retry_after = parse_retry_after(_raw_header(headers, b"retry-after"))
+            retry_after = None if rate_limit is None else rate_limit.retry_after_s
             error = JudgeHTTPError(status, self._redact(body, EXCERPT_BYTES), retry_after)
+            error.rate_limit = rate_limit
             if self._api.custom_roles and roles_refused(status, body):
                 # what a chat template or an API that rejects unknown roles answers
                 error.hint = ROLES_HINT.format(api=self._api.name)
             raise error
         content_type = _raw_header(headers, b"content-type")
-        return self._api.interpret(_decode_json(body, content_type, self._redact))
+        reply = self._api.interpret(_decode_json(body, content_type, self._redact))
+        if rate_limit is not None:
+            reply = dataclasses.replace(reply, rate_limit=rate_limit)
+        return reply
 
     async def probe(self) -> str | None:
         """`GET {base_url}/models`: None when the server answered with a status below 500 (it

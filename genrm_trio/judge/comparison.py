@@ -17,7 +17,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, assert_never, final
+from typing import Final, NoReturn, assert_never, final
 
 from genrm_trio.config import OUTPUT_BUDGET_PARAM, Settings
 from genrm_trio.domain.context_window import context_overflow
@@ -243,6 +243,18 @@ class Comparison:
         raise JudgeError(
             message, usage=self._usage(), attempts=n, escalations=self._escalations
         ) from error
+
+    def held_past_deadline(self, why: str) -> NoReturn:
+        """The judge's rate limit holds this attempt past the deadline (judge/limits.py): the
+        comparison fails now, with `why`; the held attempt was never sent, so is none."""
+        rules = self._rules
+        rules.events.comparison_ended("failed")
+        raise JudgeError(
+            f"GenRM judge {rules.endpoint} {rules.path} pair={self._pair}: {why}",
+            usage=self._usage(),
+            attempts=self._n - 1,
+            escalations=self._escalations,
+        )
 
     def read(self, reply: JudgeReply) -> ReplyReading:
         """The verdicts `on_reply` needs of `reply`. Pure and safe in a worker thread: it reads

@@ -162,6 +162,11 @@ class JudgeFleet:
 
         return unwatch
 
+    def route_around(self, closed: Callable[[str, float], bool]) -> None:
+        """Send new calls to the replicas the judge's rate limits leave open (`closed(label,
+        now)` says which they hold; judge/limits.py) while another can take them."""
+        self._router.rate_closed = closed
+
     def held_back_for(self) -> float | None:
         """Seconds until a replica may take a call again when every one the next attempt could
         go to holds back after its `Retry-After`; None when one can take it now."""
@@ -247,7 +252,7 @@ class JudgeFleet:
     async def attempt(self, call: JudgeCall) -> JudgeReply:
         if self._closed:
             raise RuntimeError("JudgeFleet is closed")
-        replica, trial = await self._router.choose(call.avoid_replica)
+        replica, trial = await self._router.choose(call.avoid_replica, call.prefer_replica)
         started = trio.current_time()
         replica.in_flight += 1
         self._stall.started(replica, started)
@@ -310,6 +315,11 @@ class JudgeFleet:
             for observer in observers:
                 observer.failed(replica, error)
             self._outage.unreachable(replica, trial, error)
+        elif isinstance(error, JudgeHTTPError) and error.status == 429:
+            # throttled is serving: the rate limits hold it (judge/limits.py); never a failure
+            self._router.answered(replica, trial)
+            if error.retry_after is not None:
+                replica.hold_until = now + error.retry_after
         elif error.retryable or error.retry_elsewhere:
             for observer in observers:
                 observer.failed(replica, error)

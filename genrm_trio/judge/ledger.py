@@ -12,9 +12,9 @@ What each counter counts (docs/http-api.md, `GET /judge/replicas`):
 
 - `calls`: attempts sent to the replica. A call whose connection could not be opened while the
   fleet is watched is no attempt (it is sent again, `not_sent`): it is taken back;
-- `failures`: attempts that failed retryably (transport error, 408, 429, 5xx, the attempt's
-  deadline, a stall), including a 5xx later found to be the request's fault; never a call that
-  was not sent;
+- `failures`: attempts that failed retryably (transport error, 408, 5xx, the attempt's
+  deadline, a stall; a 429 is none: it holds the replica, judge/limits.py), including a 5xx
+  later found to be the request's fault; never a call that was not sent;
 - latency: attempts that finished with an answer or an error (not cancelled ones, not timeouts).
 """
 

@@ -5,7 +5,7 @@ Only a replica whose connection could not be opened (`JudgeAttemptError.reached`
 reset while connecting, a name that does not resolve), or whose start-up probe could not connect,
 is **unreachable**: it is out at once and probed (`GET /models`, a doubling wait from
 `OUTAGE_PROBE_FIRST_S` up to `judge.outage_probe_s`) until a probe or a trial reaches it. A
-replica ejected for what it answered (5xx, 429) or for its timeouts or a stall can be reached: it
+replica ejected for what it answered (5xx) or for its timeouts or a stall can be reached: it
 keeps the trial back-off of judge/routing.py, and is probed only during an outage.
 
 The judge is **down** (an outage: one WARNING, `unreachable_for`, `/readyz` 503) while every

@@ -15,9 +15,9 @@ next attempt, and which are out.
   another replica is the request's fault: it is not counted, and the previous one is taken back
   (`server_error`, `_forgive`).
 
-An ejection keeps the trial back-off whatever caused it (5xx, 429, timeouts, a stall); only a
-replica whose connections cannot be opened is `unreachable`, which the outage (judge/outage.py)
-probes.
+An ejection keeps the trial back-off whatever caused it (5xx, timeouts, a stall; a 429 never
+ejects: judge/limits.py); only a replica whose connections cannot be opened is `unreachable`,
+which the outage (judge/outage.py) probes.
 """
 
 from __future__ import annotations
@@ -120,11 +120,16 @@ class Router:
         self._on_back = on_back
         self._next = 0  # where the round robin starts looking
         self._lot = trio.lowlevel.ParkingLot()
+        # whether the judge's rate limits hold a replica now (judge/limits.py): routed around
+        self.rate_closed: Callable[[str, float], bool] | None = None
 
     # --- routing --------------------------------------------------------------------------
 
-    def pick(self, avoid: str | None, now: float) -> tuple[Replica, bool] | None:
-        """(replica, is a trial of an ejected replica), or None when every replica is full."""
+    def pick(
+        self, avoid: str | None, now: float, prefer: str | None = None
+    ) -> tuple[Replica, bool] | None:
+        """(replica, is a trial of an ejected replica), or None when every replica is full.
+        `prefer`: the replica the rate limits admitted the attempt to (not held for it)."""
         replicas = self.replicas
         count = len(replicas)
         best: Replica | None = None
@@ -133,12 +138,15 @@ class Router:
         fallback_key = (True, math.inf)
         cap = self.cap
         in_service = False
+        closed = self.rate_closed
         for offset in range(count):
             replica = replicas[(self._next + offset) % count]
             in_service = in_service or not replica.ejected
             if cap is not None and replica.in_flight >= cap:
                 continue
-            held = replica.hold_until > now
+            held = replica.label != prefer and (
+                replica.hold_until > now or (closed is not None and closed(replica.label, now))
+            )
             if replica.ejected:
                 if due_a_trial(replica, now):
                     key = (held, replica.label == avoid, 0)
@@ -163,9 +171,9 @@ class Router:
         self._next = (chosen.index + 1) % count
         return chosen, trial
 
-    async def choose(self, avoid: str | None) -> tuple[Replica, bool]:
+    async def choose(self, avoid: str | None, prefer: str | None = None) -> tuple[Replica, bool]:
         while True:
-            picked = self.pick(avoid, trio.current_time())
+            picked = self.pick(avoid, trio.current_time(), prefer)
             if picked is not None:
                 return picked
             # Every replica is at judge.max_concurrency_per_replica: wait for a finished call.

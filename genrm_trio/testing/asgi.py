@@ -35,6 +35,7 @@ from genrm_trio.testing.faults import (
 )
 from genrm_trio.testing.judge import SimJudge
 from genrm_trio.testing.policy import PolicyStandIn
+from genrm_trio.testing.ratelimit import RATE_LIMITED_BODY
 from genrm_trio.testing.verdicts import FILLER
 
 __all__ = ["SIM_APIS", "SimJudgeApp", "serve_sim_judge", "sim_asgi_app"]
@@ -470,6 +471,13 @@ class SimJudgeApp:
         receive: Receive,
         send: Send,
     ) -> None:
+        limited = self._core.rate_limit(call)
+        limit_headers: list[tuple[bytes, bytes]] = []
+        if limited is not None:
+            served, limit_headers = limited
+            if not served:
+                await _respond(send, 429, RATE_LIMITED_BODY, limit_headers)
+                return
         decision = self._core.begin(call, api)
         try:
             if not await _sleep_unless_disconnected(decision.delay_s, receive, self._core.serve):
@@ -531,7 +539,7 @@ class SimJudgeApp:
                 raise _SimulatedDrop(
                     f"{DROP_MESSAGE} (received {len(body) // 2} bytes, expected {len(body)})"
                 )
-            await _respond(send, 200, body)
+            await _respond(send, 200, body, limit_headers)
         finally:
             self._core.end()
 

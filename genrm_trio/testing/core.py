@@ -16,6 +16,7 @@ from genrm_trio.config import JudgeApiName
 from genrm_trio.judge.base import JudgeCall
 from genrm_trio.testing.faults import FAULT_KINDS, FaultKind, FaultRule
 from genrm_trio.testing.judgment import JudgmentModel, call_key, judged_verdict, latent_quality
+from genrm_trio.testing.ratelimit import SimLimiter, SimRateLimits
 from genrm_trio.testing.verdicts import LengthModel, answer_digest, forced_need, normal_from_digest
 
 __all__ = ["Api", "SimCall", "SimConfig", "SimStatistics", "context_refusal"]
@@ -55,6 +56,7 @@ class SimConfig:
     length_model: LengthModel | None = None  # output tokens a verdict needs (None: never cut)
     capacity: int | None = None  # calls served at once; None: every call at once
     judgment: JudgmentModel | None = None  # noisy verdicts from latent qualities (testing.judgment)
+    rate_limits: SimRateLimits | None = None  # a hosted API's limits (testing.ratelimit)
     # vLLM's max_model_len: a call whose prompt tokens plus output budget exceed it gets vLLM's
     # HTTP 400 (`context_refusal`), and GET /v1/models reports it (None: no window)
     context_tokens: int | None = None
@@ -119,6 +121,11 @@ class SimStatistics:
     max_queued: int = 0
     busy_s: float = 0.0  # call-seconds served: utilisation = busy_s / (capacity x elapsed)
     hang_ups: int = 0  # calls whose caller went away before the answer (queued or served)
+    rate_limited: int = 0  # calls answered 429 by the rate limits (not in `calls`)
+    # with rate limits: the tokens the calls served were charged (prompt + max_tokens), and the
+    # seconds from the first served call to the last (what a throughput is measured over)
+    limited_tokens: int = 0
+    limited_span_s: float = 0.0
     overflows: int = 0  # calls refused for the context window (`SimConfig.context_tokens`)
 
 
@@ -185,6 +192,19 @@ class SimCore:
         self.max_queued = 0
         self.busy_s = 0.0
         self.hang_ups = 0
+        self._limiter: SimLimiter | None = None  # made in trio's clock, at the first call
+
+    def rate_limit(self, call: JudgeCall) -> tuple[bool, list[tuple[bytes, bytes]]] | None:
+        """With rate limits: whether `call` is served and its reply's rate-limit headers. It
+        costs one request and its prompt tokens plus its budget (`max_output_tokens`, 0 when not
+        given), as OpenAI charges them."""
+        limits = self.config.rate_limits
+        if limits is None:
+            return None
+        if self._limiter is None:
+            self._limiter = SimLimiter(limits)
+        tokens = token_count(prompt_length(call)) + (call.max_output_tokens or 0)
+        return self._limiter.admit(tokens)
 
     def _need(self, call: JudgeCall) -> int | None:
         """Output tokens this call's verdict needs, or None (no length model, no marker)."""
@@ -330,6 +350,11 @@ class SimCore:
         self.in_flight -= 1
 
     def statistics(self) -> SimStatistics:
+        limiter = self._limiter
+        span = 0.0
+        if limiter is not None and limiter.first_admitted is not None:
+            assert limiter.last_admitted is not None
+            span = limiter.last_admitted - limiter.first_admitted
         return SimStatistics(
             calls=self.n_calls,
             faults=sum(self.faults_by_kind.values()),
@@ -346,6 +371,9 @@ class SimCore:
             max_queued=self.max_queued,
             busy_s=self.busy_s,
             hang_ups=self.hang_ups,
+            rate_limited=0 if limiter is None else limiter.refused,
+            limited_tokens=0 if limiter is None else limiter.tokens_admitted,
+            limited_span_s=span,
         )
 
 

@@ -10,6 +10,7 @@ from typing import Any, cast
 from genrm_trio.testing.core import SimConfig
 from genrm_trio.testing.faults import FAULT_KINDS, FaultKind, FaultRule
 from genrm_trio.testing.judgment import JUDGMENT_PRESETS, JudgmentModel
+from genrm_trio.testing.ratelimit import SimRateLimits
 from genrm_trio.testing.verdicts import LENGTH_PRESETS
 
 __all__ = ["judgment_from_args", "parse_fault_rule", "sim_config_from_args"]
@@ -91,6 +92,7 @@ def sim_config_from_args(
     length_model: str | None = None,
     capacity: int | None = None,
     judgment: JudgmentModel | None = None,
+    rate_limits: SimRateLimits | None = None,
     context_tokens: int | None = None,
 ) -> SimConfig:
     """Build a SimConfig from `sim-judge` flags (milliseconds, `--fault` specs). ValueError if bad.
@@ -118,5 +120,6 @@ def sim_config_from_args(
         length_model=None if length_model is None else LENGTH_PRESETS[length_model],
         capacity=capacity,
         judgment=judgment,
+        rate_limits=rate_limits,
         context_tokens=context_tokens,
     )
