@@ -5,7 +5,7 @@ aggregations' shared work, rows), at N ∈ {16, 64, 256, 512} for all_pairs and 
 CPU time of the measuring thread (`time.thread_time`), the best of `--repeat` runs, so the load
 of the shared machine matters less than with a wall clock. `--loop` adds what the event loop
 sees: the longest gap between the ticks of a task that sleeps 1 ms while `score_cohort` runs
-on the loop, and while it runs in a worker thread (`engine/offload.py`'s `score_off_loop`, as
+on the loop, and while it runs in a worker thread (`judge/offload.py`'s `score_off_loop`, as
 the engine does for large groups: the collector paused meanwhile), with the loop thread's own
 CPU time meanwhile. The gap is wall-clock time on a shared machine: an upper bound, noisy.
 `--gc-off` runs with the collector disabled throughout, to see how much of a gap is CPython's
@@ -44,7 +44,7 @@ from genrm_trio.domain.scoring import (
 )
 from genrm_trio.domain.verdict import Verdict
 from genrm_trio.engine.evaluation import Evaluation, MemberText, score_cohort
-from genrm_trio.engine.offload import score_off_loop
+from genrm_trio.judge.offload import score_off_loop
 from genrm_trio.testing import SimConfig, SimJudge
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -11,7 +11,10 @@ Exits 1 when a `/health` answer took longer than `--max-health-ms` or the peak R
 The bombs: a 60 MiB `/verify` body of `[[],[],…]` (refused before decoding: more values than a
 body may hold), one just under that value budget (decoded off the loop, held compressed), a
 `/verify` with 1.9 million extra keys, `/aggregate_metrics` with 300,000 rows, a `/compare` of
-500,000 empty lists, and `GET /checkpoint` / `POST /checkpoint` after 2,000 groups.
+500,000 empty lists, and `GET /checkpoint` / `POST /checkpoint` after 2,000 groups. Last, a
+second `serve` whose judge (a stub in this process) answers every comparison with 4 MB of `{`
+and then a verdict: a `/compare` of two answers makes two such replies, each parsed in a worker
+thread (`Comparator._read`, judge/attempts.py) by one pass of the scanner (domain/verdict.py).
 
     python benchmarks/security_bombs.py                 # the review's sizes
     python benchmarks/security_bombs.py --scale 0.05    # a quick look
@@ -26,6 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -59,6 +63,57 @@ def _compare(lists: int) -> bytes:
     return b'{"conversation_history":' + history + b',"response_objs":[' + b"[]," * lists + b"[]]}"
 
 
+def _two_answers() -> bytes:
+    """A `/compare` body of two answers (one comparison per judge pass)."""
+    answers = [
+        verify_body(task=0, rollout=i, group_id="c", attempt=0, prompt="Q?", answer=f"a{i}")
+        for i in range(2)
+    ]
+    history = [{"role": "user", "content": "Q?"}]
+    objs = [body["response"] for body in answers]
+    return json.dumps({"conversation_history": history, "response_objs": objs}).encode()
+
+
+def _brace_judge(chars: int) -> ThreadingHTTPServer:
+    """A chat-completions judge on 127.0.0.1 whose every answer is `chars` opening braces and
+    then a verdict (not in a fence, so the whole answer is scanned), with a usage that grows
+    with the prompt (so the start-up answer probe finds a judge that reads the answers)."""
+    answer = "{" * chars + ' {"score_1": 4, "score_2": 3, "ranking": 2}'
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # GET /v1/models: the start-up and outage probes
+            self._send({"object": "list", "data": [{"id": "braces", "object": "model"}]})
+
+        def do_POST(self) -> None:
+            prompt = self.rfile.read(int(self.headers.get("content-length", "0")))
+            usage = {"prompt_tokens": len(prompt) // 4, "completion_tokens": chars // 4}
+            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+            message = {"role": "assistant", "content": answer}
+            self._send(
+                {
+                    "id": "braces",
+                    "object": "chat.completion",
+                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                    "usage": usage,
+                }
+            )
+
+        def _send(self, payload: object) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scale", type=float, default=1.0, help="bomb size factor (1.0: review)")
@@ -77,12 +132,64 @@ def main(argv: list[str] | None = None) -> int:
             program=[sys.executable, "-m", "genrm_trio.app.cli"],
         )  # fmt: skip
         try:
-            return _run(proc.url, proc.popen.pid, scale, args)
+            failed = _run(proc.url, proc.popen.pid, scale, args)
         finally:
             terminate(proc.popen)
+        judge = _brace_judge(int(4e6 * scale))
+        braced = start(
+            ["serve", "--judge-url", f"http://127.0.0.1:{judge.server_port}/v1", "--judge-api",
+             "chat_completions", "--port", "0", "--num-rollouts-per-prompt", str(N)],
+            Path(folder) / "serve-braces.log",
+            program=[sys.executable, "-m", "genrm_trio.app.cli"],
+        )  # fmt: skip
+        try:
+            with httpx.Client(base_url=braced.url, timeout=600, trust_env=False) as client:
+                body = _two_answers()
+                failed |= _measure(
+                    braced.url,
+                    braced.popen.pid,
+                    "judge replies of 4 MB of braces (x2)",
+                    lambda: client.post("/compare", content=body),
+                    args,
+                )
+        finally:
+            terminate(braced.popen)
+            judge.shutdown()
+        return 1 if failed else 0
 
 
-def _run(url: str, pid: int, scale: float, args: argparse.Namespace) -> int:
+def _measure(
+    url: str,
+    pid: int,
+    name: str,
+    send: Callable[[], httpx.Response],
+    args: argparse.Namespace,
+) -> bool:
+    """Send one bomb while a thread polls `/health`; print its row. Whether it failed a bound."""
+    worst = [0.0]
+    stop = threading.Event()
+
+    def poll() -> None:
+        with httpx.Client(base_url=url, timeout=60, trust_env=False) as probe:
+            while not stop.is_set():
+                started = time.perf_counter()
+                probe.get("/health")
+                worst[0] = max(worst[0], time.perf_counter() - started)
+                time.sleep(0.01)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    started = time.perf_counter()
+    reply = send()
+    took = time.perf_counter() - started
+    stop.set()
+    poller.join()
+    peak = (procfs.status_field(pid, "VmHWM") or 0) / 1024
+    print(f"{name:40s} {reply.status_code:6d} {took:7.2f} {worst[0] * 1000:15.1f} {peak:12.0f}")
+    return worst[0] * 1000 > args.max_health_ms or peak > args.max_rss_mb
+
+
+def _run(url: str, pid: int, scale: float, args: argparse.Namespace) -> bool:
     client = httpx.Client(base_url=url, timeout=600, trust_env=False)
     # retained records for the checkpoint bombs: groups of N scored by the simulated judge
     groups = max(1, int(2000 * scale))
@@ -137,30 +244,9 @@ def _run(url: str, pid: int, scale: float, args: argparse.Namespace) -> int:
         f"{'bomb':40s} {'status':>6s} {'time s':>7s} {'max /health ms':>15s} {'peak RSS MB':>12s}"
     )
     for name, send in bombs:
-        worst = [0.0]
-        stop = threading.Event()
-
-        def poll(stop: threading.Event = stop, worst: list[float] = worst) -> None:
-            with httpx.Client(base_url=url, timeout=60, trust_env=False) as probe:
-                while not stop.is_set():
-                    started = time.perf_counter()
-                    probe.get("/health")
-                    worst[0] = max(worst[0], time.perf_counter() - started)
-                    time.sleep(0.01)
-
-        poller = threading.Thread(target=poll)
-        poller.start()
-        started = time.perf_counter()
-        reply = send()
-        took = time.perf_counter() - started
-        stop.set()
-        poller.join()
-        peak = (procfs.status_field(pid, "VmHWM") or 0) / 1024
-        print(f"{name:40s} {reply.status_code:6d} {took:7.2f} {worst[0] * 1000:15.1f} {peak:12.0f}")
-        if worst[0] * 1000 > args.max_health_ms or peak > args.max_rss_mb:
-            failed = True
+        failed |= _measure(url, pid, name, send, args)
     client.close()
-    return 1 if failed else 0
+    return failed
 
 
 if __name__ == "__main__":

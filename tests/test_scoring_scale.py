@@ -30,7 +30,7 @@ from genrm_trio.engine import compare as compare_module
 from genrm_trio.engine import group_run
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.engine.evaluation import scored_off_loop
-from genrm_trio.engine.offload import score_off_loop
+from genrm_trio.judge.offload import score_off_loop
 
 
 def random_pairs(rng: random.Random, n: int, density: float) -> list[PairObservations]:

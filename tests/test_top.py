@@ -24,7 +24,8 @@ import pytest
 import trio
 from fake_replicas import replica_stats
 from procs import answers, bodies, client, command, run_group, start_server
-from rich.console import Console
+from rich.console import Console, Group
+from rich.text import Text
 from watched import GROUP, KEY_ENV, Watched, load, watched_server
 
 from genrm_trio.app.logs import EscapingFormatter
@@ -625,6 +626,29 @@ def test_judge_tokens_per_second_and_a_judge_that_does_not_read_the_answers() ->
         "(GET /readyz says how to fix it)"
     ) in shown
     assert "a:8000): " not in shown
+
+
+def test_a_judge_that_does_not_take_the_genrm_roles_is_a_red_line() -> None:
+    reason = "it refused the GenRM roles: HTTP 400: Invalid value: 'response_1'."
+    snapshot = Snapshot(
+        0.0,
+        parse_metrics(""),
+        [],
+        [replica("a:8000"), replica("b:8000", roles_refused=reason)],
+    )
+    view = Watcher("http://x").update(snapshot, 1e6)
+    shown = text(view, width=300)
+    line = (
+        f"THE JUDGE DOES NOT TAKE THE GENRM ROLES (b:8000): {reason}; set judge.prompt: "
+        "instruct (a system and a user message any instruct model reads)"
+    )
+    assert line in shown
+    assert "(a:8000): " not in shown
+    assert "DOES NOT READ THE ANSWERS" not in shown
+    replicas = frame(view).renderables[4]  # header, gap, summary, gap, then the replicas
+    assert isinstance(replicas, Group)
+    styles = {str(part): part.style for part in replicas.renderables[1:] if isinstance(part, Text)}
+    assert styles == {line: "bold red"}
 
 
 def test_a_hosted_judges_throttling_and_cost() -> None:

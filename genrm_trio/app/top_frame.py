@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from genrm_trio.judge.base import JudgeStalled
+from genrm_trio.judge.prompt_check import PROMPT_FIX
 from genrm_trio.metrics import MASKED_ALONE
 
 __all__ = [
@@ -448,19 +449,26 @@ def _replicas(replicas: Sequence[Mapping[str, Any]]) -> RenderableType:
             _latency(mean if isinstance(mean, float | int) else None),
             Text(last_error[:ERROR_CHARS]),
         )
-    unread = [r for r in replicas if r.get("answers_unread")]
-    if not unread:
-        return table
-    # the worst a reward server can do: verdicts about answers the judge never read
+    # the worst a reward server can do: verdicts about answers the judge never read, or no
+    # verdicts at all from a judge that refuses (or ignores) the GenRM roles
     warnings = [
         Text(
             f"THE JUDGE DOES NOT READ THE ANSWERS ({r.get('replica', '?')}): "
             f"{r['answers_unread']}; check judge.api (GET /readyz says how to fix it)",
             style="bold red",
         )
-        for r in unread
+        for r in replicas
+        if r.get("answers_unread")
+    ] + [
+        Text(
+            f"THE JUDGE DOES NOT TAKE THE GENRM ROLES ({r.get('replica', '?')}): "
+            f"{r['roles_refused']}; {PROMPT_FIX}",
+            style="bold red",
+        )
+        for r in replicas
+        if r.get("roles_refused")
     ]
-    return Group(table, *warnings)
+    return Group(table, *warnings) if warnings else table
 
 
 def _cohorts(cohorts: Sequence[Mapping[str, Any]], rows: int) -> RenderableType:

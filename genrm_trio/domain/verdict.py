@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import math
 import re
+from array import array
 from collections.abc import Callable, Sequence
 from typing import Any, Final, NamedTuple, final
 
 __all__ = [
+    "SCORE_KEYS",
     "Verdict",
     "VerdictParseError",
     "find_json_spans",
@@ -34,7 +36,9 @@ class VerdictParseError(ValueError):
     """The judge's output holds no valid verdict."""
 
 
-_SCORE_KEYS: Final = ("score_1", "score_2", "ranking")
+SCORE_KEYS: Final = ("score_1", "score_2", "ranking")
+"""The keys of a verdict object, one of which any candidate holds."""
+
 _SCORE_BOUNDS: Final = (1.0, 5.0)
 _RANKING_BOUNDS: Final = (1.0, 6.0)
 _PREVIEW_CHARS: Final = 200
@@ -54,26 +58,60 @@ _SPECIAL: Final = re.compile(r'[{}"\\]')
 
 @final
 class _Track:
-    """Unfinished scans sharing one string state; a scan's depth is its key plus `offset`."""
+    """Unfinished scans sharing one string state; a scan's depth is its key plus `offset`.
 
-    __slots__ = ("offset", "pending")
+    The scans a track opened itself (while outside a string) are a stack of two arrays, `keys`
+    and `starts`: a new scan is always the shallowest (depth 1, every other one deeper), and a
+    closing brace closes the shallowest, so keys only fall along the stack and the one to close
+    is the last. Eight bytes a value, and no dict to grow: a reply of 4 M unclosed braces held
+    400 MB in a dict of them, and its resize held the GIL for 86 ms at a time. Scans that came
+    from another track (`_merge`) are in `pending`: a key to a start, or to a list of starts
+    once tracks that met share the key. `size` counts every scan, so `_merge` re-keys the track
+    with fewer."""
+
+    __slots__ = ("keys", "offset", "pending", "size", "starts")
 
     def __init__(self) -> None:
         self.offset = 0
-        self.pending: dict[int, list[int]] = {}
+        self.keys = array("q")
+        self.starts = array("q")
+        self.pending: dict[int, int | list[int]] = {}
+        self.size = 0
+
+
+def _add(pending: dict[int, int | list[int]], key: int, starts: int | list[int]) -> None:
+    held = pending.get(key)
+    if held is None:
+        pending[key] = starts
+        return
+    joined = held if isinstance(held, list) else [held]
+    if isinstance(starts, list):
+        joined.extend(starts)
+    else:
+        joined.append(starts)
+    pending[key] = joined
 
 
 def _merge(into: _Track | None, track: _Track | None) -> _Track | None:
-    """Join two tracks that reached the same state, re-keying the smaller one (so each scan is
-    re-keyed O(log n) times in all)."""
-    if into is None or not into.pending:
-        return track if track is not None and track.pending else None
-    if track is None or not track.pending:
+    """Join two tracks that reached the same state, re-keying the one with fewer scans (so each
+    scan is re-keyed O(log n) times in all). Sizing them by keys instead was quadratic: text
+    like `{\\"{\\"…` piles every scan onto one key, and that one key was re-keyed each time."""
+    if into is None or not into.size:
+        return track if track is not None and track.size else None
+    if track is None or not track.size:
         return into
-    big, small = (into, track) if len(into.pending) >= len(track.pending) else (track, into)
+    big, small = (into, track) if into.size >= track.size else (track, into)
     shift = small.offset - big.offset
-    for key, starts in small.pending.items():
-        big.pending.setdefault(key + shift, []).extend(starts)
+    pending = big.pending
+    keys, starts = small.keys, small.starts
+    if len(keys) == 1:  # the common case (a scan just opened), without a zip's set-up
+        _add(pending, keys[0] + shift, starts[0])
+    elif keys:
+        for key, start in zip(keys, starts, strict=False):  # equal lengths
+            _add(pending, key + shift, start)
+    for key, held in small.pending.items():
+        _add(pending, key + shift, held)
+    big.size += small.size
     return big
 
 
@@ -81,7 +119,7 @@ def _span_ends(text: str) -> dict[int, int]:
     """For every "{" whose scan balances, the index of the "}" that closes it.
 
     One pass over the special characters with three tracks (outside a string, inside one, just
-    after a backslash inside one). A brace changes no track's state, so it costs a dict update;
+    after a backslash inside one). A brace changes no track's state, so it costs a stack step;
     only a quote or a backslash moves tracks between states. Linear in the text (issue #40:
     the per-character state dict this replaced cost about 1.7 s per MB of braces)."""
     ends: dict[int, int] = {}
@@ -102,16 +140,28 @@ def _span_ends(text: str) -> dict[int, int]:
             if out is None:
                 out = _Track()
             out.offset += 1
-            out.pending.setdefault(1 - out.offset, []).append(k)  # a new scan, now at depth 1
+            out.keys.append(1 - out.offset)  # a new scan, at depth 1
+            out.starts.append(k)
+            out.size += 1
         elif ch == "}":
             if escaped is not None:
                 inside, escaped = _merge(inside, escaped), None
             if out is not None:
                 out.offset -= 1
-                for start in out.pending.pop(-out.offset, ()):
-                    ends[start] = k
-                if not out.pending:
-                    out = None
+                key = -out.offset  # the scans now at depth 0
+                if out.keys and out.keys[-1] == key:
+                    out.keys.pop()
+                    ends[out.starts.pop()] = k
+                    out.size -= 1
+                closed = out.pending.pop(key, None) if out.pending else None
+                if isinstance(closed, int):
+                    ends[closed] = k
+                    out.size -= 1
+                elif closed is not None:
+                    for start in closed:
+                        ends[start] = k
+                    out.size -= len(closed)
+                # an emptied `out` is kept for the next "{" (`_merge` drops empty tracks)
         elif ch == '"':
             # outside → inside, inside → outside, after a backslash → inside (the quote is
             # escaped)
@@ -164,7 +214,7 @@ def _triple(obj: dict[str, Any], defaults: Verdict | None, validate_range: bool)
     """The three scores of `obj`; missing keys take `defaults` (never range-checked) or fail."""
     bounds = (_SCORE_BOUNDS, _SCORE_BOUNDS, _RANKING_BOUNDS)
     values: list[float] = []
-    for index, key in enumerate(_SCORE_KEYS):
+    for index, key in enumerate(SCORE_KEYS):
         if key in obj:
             number = _number(obj[key], bounds[index] if validate_range else None)
         elif defaults is not None:
@@ -222,11 +272,11 @@ def parse_overall(
         inner = obj.get("overall")
         if isinstance(inner, dict):
             obj = inner
-        if not any(key in obj for key in _SCORE_KEYS):
+        if not any(key in obj for key in SCORE_KEYS):
             return None
         return _triple(obj, defaults, validate_range)
 
-    verdict = _search(text, candidate, _SCORE_KEYS)
+    verdict = _search(text, candidate, SCORE_KEYS)
     if verdict is None:
         raise VerdictParseError(f"No parseable JSON found in GenRM output: {_preview(text)}")
     return verdict

@@ -36,9 +36,9 @@ from genrm_trio.engine.evaluation import (
     scored_off_loop,
 )
 from genrm_trio.engine.keys import RUBRIC_REQUIRED, rubric_mode
-from genrm_trio.engine.offload import score_off_loop
 from genrm_trio.judge.attempts import Comparator
 from genrm_trio.judge.base import JudgeError, unreachable_note
+from genrm_trio.judge.offload import score_off_loop
 from genrm_trio.judge.queue import JudgeQueue, QueueTicket
 from genrm_trio.metrics import Metrics
 

@@ -43,10 +43,10 @@ from genrm_trio.engine.evaluation import (
     shown_preferences,
 )
 from genrm_trio.engine.keys import compares_with_baseline
-from genrm_trio.engine.offload import score_off_loop
 from genrm_trio.engine.readiness import Readiness, ReadinessIndex
 from genrm_trio.judge.attempts import Comparator
 from genrm_trio.judge.base import JudgeCall, JudgeError, Usage, one_line, unreachable_note
+from genrm_trio.judge.offload import score_off_loop
 from genrm_trio.judge.queue import JudgeQueue, QueueGroup, QueueTicket
 from genrm_trio.metrics import Metrics
 

@@ -42,7 +42,6 @@ from genrm_trio.domain.model import (
     VerifyInput,
 )
 from genrm_trio.domain.records import TerminalRecord, WatermarkRecord
-from genrm_trio.engine.offload import score_off_loop
 from genrm_trio.http.asgi import PUBLIC_PATHS, App, Reply, error_reply
 from genrm_trio.http.openapi import openapi_document
 from genrm_trio.http.rows import HeldVerify
@@ -60,6 +59,7 @@ from genrm_trio.http.schema import (
 )
 from genrm_trio.judge.answer_check import unread_fix
 from genrm_trio.judge.base import ReplicaStats
+from genrm_trio.judge.offload import score_off_loop
 from genrm_trio.judge.prompt_check import PROMPT_FIX
 from genrm_trio.metrics import Metrics
 

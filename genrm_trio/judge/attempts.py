@@ -22,7 +22,10 @@ with the same budget fails again about as often as the first time (docs/scoring.
 Other failures leave the budget where it is; the number of attempts is unchanged.
 
 What one comparison's attempts ask and what their replies mean is a `Comparison`
-(judge/comparison.py); the Comparator drives it and owns slots, deadlines and sleeps. Every count
+(judge/comparison.py); the Comparator drives it and owns slots, deadlines and sleeps. It parses
+a reply longer than `READ_OFF_LOOP_CHARS` in a worker thread (`Comparator._read`), one at a time:
+parsing is linear but costs up to about 0.6 s per MB of brace-dense text, and a reply may be
+`judge.max_response_bytes` (32 MiB) long. Every count
 (`statistics()` and the Prometheus series) is one `AttemptEvents` (judge/events.py).
 """
 
@@ -33,6 +36,7 @@ import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Final, assert_never, final
 
 import trio
@@ -51,10 +55,17 @@ from genrm_trio.judge.base import (
     JudgeTimeout,
     one_line,
 )
-from genrm_trio.judge.comparison import Comparison, ComparisonRules, outcome_of
+from genrm_trio.judge.comparison import (
+    READ_OFF_LOOP_CHARS,
+    Comparison,
+    ComparisonRules,
+    ReplyReading,
+    outcome_of,
+)
 from genrm_trio.judge.events import AttemptEvents
 from genrm_trio.judge.fleet import as_fleet
 from genrm_trio.judge.limits import JudgeLimits, RateLimitBeyondDeadline, judge_limits
+from genrm_trio.judge.offload import score_off_loop
 from genrm_trio.judge.queue import JudgeQueue, QueueTicket, judge_queue
 from genrm_trio.metrics import Metrics
 
@@ -144,6 +155,8 @@ class Comparator:
             path=fleet.path,
         )
         self._active = 0
+        # long replies are parsed one at a time: threads would only share one GIL
+        self._reading = trio.CapacityLimiter(1)
 
     def statistics(self) -> ComparatorStatistics:
         queue = self._queue.statistics()
@@ -378,6 +391,19 @@ class Comparator:
             failure.replica = error.replica
             raise failure from error
 
+    async def _read(self, comparison: Comparison, reply: JudgeReply) -> ReplyReading:
+        """`comparison.read(reply)`: inline for a short reply, in a worker thread for a long one
+        (`READ_OFF_LOOP_CHARS`), so that /health and every other task go on meanwhile."""
+        if len(reply.text) + len(reply.partial) <= READ_OFF_LOOP_CHARS:
+            return comparison.read(reply)
+        # Abandoned on cancel: the parse is pure and its result unwanted once the comparison is
+        # cancelled (a group's deadline, a shutdown), so the comparison ends at its deadline
+        # rather than up to ~15 s later (a 32 MiB reply); the thread finishes unwatched and
+        # keeps the limiter until then, so the next long reply waits for it.
+        return await score_off_loop(
+            partial(comparison.read, reply), self._reading, abandon_on_cancel=True
+        )
+
     async def _attempts(self, comparison: Comparison, ticket: QueueTicket) -> ComparisonResult:
         """`comparison`'s attempts, paced, until one gives its result or none is left."""
         for n in range(1, self._rules.attempts + 1):
@@ -392,7 +418,7 @@ class Comparator:
             except JudgeAttemptError as error:
                 comparison.on_error(error)  # raises the JudgeError when it ends the comparison
                 continue
-            result = comparison.on_reply(reply)
+            result = comparison.on_reply(reply, await self._read(comparison, reply))
             if result is not None:
                 return result
         return comparison.result()

@@ -2,6 +2,8 @@
 an error or a reply of it means (`on_error`, `on_reply`), and how the comparison ends (`result`)
 when every attempt is spent. `Comparator.compare` (judge/attempts.py) drives it, and owns the
 slots, the per-attempt deadline and the sleeps between attempts; this module does no I/O.
+Parsing a reply (`Comparison.read`, a `ReplyReading`) is apart from judging it (`on_reply`), so
+that the Comparator can parse a long reply in a worker thread (docs/reliability.md, "Security").
 
 All A = `genrm_parse_retries + 1` attempts share one budget across transport errors, retryable
 HTTP statuses, unusable replies and parse failures (docs/configuration.md, "Verdicts and
@@ -14,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import NoReturn, assert_never, final
+from dataclasses import dataclass
+from typing import Final, NoReturn, assert_never, final
 
 from genrm_trio.config import OUTPUT_BUDGET_PARAM, Settings
 from genrm_trio.domain.context_window import context_overflow
@@ -40,7 +43,7 @@ from genrm_trio.judge.events import AttemptEvents
 
 log = logging.getLogger("genrm_trio.judge")
 
-__all__ = ["Comparison", "ComparisonRules", "outcome_of"]
+__all__ = ["READ_OFF_LOOP_CHARS", "Comparison", "ComparisonRules", "ReplyReading", "outcome_of"]
 
 
 def outcome_of(error: JudgeAttemptError) -> tuple[str, str]:
@@ -107,6 +110,27 @@ class ComparisonRules:
             )
         except VerdictParseError:
             return None
+
+
+READ_OFF_LOOP_CHARS: Final = 32_768
+"""A reply whose text (with the cut text of a reply cut at its budget) is longer is parsed in a
+worker thread. Measured (docs/reliability.md, "Security"): 32 KiB of the densest text
+(`{}{}…`) takes 13 ms to parse, 32 KiB of prose 0.1 ms, and a thread hand-off 0.15 ms; a
+normal verdict reply (a few KiB) stays on the loop."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ReplyReading:
+    """The verdicts parsed from one reply: its overall verdict (of the cut text for a reply cut
+    at its budget) and, with `score_source: rubric_mean`, its rubric verdict; None where none
+    parses."""
+
+    overall: Verdict | None
+    rubric: Verdict | None
+
+
+_UNREAD: Final = ReplyReading(None, None)
 
 
 @final
@@ -232,9 +256,37 @@ class Comparison:
             escalations=self._escalations,
         )
 
-    def on_reply(self, reply: JudgeReply) -> ComparisonResult | None:
-        """The attempt got a reply: the comparison's result when it holds a verdict, else None
-        (the next attempt follows, if any is left: `result` otherwise)."""
+    def read(self, reply: JudgeReply) -> ReplyReading:
+        """The verdicts `on_reply` needs of `reply`. Pure and safe in a worker thread: it reads
+        only what this comparison and its rules hold, which nothing changes meanwhile."""
+        rules = self._rules
+        match reply.status:
+            case ReplyStatus.BUDGET_EXHAUSTED:
+                partial = reply.partial
+                return ReplyReading(rules.parse_overall(partial) if partial.strip() else None, None)
+            case ReplyStatus.UNUSABLE:
+                return _UNREAD
+            case ReplyStatus.COMPLETED:
+                overall = rules.parse_overall(reply.text)
+                if not rules.rubric:
+                    return ReplyReading(overall, None)
+                assert self._rubric_ids is not None
+                try:
+                    rubric: Verdict | None = parse_rubric(
+                        reply.text,
+                        expected_ids=self._rubric_ids,
+                        validate_range=rules.settings.validate_verdict_range,
+                    )
+                except VerdictParseError:
+                    rubric = None
+                return ReplyReading(overall, rubric)
+            case _:
+                assert_never(reply.status)
+
+    def on_reply(self, reply: JudgeReply, reading: ReplyReading) -> ComparisonResult | None:
+        """The attempt got a reply, and `reading` is `read(reply)`: the comparison's result when
+        it holds a verdict, else None (the next attempt follows, if any is left: `result`
+        otherwise)."""
         self.avoid = None
         self.retry_after = None
         self._rules.context.observe(self._call, reply)
@@ -243,13 +295,13 @@ class Comparison:
             self._tokens = (used_in + reply.input_tokens, used_out + reply.output_tokens)
         match reply.status:
             case ReplyStatus.BUDGET_EXHAUSTED:
-                self._cut(reply)
+                self._cut(reply, holds=reading.overall is not None)
                 cause = "budget"
             case ReplyStatus.UNUSABLE:
                 cause = "unusable"
             case ReplyStatus.COMPLETED:
                 self._completed_seen = True
-                result = self._verdict(reply.text)
+                result = self._verdict(reading)
                 if result is not None:
                     return result
                 cause = "parse"
@@ -259,13 +311,12 @@ class Comparison:
             self._retry(cause, cause)
         return None
 
-    def _cut(self, reply: JudgeReply) -> None:
+    def _cut(self, reply: JudgeReply, *, holds: bool) -> None:
         """A reply cut at the output budget: a WARNING, and the next budget when escalating."""
         rules = self._rules
         self._budget_hits += 1
         # A cut reply is never a completed answer (the reference's rule), even when it holds a
         # verdict; the line says which it was.
-        holds = bool(reply.partial.strip()) and rules.parse_overall(reply.partial) is not None
         self._cut_verdicts += holds
         budget = self._budget
         log.warning(
@@ -284,10 +335,10 @@ class Comparison:
             after = rules.escalation.next_budget(budget)
             self._raised = after if after > budget else None  # at the cap: retry as it is
 
-    def _verdict(self, text: str) -> ComparisonResult | None:
-        """The result of a completed reply's text, or None when it does not parse."""
+    def _verdict(self, reading: ReplyReading) -> ComparisonResult | None:
+        """The result of a completed reply's reading, or None when it holds no verdict."""
         rules = self._rules
-        overall = rules.parse_overall(text)
+        overall = reading.overall
         if not rules.rubric:
             if overall is None:
                 return None
@@ -295,15 +346,9 @@ class Comparison:
             return ComparisonResult(
                 overall, overall, self._usage(), False, False, self._n, self._escalations
             )
-        assert self._rubric_ids is not None
         self._last_overall = overall
-        try:
-            selected = parse_rubric(
-                text,
-                expected_ids=self._rubric_ids,
-                validate_range=rules.settings.validate_verdict_range,
-            )
-        except VerdictParseError:
+        selected = reading.rubric
+        if selected is None:
             return None
         rules.events.comparison_ended("verdict")
         return ComparisonResult(

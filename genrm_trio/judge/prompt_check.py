@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Final, final
 
-from genrm_trio.domain.verdict import VerdictParseError, parse_overall
+from genrm_trio.domain.verdict import SCORE_KEYS, VerdictParseError, parse_overall
 from genrm_trio.judge.apis import roles_refused
 from genrm_trio.judge.base import one_line
+from genrm_trio.judge.comparison import READ_OFF_LOOP_CHARS
 
 __all__ = ["NO_VERDICT_REPLIES", "PROMPT_FIX", "PromptCheck"]
 
@@ -54,9 +55,14 @@ class PromptCheck:
 
     def observe_text(self, text: str) -> str | None:
         """`observe_reply` for a completed reply's text: whether it holds any verdict at all
-        (any `score_1`, `score_2` or `ranking`, in any range). Parsed only while `watching`."""
+        (any `score_1`, `score_2` or `ranking`, in any range). Parsed only while `watching`.
+        A text longer than `READ_OFF_LOOP_CHARS` is not parsed: this runs on the event loop
+        (its comparison parses it in a worker thread), and a reply that names a verdict key is
+        evidence enough that the judge read its instructions."""
         if not self.watching:
             return None
+        if len(text) > READ_OFF_LOOP_CHARS:
+            return self.observe_reply(any(key in text for key in SCORE_KEYS))
         try:
             parse_overall(text, default_score=3.0, default_ranking=3.5, validate_range=False)
         except VerdictParseError:

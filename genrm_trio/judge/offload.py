@@ -1,6 +1,8 @@
-"""Scoring a large group off the event loop (docs/architecture.md, "Scoring off the loop").
+"""Pure work off the event loop (docs/architecture.md, "Scoring off the loop"): a large group's
+scoring, a large body's decoding, checkpoints, a long judge reply's verdict parsing. Below the
+engine and the HTTP layer so that the judge's Comparator can use it too.
 
-`score_off_loop` runs a pure scoring function in a worker thread, one at a time per limiter,
+`score_off_loop` runs a pure function in a worker thread, one at a time per limiter,
 with CPython's cyclic garbage collector paused while it runs. Why the pause: a large group's
 scoring allocates 10⁵–10⁶ short-lived objects, enough to trigger collections whose traversals
 hold the GIL for tens to hundreds of milliseconds at a time, and a collection pauses every
@@ -46,9 +48,15 @@ def _without_collector(work: Callable[[], _T]) -> _T:
                 gc.enable()
 
 
-async def score_off_loop(work: Callable[[], _T], limiter: trio.CapacityLimiter) -> _T:
+async def score_off_loop(
+    work: Callable[[], _T], limiter: trio.CapacityLimiter, *, abandon_on_cancel: bool = False
+) -> _T:
     """``work()`` in a worker thread under ``limiter``, the collector paused meanwhile. A
     cancellation waits for the thread: its result is still returned, and the cancellation
     reaches the caller at its next checkpoint (so a caller checks whether the result is still
-    wanted, as `GroupRunner` does with the cohort's state)."""
-    return await trio.to_thread.run_sync(_without_collector, work, limiter=limiter)
+    wanted, as `GroupRunner` does with the cohort's state). With ``abandon_on_cancel``, for work
+    whose result nobody wants once cancelled, the caller is cancelled at once instead: the
+    thread runs to its end unwatched and holds ``limiter`` until then."""
+    return await trio.to_thread.run_sync(
+        _without_collector, work, limiter=limiter, abandon_on_cancel=abandon_on_cancel
+    )
