@@ -57,9 +57,10 @@ MASKED_CAUSE_LABELS: Final = (MASKED_ALONE, MASKED_WHOLE_GROUP)
 comparisons; the rest of its group scored), or one of a group whose every rollout was masked (a
 judge-kind group failure). Summed, the rows answered with `mask_sample: true`."""
 QUEUE_PRIORITY_LABELS: Final = ("complete", "collecting")
-# the answer a verdict's ranking prefers as the judge was shown the pair (tie: 3.5)
-PREFERRED_POSITION_LABELS: Final = ("first", "second", "tie")
 """The `priority` label of `genrm_trio_judge_queue_wait_seconds`: `judge.queue.Priority`."""
+PREFERRED_POSITION_LABELS: Final = ("first", "second", "tie")
+"""The `preferred` label of `genrm_trio_judge_verdicts_total`: the answer a verdict's ranking
+prefers as the judge was shown the pair (tie: 3.5)."""
 
 
 class ReplicaCounters(Protocol):
