@@ -364,9 +364,6 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
             bias=args.judgment_bias,
             beta=args.judgment_beta,
         )
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    try:
         config = sim_config_from_args(
             latency_ms=args.latency_ms,
             jitter_ms=args.jitter_ms,
