@@ -307,12 +307,23 @@ class JudgeLimits:
 
     def _wait(self, tokens: int, now: float) -> float:
         """Seconds until a call of `tokens` may be admitted (inf: until an answer)."""
-        wait = min(replica.wait(tokens, now) for replica in self._replicas.values())
+        return self._open(tokens, now)[1]
+
+    def _open(self, tokens: int, now: float) -> tuple[_Replica, float]:
+        """The replica with the most room for a call of `tokens` (the first on ties; one
+        replica: that one), and the seconds until the call may be admitted there."""
+        replica: _Replica | None = None
+        wait = math.inf
+        for candidate in self._replicas.values():
+            candidate_wait = candidate.wait(tokens, now)
+            if replica is None or candidate_wait < wait:
+                replica, wait = candidate, candidate_wait
+        assert replica is not None  # there is always one (None: the judge's only one)
         if self._requests is not None:
             wait = max(wait, self._requests.wait(1, now))
         if self._tokens is not None and tokens:
             wait = max(wait, self._tokens.wait(tokens, now))
-        return wait
+        return replica, wait
 
     def _check_deadline(self, now: float) -> None:
         held = min(replica.hold_until for replica in self._replicas.values())
@@ -326,10 +337,9 @@ class JudgeLimits:
             )
 
     def _grant(self, tokens: int, now: float) -> Permit | None:
-        if self._wait(tokens, now) > 0.0:
+        replica, wait = self._open(tokens, now)  # each replica's buckets looked at once
+        if wait > 0.0:
             return None
-        # the open replica with the most room, the first on ties (one replica: that one)
-        replica = min(self._replicas.values(), key=lambda r: r.wait(tokens, now))
         if self._requests is not None:
             self._requests.take(1, now)
         if self._tokens is not None:
