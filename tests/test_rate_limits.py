@@ -22,6 +22,7 @@ from scripted import Reply, Script
 
 from genrm_trio.config import settings_from_mapping
 from genrm_trio.domain.ratelimit import (
+    CallBuckets,
     RateLimitHeaders,
     TokenBucket,
     format_duration,
@@ -114,6 +115,20 @@ def test_a_token_bucket_refills_over_a_minute_and_grants_an_oversized_cost_when_
     assert bucket.wait(600, 60.0) == 0.0  # larger than the bucket: granted once it is full
     bucket.take(600, 60.0)
     assert bucket.level == -540.0
+
+
+def test_a_call_is_charged_one_request_and_its_tokens_and_waits_for_the_emptier_bucket() -> None:
+    buckets = CallBuckets(TokenBucket.per_minute(60, 0.0), TokenBucket.per_minute(600, 0.0))
+    assert buckets.wait(600, 0.0) == 0.0
+    buckets.take(600, 0.0)
+    assert buckets.requests is not None and buckets.requests.level == 59.0
+    assert buckets.tokens is not None and buckets.tokens.level == 0.0
+    assert buckets.wait(30, 0.0) == 3.0  # the tokens' wait, longer than the request's (0)
+    assert buckets.wait(None, 0.0) == 0.0  # tokens not counted: the request alone
+    buckets.take(600, 1.0)  # oversized: the token bucket goes below empty
+    assert buckets.wait(0, 1.0) == 59.0  # a call of 0 tokens still waits for the deficit
+    assert buckets.wait(None, 1.0) == 0.0
+    assert CallBuckets().wait(10**9, 0.0) == 0.0  # no limit of either kind
 
 
 # --- a 429 holds its replica: no attempt, exact holds ---------------------------------------

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Final, final
 
 __all__ = [
+    "CallBuckets",
     "RateLimitHeaders",
     "TokenBucket",
     "format_duration",
@@ -194,3 +195,35 @@ class TokenBucket:
         """What the server says is left (a reply's remaining budget), as of `now`."""
         self.refill(now)
         self.level = min(self.capacity, level)
+
+
+@final
+class CallBuckets:
+    """The buckets a call is charged to: one request from `requests`, its tokens from `tokens`
+    (None: no limit of that kind). The judge's limiter keeps one for the configured limits and
+    one per replica (learned from its headers); the simulated judge one for what it enforces."""
+
+    __slots__ = ("requests", "tokens")
+
+    def __init__(
+        self, requests: TokenBucket | None = None, tokens: TokenBucket | None = None
+    ) -> None:
+        self.requests = requests
+        self.tokens = tokens
+
+    def wait(self, tokens: int | None, now: float) -> float:
+        """Seconds from `now` until a call of `tokens` fits both buckets (0: now); `tokens`
+        None: its tokens are not counted (the request alone)."""
+        wait = 0.0
+        if self.requests is not None:
+            wait = self.requests.wait(1, now)
+        if self.tokens is not None and tokens is not None:
+            wait = max(wait, self.tokens.wait(tokens, now))
+        return wait
+
+    def take(self, tokens: int, now: float) -> None:
+        """Charge a call of `tokens`."""
+        if self.requests is not None:
+            self.requests.take(1, now)
+        if self.tokens is not None:
+            self.tokens.take(tokens, now)

@@ -184,11 +184,15 @@ def _verdict_format() -> dict[str, Any]:
     return {"type": "json_schema", "name": "verdict", "schema": VERDICT_JSON_SCHEMA, "strict": True}
 
 
-def _with_verdict_format(params: dict[str, Any]) -> dict[str, Any]:
-    """Responses create params whose `text.format` asks for the verdict schema (any other key of
-    `text` kept)."""
-    text = params.get("text")
-    params["text"] = {**(text if isinstance(text, Mapping) else {}), "format": _verdict_format()}
+def _own_params(create_params: Mapping[str, Any], structured_output: bool) -> dict[str, Any]:
+    """An API's own copy of the Responses create params (never shared with the settings); with
+    `structured_output`, its `text.format` asks for the verdict schema (any other key of `text`
+    kept)."""
+    params = copy.deepcopy(dict(create_params))
+    if structured_output:
+        text = params.get("text")
+        kept = text if isinstance(text, Mapping) else {}
+        params["text"] = {**kept, "format": _verdict_format()}
     return params
 
 
@@ -269,8 +273,7 @@ class GenRMModelApi:
         if prompt is not None:
             # the settings refuse it (judge.prompt): Gym's protocol has no messages to fill
             raise ValueError("judge.api genrm_model sends no messages: no judge.prompt: instruct")
-        params = copy.deepcopy(dict(create_params))
-        self._params: Final = _with_verdict_format(params) if structured_output else params
+        self._params: Final = _own_params(create_params, structured_output)
 
     @property
     def custom_roles(self) -> bool:
@@ -324,8 +327,7 @@ class OpenAIResponsesApi:
         prompt: InstructPrompt | None = None,
         structured_output: bool = False,
     ) -> None:
-        params = copy.deepcopy(dict(create_params))
-        self._params: Final = _with_verdict_format(params) if structured_output else params
+        self._params: Final = _own_params(create_params, structured_output)
         self._prompt: Final = prompt
 
     @property
@@ -462,10 +464,8 @@ class ChatCompletionsApi:
         prompt: InstructPrompt | None = None,
         structured_output: bool = False,
     ) -> None:
-        params = copy.deepcopy(dict(create_params))
-        if structured_output:
-            params = _with_verdict_format(params)  # mapped to response_format by chat_params
-        chat, instructions, dropped = chat_params(params)
+        # the verdict schema's text.format is mapped to response_format by chat_params
+        chat, instructions, dropped = chat_params(_own_params(create_params, structured_output))
         if dropped:
             log.info(
                 "judge.api chat_completions: ignoring create params chat does not take: %s",

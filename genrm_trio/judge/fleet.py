@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from typing import final
+from typing import TypeVar, final
 
 import trio
 
@@ -63,6 +63,19 @@ __all__ = [
 CLOSE_S = 1.0
 """`JudgeFleet.aclose` closes every replica at once within this long (a close drops idle
 connections; a TLS close to a judge that stopped reading must not hold a shutdown)."""
+
+_T = TypeVar("_T")
+
+
+def _join(members: list[_T], member: _T) -> Callable[[], None]:
+    """Add `member` to `members`; returns the call that takes it out again (if still in)."""
+    members.append(member)
+
+    def leave() -> None:
+        if member in members:
+            members.remove(member)
+
+    return leave
 
 
 @final
@@ -153,14 +166,7 @@ class JudgeFleet:
     def watch_capacity(self, changed: Callable[[], None]) -> Callable[[], None]:
         """Call `changed` when a replica is back in service (its slots are usable at once);
         returns the call that stops it (a judge queue's `close`)."""
-        watchers = self._capacity_watchers
-        watchers.append(changed)
-
-        def unwatch() -> None:
-            if changed in watchers:
-                watchers.remove(changed)
-
-        return unwatch
+        return _join(self._capacity_watchers, changed)
 
     def route_around(self, closed: Callable[[str, float], bool]) -> None:
         """Send new calls to the replicas the judge's rate limits leave open (`closed(label,
@@ -175,14 +181,7 @@ class JudgeFleet:
     def observe(self, observer: ReplyObserver) -> Callable[[], None]:
         """Tell `observer` what becomes of every attempt on every replica (judge/ledger.py);
         returns the call that stops it."""
-        observers = self._observers
-        observers.append(observer)
-
-        def unobserve() -> None:
-            if observer in observers:
-                observers.remove(observer)
-
-        return unobserve
+        return _join(self._observers, observer)
 
     # --- the outage (judge/outage.py) -----------------------------------------------------
 

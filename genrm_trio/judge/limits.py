@@ -34,7 +34,7 @@ from typing import Final, Protocol, final, runtime_checkable
 import trio
 
 from genrm_trio.config import Settings
-from genrm_trio.domain.ratelimit import RateLimitHeaders, TokenBucket
+from genrm_trio.domain.ratelimit import CallBuckets, RateLimitHeaders, TokenBucket
 from genrm_trio.judge.base import JudgeCall
 from genrm_trio.judge.queue import QueueTicket
 from genrm_trio.metrics import Metrics
@@ -104,14 +104,13 @@ _FREE: Final = Permit(None, 0)
 class _Replica:
     __slots__ = (
         "backoff",
+        "buckets",
         "charged_requests",
         "charged_tokens",
         "hold_until",
         "holds",
         "label",
         "rate_limited",
-        "requests",
-        "tokens",
         "trial_due",
         "trial_out",
     )
@@ -123,22 +122,17 @@ class _Replica:
         self.backoff = HOLD_FIRST_S
         self.trial_due = False  # held by a 429: the next call goes alone
         self.trial_out = False  # that call is out
-        self.requests: TokenBucket | None = None  # learned from its x-ratelimit-* headers
-        self.tokens: TokenBucket | None = None
+        self.buckets = CallBuckets()  # learned from its x-ratelimit-* headers
         self.charged_requests = 0
         self.charged_tokens = 0
         self.rate_limited = 0  # 429 replies
 
     def wait(self, tokens: int, now: float) -> float:
-        """Seconds until it may take a call of `tokens` (inf: until an answer comes)."""
+        """Seconds until it may take a call of `tokens` (0: its tokens are not counted; inf:
+        until an answer comes)."""
         if self.trial_out:
             return math.inf
-        wait = max(0.0, self.hold_until - now)
-        if self.requests is not None:
-            wait = max(wait, self.requests.wait(1, now))
-        if self.tokens is not None and tokens:
-            wait = max(wait, self.tokens.wait(tokens, now))
-        return wait
+        return max(self.hold_until - now, self.buckets.wait(tokens or None, now))
 
 
 @final
@@ -193,13 +187,11 @@ class JudgeLimits:
     ) -> None:
         now = -math.inf  # full at the first call, whenever it comes (built outside trio too)
         self._metrics = metrics
-        self._requests = (
+        self._configured = CallBuckets(
             None
             if requests_per_minute is None
-            else TokenBucket.per_minute(requests_per_minute, now)
-        )
-        self._tokens = (
-            None if tokens_per_minute is None else TokenBucket.per_minute(tokens_per_minute, now)
+            else TokenBucket.per_minute(requests_per_minute, now),
+            None if tokens_per_minute is None else TokenBucket.per_minute(tokens_per_minute, now),
         )
         self._budget = output_budget or 0
         self._price_in = (price_per_million_input_tokens or 0.0) / 1e6
@@ -210,7 +202,8 @@ class JudgeLimits:
         self._ratio = TOKENS_PER_CHAR
         self._waiting: list[_Waiter] = []
         # nothing limits a call until a configured bucket, a header or a 429 says otherwise
-        self._active = self._requests is not None or self._tokens is not None
+        configured = self._configured
+        self._active = configured.requests is not None or configured.tokens is not None
         self._rate_limited = 0
         self._throttled_s = 0.0
         self._cost = 0.0
@@ -284,7 +277,9 @@ class JudgeLimits:
 
     def _counts_tokens(self) -> bool:
         replicas = self._replicas.values()
-        return self._tokens is not None or any(r.tokens is not None for r in replicas)
+        return self._configured.tokens is not None or any(
+            r.buckets.tokens is not None for r in replicas
+        )
 
     def _head(self) -> _Waiter:
         """The waiter the judge queue would serve first (complete groups first, then by
@@ -307,12 +302,19 @@ class JudgeLimits:
 
     def _wait(self, tokens: int, now: float) -> float:
         """Seconds until a call of `tokens` may be admitted (inf: until an answer)."""
-        wait = min(replica.wait(tokens, now) for replica in self._replicas.values())
-        if self._requests is not None:
-            wait = max(wait, self._requests.wait(1, now))
-        if self._tokens is not None and tokens:
-            wait = max(wait, self._tokens.wait(tokens, now))
-        return wait
+        return self._open(tokens, now)[1]
+
+    def _open(self, tokens: int, now: float) -> tuple[_Replica, float]:
+        """The replica with the most room for a call of `tokens` (the first on ties; one
+        replica: that one), and the seconds until the call may be admitted there."""
+        replica: _Replica | None = None
+        wait = math.inf
+        for candidate in self._replicas.values():
+            candidate_wait = candidate.wait(tokens, now)
+            if replica is None or candidate_wait < wait:
+                replica, wait = candidate, candidate_wait
+        assert replica is not None  # there is always one (None: the judge's only one)
+        return replica, max(wait, self._configured.wait(tokens or None, now))
 
     def _check_deadline(self, now: float) -> None:
         held = min(replica.hold_until for replica in self._replicas.values())
@@ -326,22 +328,15 @@ class JudgeLimits:
             )
 
     def _grant(self, tokens: int, now: float) -> Permit | None:
-        if self._wait(tokens, now) > 0.0:
+        replica, wait = self._open(tokens, now)  # each replica's buckets looked at once
+        if wait > 0.0:
             return None
-        # the open replica with the most room, the first on ties (one replica: that one)
-        replica = min(self._replicas.values(), key=lambda r: r.wait(tokens, now))
-        if self._requests is not None:
-            self._requests.take(1, now)
-        if self._tokens is not None:
-            self._tokens.take(tokens, now)
+        self._configured.take(tokens, now)
         permit = Permit(replica, tokens)
         if replica.trial_due:
             replica.trial_out = True
             permit.trial = True
-        if replica.requests is not None:
-            replica.requests.take(1, now)
-        if replica.tokens is not None:
-            replica.tokens.take(tokens, now)
+        replica.buckets.take(tokens, now)
         replica.charged_requests += 1
         replica.charged_tokens += tokens
         permit.charged_requests = replica.charged_requests
@@ -440,16 +435,17 @@ class JudgeLimits:
         took the call, less what was charged to it since."""
         now = trio.current_time()
         self._active = True
-        replica.requests = self._synced(
-            replica.requests,
+        buckets = replica.buckets
+        buckets.requests = self._synced(
+            buckets.requests,
             headers.limit_requests,
             headers.remaining_requests,
             headers.reset_requests_s,
             replica.charged_requests - permit.charged_requests,
             now,
         )
-        replica.tokens = self._synced(
-            replica.tokens,
+        buckets.tokens = self._synced(
+            buckets.tokens,
             headers.limit_tokens,
             headers.remaining_tokens,
             headers.reset_tokens_s,

@@ -61,7 +61,7 @@ class StallWatch:
 
     def started(self, replica: Replica, now: float) -> None:
         """An attempt went to `replica` (its `in_flight` already counts it)."""
-        if replica.in_flight == 1:
+        if self.stall_after is not None and replica.in_flight == 1:
             self._quiet[replica.index].quiet_since = now
 
     async def attempt(self, replica: Replica, call: JudgeCall) -> JudgeReply:

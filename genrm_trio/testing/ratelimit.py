@@ -16,7 +16,7 @@ from typing import Final, Literal, assert_never, final, get_args
 
 import trio
 
-from genrm_trio.domain.ratelimit import TokenBucket, format_duration
+from genrm_trio.domain.ratelimit import CallBuckets, TokenBucket, format_duration
 
 __all__ = ["RETRY_AFTER_FORMS", "RetryAfterForm", "SimLimiter", "SimRateLimits"]
 
@@ -58,8 +58,10 @@ class SimLimiter:
         now = trio.current_time()
         self.limits = limits
         rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
-        self._requests = None if rpm is None else TokenBucket.per_minute(rpm, now)
-        self._tokens = None if tpm is None else TokenBucket.per_minute(tpm, now)
+        self._buckets = CallBuckets(
+            None if rpm is None else TokenBucket.per_minute(rpm, now),
+            None if tpm is None else TokenBucket.per_minute(tpm, now),
+        )
         self.refused = 0  # 429 replies
         self.admitted = 0
         self.tokens_admitted = 0
@@ -69,11 +71,7 @@ class SimLimiter:
     def admit(self, tokens: int) -> tuple[bool, list[tuple[bytes, bytes]]]:
         """(whether a call of `tokens` is served, the headers of its reply)."""
         now = trio.current_time()
-        wait = 0.0
-        if self._requests is not None:
-            wait = max(wait, self._requests.wait(1, now))
-        if self._tokens is not None:
-            wait = max(wait, self._tokens.wait(tokens, now))
+        wait = self._buckets.wait(tokens, now)
         served = wait <= 0.0
         if served:
             self.admitted += 1
@@ -81,10 +79,7 @@ class SimLimiter:
             if self.first_admitted is None:
                 self.first_admitted = now
             self.last_admitted = now
-            if self._requests is not None:
-                self._requests.take(1, now)
-            if self._tokens is not None:
-                self._tokens.take(tokens, now)
+            self._buckets.take(tokens, now)
         else:
             self.refused += 1
         headers = self._headers(now) if self.limits.headers else []
@@ -94,7 +89,8 @@ class SimLimiter:
 
     def _headers(self, now: float) -> list[tuple[bytes, bytes]]:
         headers: list[tuple[bytes, bytes]] = []
-        for kind, bucket in ((b"requests", self._requests), (b"tokens", self._tokens)):
+        buckets = self._buckets
+        for kind, bucket in ((b"requests", buckets.requests), (b"tokens", buckets.tokens)):
             if bucket is None:
                 continue
             bucket.refill(now)
