@@ -54,6 +54,7 @@ from genrm_trio.config import DEFAULT_BRADLEY_TERRY_PRIOR
 from genrm_trio.domain.calibration import kendall_tau_b  # one τ for the benchmarks and calibrate
 from genrm_trio.domain.scoring import (
     CYCLE_RATE,
+    NO_ADJUSTMENTS,
     JudgedComparison,
     PlannedComparison,
     aggregate,
@@ -155,15 +156,6 @@ DEFAULT_GRAPHS: Final = (  # the grid without --frontier or --only-graph
 )
 FRONTIER_RATES: Final = (0.0, 0.05)
 EXTRA_GRAPHS: Final = ("circular-J1", "circular-J2-alternate", "all_pairs-J1")
-NO_ADJUSTMENTS: Final[dict[str, float]] = {
-    "default_score": 3.0,
-    "reasoning_bonus": 0.0,
-    "answer_bonus": 0.0,
-    "top_percentile": 0.2,
-    "group_reasoning_length_penalty_coeff": 0.0,
-    "group_answer_length_penalty_coeff": 0.0,
-    "group_style_penalty_coeff": 0.0,
-}
 
 
 def settings(graph: Graph, method: str, policy: str) -> Settings:

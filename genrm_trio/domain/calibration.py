@@ -37,6 +37,7 @@ from typing import Any, Final, Literal, assert_never, final, get_args
 
 from genrm_trio.config import AggregatorMethod, ComparisonStrategy, PositionBalance
 from genrm_trio.domain.scoring import (
+    NO_ADJUSTMENTS,
     RANKING_MIDPOINT,
     JudgedComparison,
     aggregate,
@@ -689,17 +690,6 @@ class _Simulator:
         return (s1, s2, ranking)
 
 
-_NO_ADJUSTMENTS: Final = {
-    "default_score": 3.0,
-    "reasoning_bonus": 0.0,
-    "answer_bonus": 0.0,
-    "top_percentile": 0.2,
-    "group_reasoning_length_penalty_coeff": 0.0,
-    "group_answer_length_penalty_coeff": 0.0,
-    "group_style_penalty_coeff": 0.0,
-}
-
-
 def simulate_frontier(
     fit: JudgeFit,
     size: int,
@@ -729,7 +719,7 @@ def simulate_frontier(
                 comparisons,
                 population,
                 {},
-                **_NO_ADJUSTMENTS,
+                **NO_ADJUSTMENTS,
                 method=schedule.aggregator,
                 bradley_terry_prior=prior,
             )
