@@ -30,7 +30,7 @@ import json
 import math
 import random
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any, Final, Literal, assert_never, final, get_args
@@ -40,6 +40,7 @@ from genrm_trio.domain.scoring import (
     NO_ADJUSTMENTS,
     RANKING_MIDPOINT,
     JudgedComparison,
+    PlannedComparison,
     aggregate,
     plan_comparisons,
     preference_cycle_rate,
@@ -76,6 +77,7 @@ TOLERANCE: Final = 0.02
 AGGREGATORS: Final[tuple[AggregatorMethod, ...]] = get_args(AggregatorMethod)
 TIED_SCORES_SHARE: Final = 0.9  # share of calls whose scores follow their ranking: comparative
 SIMULATED_GROUPS: Final = 400  # at 16 rollouts; `simulated_groups_for` scales it
+POSITION_BALANCE: Final[PositionBalance] = "alternate"  # every schedule's (docs/scoring.md)
 
 
 def simulated_groups_for(size: int) -> int:
@@ -356,7 +358,9 @@ def consistency(noise: float, bias: float) -> float:
     return total
 
 
-def _bisect(f: Any, low: float, high: float, decreasing: bool, target: float) -> float:
+def _bisect(
+    f: Callable[[float], float], low: float, high: float, decreasing: bool, target: float
+) -> float:
     """x in [low, high] where the monotone f meets target (an end when it never does)."""
     for _ in range(80):
         middle = math.sqrt(low * high)  # noise spans orders of magnitude
@@ -517,8 +521,8 @@ class Schedule:
     def calls(self, size: int) -> int:
         return len(self.plan(size))
 
-    def plan(self, size: int) -> list[Any]:
-        return plan_comparisons(size, self.strategy, self.judges, "alternate", self.degree)
+    def plan(self, size: int) -> list[PlannedComparison]:
+        return plan_comparisons(size, self.strategy, self.judges, POSITION_BALANCE, self.degree)
 
     @property
     def name(self) -> str:
@@ -543,22 +547,15 @@ class Schedule:
                 assert_never(self.strategy)
 
     def config_lines(self) -> list[str]:
-        lines = [f"comparison_strategy: {self.strategy}"]
-        if self.comparisons_per_rollout is not None:
-            lines.append(f"comparisons_per_rollout: {self.comparisons_per_rollout}")
-        lines += [
-            f"num_judges_per_comparison: {self.judges}",
-            "position_balance: alternate",
-            f"aggregator_method: {self.aggregator}",
-        ]
-        return lines
+        """The keys of `as_json` as config lines, the strategies' unused key left out."""
+        return [f"{key}: {value}" for key, value in self.as_json().items() if value is not None]
 
     def as_json(self) -> dict[str, Any]:
         return {
             "comparison_strategy": self.strategy,
             "comparisons_per_rollout": self.comparisons_per_rollout,
             "num_judges_per_comparison": self.judges,
-            "position_balance": "alternate",
+            "position_balance": POSITION_BALANCE,
             "aggregator_method": self.aggregator,
         }
 
