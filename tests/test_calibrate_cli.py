@@ -23,7 +23,7 @@ from genrm_trio.app.calibrate import (
     judge_with_progress,
     plot,
     record_json,
-    write_atomically,
+    write_record,
 )
 from genrm_trio.app.cli import main
 from genrm_trio.domain.calibration import GroupJudgments, RolloutGroup, ShownVerdict
@@ -173,7 +173,7 @@ async def test_ctrl_c_stops_cleanly_and_the_json_keeps_what_was_measured(
     out = tmp_path / "calibration.json"
 
     def save() -> None:
-        write_atomically(out, record_json(calibration, None, simulated_groups=1, seed=0))
+        write_record(out, record_json(calibration, None, simulated_groups=1, seed=0))
 
     async def ctrl_c() -> None:
         await trio.sleep(1.5)

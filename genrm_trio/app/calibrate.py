@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from genrm_trio.app.arguments import positive_int, say
+from genrm_trio.app.arguments import positive_int, say, write_atomically
 from genrm_trio.config import ConfigError, Settings, load_settings
 from genrm_trio.domain.calibration import (
     TOLERANCE,
@@ -55,7 +54,7 @@ __all__ = [
     "record_json",
     "reference",
     "run_calibrate_command",
-    "write_atomically",
+    "write_record",
 ]
 
 JSON_FORMAT: Final = "genrm-trio-calibration/1"
@@ -161,10 +160,9 @@ def load_calibration(path: Path, size: int) -> Calibration:
         raise CalibrationInputError(f"{path}: not a readable calibration file: {exc!r}") from None
 
 
-def write_atomically(path: Path, record: dict[str, Any]) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    os.replace(partial, path)
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    """``record`` (`record_json`) as the `--json` file, replaced whole."""
+    write_atomically(path, (json.dumps(record, indent=1) + "\n").encode())
 
 
 @dataclass(frozen=True)
@@ -469,7 +467,7 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     def save() -> None:
         if args.json is not None:
             record = record_json(calibration, None, simulated_groups=simulated, seed=seed)
-            write_atomically(args.json, record)
+            write_record(args.json, record)
 
     try:
         interrupted = trio.run(
@@ -502,7 +500,7 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     print_report(console, calibration, result)
     if args.json is not None:
         record = record_json(calibration, result, simulated_groups=simulated, seed=seed)
-        write_atomically(args.json, record)
+        write_record(args.json, record)
         console.print(f"wrote {args.json}")
     if args.plot is not None:
         plot(result, size, args.plot)
