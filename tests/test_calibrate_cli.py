@@ -201,7 +201,7 @@ async def test_cancelling_keeps_the_groups_judged(autojump_clock: trio.abc.Clock
             judge,
             groups,
             calibration,
-            on_group=lambda _: seen.append(trio.current_time()),
+            on_group_done=lambda: seen.append(trio.current_time()),
         )
     # a group's 12 calls run at once for 1 s each: two groups by 2.5 s, the third cut off
     assert seen == [1.0, 2.0]

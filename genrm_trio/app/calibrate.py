@@ -91,11 +91,12 @@ async def judge_groups(
     groups: Sequence[RolloutGroup],
     calibration: Calibration,
     *,
-    on_group: Callable[[GroupJudgments | None], None] = lambda _: None,
+    on_group_done: Callable[[], None] = lambda: None,
 ) -> None:
     """Judge ``groups`` one after another through the engine (every pair in both orders),
-    appending each to ``calibration`` as soon as it is judged and calling ``on_group`` (with
-    None for a group the judge failed). Cancelling keeps the groups judged so far."""
+    appending each to ``calibration`` as soon as it is judged (to ``calibration.failed`` when
+    the judge failed it), then calling ``on_group_done``. Cancelling keeps the groups judged so
+    far."""
     from genrm_trio.engine.engine import open_engine
 
     measuring = calibration_settings(settings)
@@ -106,13 +107,13 @@ async def judge_groups(
                 result = await engine.compare(item)
             except CompareFailed as exc:
                 calibration.failed.append(f"{group.key}: {exc}")
-                on_group(None)
+                on_group_done()
                 continue
             rows = result.comparison_results or []
             judged = group_from_compare_rows(group.key, calibration.size, rows, BALANCE)
             calibration.groups.append(judged)
             calibration.calls_made += len(rows)
-            on_group(judged)
+            on_group_done()
 
 
 # --- the JSON file ------------------------------------------------------------------------------
@@ -538,7 +539,7 @@ async def judge_with_progress(
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("judging", total=size * (size - 1) * len(todo))
 
-        def on_group(judged: GroupJudgments | None) -> None:
+        def on_group_done() -> None:
             progress.advance(task, size * (size - 1))
             save()
 
@@ -554,7 +555,7 @@ async def judge_with_progress(
                             return
 
                 nursery.start_soon(stop_on_sigint)
-                await judge_groups(settings, judge, todo, calibration, on_group=on_group)
+                await judge_groups(settings, judge, todo, calibration, on_group_done=on_group_done)
                 nursery.cancel_scope.cancel()
         except RequestRejected as exc:
             raise CalibrationInputError(str(exc)) from None
