@@ -64,6 +64,7 @@ __all__ = [
     "fit_judge",
     "group_from_compare_rows",
     "kendall_tau_b",
+    "mean_and_standard_error",
     "measure",
     "parse_rollout_groups",
     "recommend",
@@ -631,6 +632,18 @@ def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float | None:
     return (concordant - discordant) / math.sqrt(pairs_x * pairs_y)
 
 
+def mean_and_standard_error(values: Sequence[float]) -> tuple[float, float]:
+    """The mean of ``values`` and its standard error (nan where there are too few values)."""
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan
+    mean = math.fsum(values) / n
+    if n == 1:
+        return mean, math.nan
+    variance = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+    return mean, math.sqrt(variance / n)
+
+
 @final
 class _Simulator:
     """Verdicts of the fitted judge for one simulated group (its draws shared by all schedules:
@@ -723,17 +736,10 @@ def simulate_frontier(
             tau = kendall_tau_b([result.final[m] for m in population], simulator.quality)
             if tau is not None:
                 taus[schedule].append(tau)
-    points: list[FrontierPoint] = []
-    for schedule in chosen:
-        values = taus[schedule]
-        mean = math.fsum(values) / len(values) if values else math.nan
-        se = (
-            math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
-            if len(values) > 1
-            else math.nan
-        )
-        points.append(FrontierPoint(schedule, len(plans[schedule]), mean, se))
-    return points
+    return [
+        FrontierPoint(schedule, len(plans[schedule]), *mean_and_standard_error(taus[schedule]))
+        for schedule in chosen
+    ]
 
 
 def recommend(
