@@ -57,9 +57,10 @@ MASKED_CAUSE_LABELS: Final = (MASKED_ALONE, MASKED_WHOLE_GROUP)
 comparisons; the rest of its group scored), or one of a group whose every rollout was masked (a
 judge-kind group failure). Summed, the rows answered with `mask_sample: true`."""
 QUEUE_PRIORITY_LABELS: Final = ("complete", "collecting")
-# the answer a verdict's ranking prefers as the judge was shown the pair (tie: 3.5)
-PREFERRED_POSITION_LABELS: Final = ("first", "second", "tie")
 """The `priority` label of `genrm_trio_judge_queue_wait_seconds`: `judge.queue.Priority`."""
+PREFERRED_POSITION_LABELS: Final = ("first", "second", "tie")
+"""The `preferred` label of `genrm_trio_judge_verdicts_total`: the answer a verdict's ranking
+prefers as the judge was shown the pair (tie: 3.5)."""
 
 
 class ReplicaCounters(Protocol):
@@ -224,6 +225,27 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # registered in this order, which is the order of /metrics
+        self._add_judge_call_metrics(r)
+        self._add_judge_wait_metrics(r)
+        self.judge_cost = Counter(
+            "genrm_trio_judge_cost",
+            "What the judge's reported usage cost at judge.price_per_million_input_tokens and "
+            "judge.price_per_million_output_tokens (0 without prices)",
+            registry=r,
+        )
+        self._add_cohort_metrics(r)
+        self._add_judge_quality_metrics(r)
+        self._add_failure_metrics(r)
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ... (Linux)
+        ProcessCollector(registry=r)
+        self._replicas = _ReplicaCollector()
+        r.register(self._replicas)
+        self._reachability = _ReachabilityCollector()
+        r.register(self._reachability)
+
+    def _add_judge_call_metrics(self, r: CollectorRegistry) -> None:
+        """Judge attempts: outcomes, durations, retries, escalated budgets, comparisons."""
         self.judge_calls = Counter(
             "genrm_trio_judge_calls",
             "Judge attempts by outcome (completed, budget_exhausted, unusable, http_error, "
@@ -254,6 +276,13 @@ class Metrics:
             "the denominator of judge tokens per comparison",
             registry=r,
         )
+        for outcome in JUDGE_OUTCOME_LABELS:
+            self.judge_calls.labels(outcome)
+        for cause in RETRY_CAUSE_LABELS:
+            self.judge_retries.labels(cause)
+
+    def _add_judge_wait_metrics(self, r: CollectorRegistry) -> None:
+        """Judge calls in flight, queued for a slot, and held by the judge's rate limit."""
         self.judge_inflight = Gauge(
             "genrm_trio_judge_inflight", "Judge attempts in flight", registry=r
         )
@@ -286,12 +315,11 @@ class Metrics:
             "Seconds judge calls waited for the judge's rate limit, summed over the calls",
             registry=r,
         )
-        self.judge_cost = Counter(
-            "genrm_trio_judge_cost",
-            "What the judge's reported usage cost at judge.price_per_million_input_tokens and "
-            "judge.price_per_million_output_tokens (0 without prices)",
-            registry=r,
-        )
+        for priority in QUEUE_PRIORITY_LABELS:
+            self.judge_queue_wait_seconds.labels(priority)
+
+    def _add_cohort_metrics(self, r: CollectorRegistry) -> None:
+        """Cohorts: their states, their latencies and their masked rollouts."""
         self.eager_comparisons = Counter(
             "genrm_trio_eager_comparisons",
             "Comparisons started before their group was complete (eager_comparisons)",
@@ -336,7 +364,16 @@ class Metrics:
             ["cause"],
             registry=r,
         )
-        # the judge on live traffic (docs/operations.md): what `genrm-trio calibrate` measures
+        for state in TERMINAL_STATE_LABELS:
+            self.cohorts_terminal.labels(state)
+            self.cohort_rollouts.labels(state)
+        for state in ACTIVE_STATE_LABELS:
+            self.active_cohorts.labels(state)
+        for cause in MASKED_CAUSE_LABELS:
+            self.masked_rollouts.labels(cause)
+
+    def _add_judge_quality_metrics(self, r: CollectorRegistry) -> None:
+        """The judge on live traffic (docs/operations.md): what `genrm-trio calibrate` measures."""
         self.judge_verdicts = Counter(
             "genrm_trio_judge_verdicts",
             "Parsed overall verdicts of scored groups' comparisons by the answer their ranking "
@@ -356,6 +393,11 @@ class Metrics:
             "triangles that are cyclic",
             registry=r,
         )
+        for position in PREFERRED_POSITION_LABELS:
+            self.judge_verdicts.labels(position)
+
+    def _add_failure_metrics(self, r: CollectorRegistry) -> None:
+        """Comparisons ended by a judge error, groups and /compare calls ended by a deadline."""
         self.failed_comparisons = Counter(
             "genrm_trio_failed_comparisons", "Comparisons that ended in a judge error", registry=r
         )
@@ -365,29 +407,8 @@ class Metrics:
             ["deadline"],
             registry=r,
         )
-        for state in TERMINAL_STATE_LABELS:
-            self.cohorts_terminal.labels(state)
-            self.cohort_rollouts.labels(state)
-        for state in ACTIVE_STATE_LABELS:
-            self.active_cohorts.labels(state)
         for deadline in DEADLINE_LABELS:
             self.deadline_failures.labels(deadline)
-        for outcome in JUDGE_OUTCOME_LABELS:
-            self.judge_calls.labels(outcome)
-        for cause in RETRY_CAUSE_LABELS:
-            self.judge_retries.labels(cause)
-        for priority in QUEUE_PRIORITY_LABELS:
-            self.judge_queue_wait_seconds.labels(priority)
-        for cause in MASKED_CAUSE_LABELS:
-            self.masked_rollouts.labels(cause)
-        for position in PREFERRED_POSITION_LABELS:
-            self.judge_verdicts.labels(position)
-        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ... (Linux)
-        ProcessCollector(registry=r)
-        self._replicas = _ReplicaCollector()
-        r.register(self._replicas)
-        self._reachability = _ReachabilityCollector()
-        r.register(self._reachability)
 
     def watch_replicas(self, source: Callable[[], Sequence[ReplicaCounters]] | None) -> None:
         """Expose a judge fleet's per-replica counters (label `replica`); None stops it."""

@@ -364,9 +364,6 @@ def _run_sim_judge(args: argparse.Namespace) -> int:
             bias=args.judgment_bias,
             beta=args.judgment_beta,
         )
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    try:
         config = sim_config_from_args(
             latency_ms=args.latency_ms,
             jitter_ms=args.jitter_ms,
@@ -433,10 +430,6 @@ def _fault_spec(value: str) -> str:
 
 
 def _add_sim_judge(sub: Any) -> None:
-    from genrm_trio.testing.faults import FAULT_KINDS
-    from genrm_trio.testing.judgment import JUDGMENT_PRESETS
-    from genrm_trio.testing.verdicts import LENGTH_PRESETS
-
     parser = sub.add_parser(
         "sim-judge",
         help="serve the simulated GenRM judge (every judge API under /v1)",
@@ -453,6 +446,28 @@ def _add_sim_judge(sub: Any) -> None:
         default=8000,
         help="bind port; 0 picks a free port",
     )
+    _add_sim_latency(parser)
+    _add_sim_faults(parser)
+    _add_sim_budgets(parser)
+    _add_sim_judgment(parser)
+    _add_sim_rate_limits(parser)
+    parser.add_argument(
+        "--api-key-env", metavar="VAR", help="require this variable's value as bearer token"
+    )
+    parser.add_argument(
+        "--policy",
+        action="store_true",
+        help=(
+            "also stand in for the policy model: an ordinary chat or Responses request (not "
+            "judge-shaped) gets a deterministic answer, a different one each time a prompt "
+            "comes again, at once and without faults (a test tool: no GPU needed for a Gym trial)"
+        ),
+    )
+    parser.set_defaults(handler=_run_sim_judge)
+
+
+def _add_sim_latency(parser: Any) -> None:
+    """Each call's latency, and the seed of its jitter and of the random faults."""
     parser.add_argument(
         "--latency-ms", metavar="MS", type=non_negative, default=0.0, help="per-call latency"
     )
@@ -466,6 +481,12 @@ def _add_sim_judge(sub: Any) -> None:
     parser.add_argument(
         "--seed", metavar="N", type=int, default=0, help="seed for jitter and random faults"
     )
+
+
+def _add_sim_faults(parser: Any) -> None:
+    """Random faults (a share of calls or of pairs) and scripted ones (--fault)."""
+    from genrm_trio.testing.faults import FAULT_KINDS
+
     parser.add_argument(
         "--fault-rate",
         metavar="FRACTION",
@@ -498,6 +519,12 @@ def _add_sim_judge(sub: Any) -> None:
             f"{', '.join(FAULT_KINDS)}"
         ),
     )
+
+
+def _add_sim_budgets(parser: Any) -> None:
+    """What the simulated judge can take: output tokens per verdict, context, calls at once."""
+    from genrm_trio.testing.verdicts import LENGTH_PRESETS
+
     parser.add_argument(
         "--length-model",
         choices=sorted(LENGTH_PRESETS),
@@ -529,6 +556,12 @@ def _add_sim_judge(sub: Any) -> None:
             "vLLM fleet; each call's latency runs while it is served (default: unlimited)"
         ),
     )
+
+
+def _add_sim_judgment(parser: Any) -> None:
+    """A noisy judge instead of deterministic verdicts (docs/benchmarks.md, "Reward quality")."""
+    from genrm_trio.testing.judgment import JUDGMENT_PRESETS
+
     parser.add_argument(
         "--judgment",
         choices=sorted(JUDGMENT_PRESETS),
@@ -562,20 +595,6 @@ def _add_sim_judge(sub: Any) -> None:
         default=None,
         help="pointwise preference sharpness beta (default: 1.57)",
     )
-    _add_sim_rate_limits(parser)
-    parser.add_argument(
-        "--api-key-env", metavar="VAR", help="require this variable's value as bearer token"
-    )
-    parser.add_argument(
-        "--policy",
-        action="store_true",
-        help=(
-            "also stand in for the policy model: an ordinary chat or Responses request (not "
-            "judge-shaped) gets a deterministic answer, a different one each time a prompt "
-            "comes again, at once and without faults (a test tool: no GPU needed for a Gym trial)"
-        ),
-    )
-    parser.set_defaults(handler=_run_sim_judge)
 
 
 def _add_sim_rate_limits(parser: Any) -> None:

@@ -333,6 +333,16 @@ class JudgeSettings(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _reply_budget(self) -> JudgeSettings:
+        if self.max_response_bytes_total < self.max_response_bytes:
+            raise KeyedError(
+                "judge.max_response_bytes_total",
+                f"must be >= judge.max_response_bytes ({self.max_response_bytes}): one reply "
+                "at the cap would never fit",
+            )
+        return self
+
     @property
     def base_urls(self) -> tuple[str, ...]:
         """Every configured base URL: one for a string, the replicas for a list."""
@@ -573,17 +583,6 @@ class Settings(_Strict):
             raise KeyedError(
                 "judge.budget_escalation.max_output_tokens",
                 f"the cap must be >= genrm_responses_create_params.max_output_tokens ({budget})",
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _reply_budget(self) -> Settings:
-        judge = self.judge
-        if judge.max_response_bytes_total < judge.max_response_bytes:
-            raise KeyedError(
-                "judge.max_response_bytes_total",
-                f"must be >= judge.max_response_bytes ({judge.max_response_bytes}): one reply "
-                "at the cap would never fit",
             )
         return self
 

@@ -4,8 +4,8 @@ from them and the request models of `http/schema.py` (docs/http-api.md).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Literal, get_type_hints
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, final, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, create_model
 from pydantic.json_schema import models_json_schema
@@ -232,78 +232,99 @@ def _reply(description: str, schema: Mapping[str, Any]) -> dict[str, Any]:
     return {"description": description, "content": _json_content(schema)}
 
 
-def openapi_document(*, title: str, version: str, auth: bool) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of every route, generated from the models above."""
-    keys, defs = models_json_schema(_SCHEMA_MODELS, ref_template="#/components/schemas/{model}")
-    names = {model: schema["$ref"].rsplit("/", 1)[-1] for (model, _), schema in keys.items()}
+@final
+class _Operations:
+    """Builds the operations of one document: `ref` names a model's schema as
+    `models_json_schema` named it; the responses every operation shares (404, and 401 when a
+    token is required)."""
 
-    def ref(model: type[BaseModel]) -> dict[str, str]:
-        return _ref(names[model])
-
-    plain = _reply("Error", ref(ErrorDetail))
-    unavailable = _reply("Unavailable: see its reason", ref(UnavailableDetail))
-    invalid = _reply("Invalid JSON or schema", ref(ValidationErrorReply))
-    too_large = _reply("Request body exceeds server.max_body_bytes", ref(ErrorDetail))
-    common: dict[str, Any] = {"404": _reply("Not Found", ref(ErrorDetail))}
-    if auth:
-        common["401"] = _reply("Missing or invalid bearer token", ref(ErrorDetail))
+    def __init__(self, ref: Callable[[type[BaseModel]], dict[str, str]], *, auth: bool) -> None:
+        self.ref = ref
+        self.auth = auth
+        self.plain = _reply("Error", self.ref(ErrorDetail))
+        self.unavailable = _reply("Unavailable: see its reason", self.ref(UnavailableDetail))
+        self.invalid = _reply("Invalid JSON or schema", self.ref(ValidationErrorReply))
+        self.too_large = _reply("Request body exceeds server.max_body_bytes", self.ref(ErrorDetail))
+        self.common: dict[str, Any] = {"404": _reply("Not Found", self.ref(ErrorDetail))}
+        if auth:
+            self.common["401"] = _reply("Missing or invalid bearer token", self.ref(ErrorDetail))
 
     def post(
-        summary: str, body: type[BaseModel], ok: Mapping[str, Any], **extra: Any
+        self, summary: str, body: type[BaseModel], ok: Mapping[str, Any], **extra: Any
     ) -> dict[str, Any]:
-        responses: dict[str, Any] = {"200": _reply("OK", ok), "413": too_large, "422": invalid}
+        responses: dict[str, Any] = {
+            "200": _reply("OK", ok),
+            "413": self.too_large,
+            "422": self.invalid,
+        }
         responses.update(extra)
-        responses.update(common)
+        responses.update(self.common)
         return {
             "post": {
                 "summary": summary,
-                "requestBody": {"required": True, "content": _json_content(ref(body))},
+                "requestBody": {"required": True, "content": _json_content(self.ref(body))},
                 "responses": responses,
             }
         }
 
-    def get(summary: str, ok: Mapping[str, Any], *, public: bool = False) -> dict[str, Any]:
+    def get(self, summary: str, ok: Mapping[str, Any], *, public: bool = False) -> dict[str, Any]:
         responses: dict[str, Any] = {"200": _reply("OK", ok)}
         if not public:
-            responses.update(common)
+            responses.update(self.common)
         op: dict[str, Any] = {"summary": summary, "responses": responses}
-        if public and auth:
+        if public and self.auth:
             op["security"] = []
         return {"get": op}
 
-    health = ref(HealthResponse)
-    _OBJECT: dict[str, Any] = {"type": "object"}
-    paths: dict[str, Any] = {
-        "/verify": post(
+
+def _reward_paths(ops: _Operations) -> dict[str, Any]:
+    """The reward routes: /verify, /compare, the session no-ops, aggregates, reverify mode."""
+    ref = ops.ref
+    return {
+        "/verify": ops.post(
             "Reward one rollout of a cohort (buffers until the group is complete)",
             VerifyBody,
             {"oneOf": [ref(VerifyRow), ref(FailsafeRow)]},
-            **{"409": plain, "503": unavailable},
+            **{"409": ops.plain, "503": ops.unavailable},
         ),
-        "/compare": post(
+        "/compare": ops.post(
             "Judge a batch of answers pairwise",
             CompareBody,
             ref(CompareReply),
-            **{"503": unavailable},
+            **{"503": ops.unavailable},
         ),
-        "/seed_session": post("No-op session seed", SeedSessionRequest, ref(SeedSessionResponse)),
-        "/close_session": post(
+        "/seed_session": ops.post(
+            "No-op session seed", SeedSessionRequest, ref(SeedSessionResponse)
+        ),
+        "/close_session": ops.post(
             "No-op session close", CloseSessionRequest, ref(CloseSessionResponse)
         ),
-        "/aggregate_metrics": post(
+        "/aggregate_metrics": ops.post(
             "Reward-profile statistics over verify rows",
             AggregateMetricsRequest,
             ref(AggregateMetricsResponse),
         ),
-        "/reverify_mode": get('Always "unsupported"', {"type": "string", "const": "unsupported"}),
-        "/cohorts": get(
+        "/reverify_mode": ops.get(
+            'Always "unsupported"', {"type": "string", "const": "unsupported"}
+        ),
+    }
+
+
+def _operator_paths(ops: _Operations) -> dict[str, Any]:
+    """The operator's routes: cohorts, group settings, judge fleet, metrics, this document and
+    checkpoints."""
+    ref = ops.ref
+    any_object: dict[str, Any] = {"type": "object"}
+    export = ops.get("Checkpoint v1 export of terminal cohorts and watermarks", any_object)
+    return {
+        "/cohorts": ops.get(
             "Active cohorts, oldest first", {"type": "array", "items": ref(CohortInfo)}
         ),
-        "/group_settings": get(
+        "/group_settings": ops.get(
             "The group size (num_rollouts_per_prompt) and the deadlines a group's wait is bound by",
             ref(GroupSettingsResponse),
         ),
-        "/judge/replicas": get(
+        "/judge/replicas": ops.get(
             "Per-replica counters of the judge: one row per base URL ([] for a simulated judge)",
             {"type": "array", "items": ref(JudgeReplica)},
         ),
@@ -315,13 +336,13 @@ def openapi_document(*, title: str, version: str, auth: bool) -> dict[str, Any]:
                         "description": "OK",
                         "content": {"text/plain": {"schema": {"type": "string"}}},
                     },
-                    **common,
+                    **ops.common,
                 },
             }
         },
-        "/openapi.json": get("This document", {"type": "object"}),
+        "/openapi.json": ops.get("This document", {"type": "object"}),
         "/checkpoint": {
-            "get": get("Checkpoint v1 export of terminal cohorts and watermarks", _OBJECT)["get"],
+            "get": export["get"],
             "post": {
                 "summary": (
                     "Merge a checkpoint v1 body (added, unchanged, watermarks, superseded, "
@@ -329,22 +350,35 @@ def openapi_document(*, title: str, version: str, auth: bool) -> dict[str, Any]:
                 ),
                 "requestBody": {
                     "required": True,
-                    "content": {"application/json": {"schema": _OBJECT}},
+                    "content": {"application/json": {"schema": any_object}},
                 },
                 "responses": {
                     "200": _reply("OK", ref(RestoreReply)),
-                    "413": too_large,
+                    "413": ops.too_large,
                     "422": _reply(
                         "An invalid checkpoint: nothing applied", ref(ValidationErrorReply)
                     ),
-                    "503": unavailable,
-                    **common,
+                    "503": ops.unavailable,
+                    **ops.common,
                 },
             },
         },
     }
+
+
+def openapi_document(*, title: str, version: str, auth: bool) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of every route, generated from the models above."""
+    keys, defs = models_json_schema(_SCHEMA_MODELS, ref_template="#/components/schemas/{model}")
+    names = {model: schema["$ref"].rsplit("/", 1)[-1] for (model, _), schema in keys.items()}
+
+    def ref(model: type[BaseModel]) -> dict[str, str]:
+        return _ref(names[model])
+
+    ops = _Operations(ref, auth=auth)
+    paths = _reward_paths(ops) | _operator_paths(ops)
+    health = ref(HealthResponse)
     for path in sorted(PUBLIC_PATHS):  # the paths the bearer check lets through
-        paths[path] = get("Liveness", health, public=True)
+        paths[path] = ops.get("Liveness", health, public=True)
 
     doc: dict[str, Any] = {
         "openapi": "3.1.0",

@@ -71,6 +71,7 @@ class _Tally:
     in_flight: set[str] = field(default_factory=set)  # group ids of the /verify groups running
     server_rollouts: int | None = None  # the server's N, once a 422 told it
     news: trio.Event = field(default_factory=trio.Event)  # a group completed, or N was learned
+    mismatch: int | None = None  # the server's N, when it differs from --rollouts: the run stops
 
     def error(self, text: str) -> None:
         self.errors[text] = self.errors.get(text, 0) + 1
@@ -291,6 +292,113 @@ def no_group_hint(report: BenchReport) -> str | None:
     )
 
 
+@final
+class _Rss:
+    """The server's resident memory in MB: idle before the run, the peak sampled during it."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self.idle = procfs.rss_mb(pid) if pid else None
+        self.peak = self.idle
+
+    async def sample(self) -> None:
+        """Sample every 0.2 s until cancelled."""
+        while self.pid:
+            rss = procfs.rss_mb(self.pid)
+            if rss is not None:
+                self.peak = max(self.peak or 0.0, rss)
+            await trio.sleep(0.2)
+
+
+async def _watch_group_size(
+    probe: httpx.AsyncClient, cfg: BenchConfig, tally: _Tally, run_scope: trio.CancelScope
+) -> None:
+    """Until a group completes, learn the server's group size from a 422 or its `/cohorts`; when
+    it differs from `cfg.rollouts`, note it in the tally and stop the run."""
+    readable = True  # the server has a /cohorts bench can read
+    while True:
+        with trio.move_on_after(GROUP_SIZE_POLL_S if readable else math.inf):
+            await tally.news.wait()
+        expected: int | None = None
+        if tally.news.is_set():
+            expected = tally.server_rollouts
+            if expected is None:
+                return  # a group completed: the sizes match (or the server never groups)
+        elif tally.in_flight:
+            readable, expected = await _cohorts_group_size(probe, cfg.url, tally.in_flight)
+        if expected is not None and expected != cfg.rollouts:
+            tally.mismatch = expected
+            run_scope.cancel()
+            return
+        if tally.news.is_set():
+            return
+
+
+async def _run_groups(
+    pool: HttpPool, cfg: BenchConfig, tally: _Tally, on_group_done: Callable[[], None] | None
+) -> None:
+    """Every group of the run: closed loop (`cfg.concurrency` workers) or open loop (`cfg.rate`
+    groups started per second)."""
+    run_group = _run_verify_group if cfg.mode == "verify" else _run_compare_group
+    next_group = 0
+
+    async def finish(group: int) -> None:
+        await run_group(pool, cfg, group, tally)
+        if on_group_done is not None:
+            on_group_done()
+
+    async def closed_worker() -> None:
+        nonlocal next_group
+        while next_group < cfg.groups:
+            group = next_group
+            next_group += 1
+            await finish(group)
+
+    async with trio.open_nursery() as nursery:
+        if cfg.rate is None:
+            for _ in range(min(cfg.concurrency, cfg.groups)):
+                nursery.start_soon(closed_worker)
+        else:
+            interval = 1.0 / cfg.rate
+            origin = trio.current_time()
+            for group in range(cfg.groups):
+                nursery.start_soon(finish, group)
+                await trio.sleep_until(origin + (group + 1) * interval)
+
+
+def _round_ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 2)
+
+
+def _report(
+    cfg: BenchConfig, tally: _Tally, wall: float, judged: float | None, cpu: float | None, rss: _Rss
+) -> BenchReport:
+    """The report of a finished run: `judged` judge calls and `cpu` server CPU seconds in it."""
+    done = len(tally.group_latencies)
+    calls = None if judged is None or done == 0 else judged / done
+    return BenchReport(
+        mode=cfg.mode,
+        groups=done,
+        rollouts_per_group=cfg.rollouts,
+        concurrency=cfg.concurrency,
+        rate=cfg.rate,
+        wall_s=round(wall, 3),
+        groups_per_s=round(done / wall, 2) if wall > 0 else 0.0,
+        group_p50_ms=_round_ms(_percentile(tally.group_latencies, 0.5)),
+        group_p95_ms=_round_ms(_percentile(tally.group_latencies, 0.95)),
+        group_p99_ms=_round_ms(_percentile(tally.group_latencies, 0.99)),
+        request_p50_ms=_round_ms(_percentile(tally.request_latencies, 0.5)),
+        masked_fraction=round(tally.masked / tally.rollouts, 4) if tally.rollouts else 0.0,
+        failed_groups=tally.failed_groups,
+        judge_calls_per_group=None if calls is None else round(calls, 2),
+        server_cpu_s=None if cpu is None else round(cpu, 3),
+        server_cpu_ms_per_group=None if cpu is None or done == 0 else round(cpu * 1000 / done, 2),
+        server_rss_idle_mb=None if rss.idle is None else round(rss.idle, 1),
+        server_rss_peak_mb=None if rss.peak is None else round(rss.peak, 1),
+        errors=dict(tally.errors),
+    )
+
+
 async def run_bench(
     cfg: BenchConfig, *, on_group_done: Callable[[], None] | None = None
 ) -> BenchReport:
@@ -310,116 +418,28 @@ async def run_bench(
     raise_fd_limit(in_flight + 64)
     pool = HttpPool(cfg.url, cfg.timeout_s, headers)
     tally = _Tally()
-    run_group = _run_verify_group if cfg.mode == "verify" else _run_compare_group
-    rss_idle = procfs.rss_mb(cfg.server_pid) if cfg.server_pid else None
-    rss_peak = rss_idle
+    rss = _Rss(cfg.server_pid)
     async with httpx.AsyncClient(timeout=10.0, headers=headers) as probe:
         calls_before = await _judge_calls(cfg, probe)
         cpu_before = procfs.cpu_s(cfg.server_pid) if cfg.server_pid else None
         start = time.perf_counter()
-        next_group = 0
-
-        async def finish(group: int) -> None:
-            await run_group(pool, cfg, group, tally)
-            if on_group_done is not None:
-                on_group_done()
-
-        async def closed_worker() -> None:
-            nonlocal next_group
-            while next_group < cfg.groups:
-                group = next_group
-                next_group += 1
-                await finish(group)
-
-        async def sample_rss(stop: trio.Event) -> None:
-            nonlocal rss_peak
-            while not stop.is_set() and cfg.server_pid:
-                rss = procfs.rss_mb(cfg.server_pid)
-                if rss is not None:
-                    rss_peak = max(rss_peak or 0.0, rss)
-                with trio.move_on_after(0.2):
-                    await stop.wait()
-
-        mismatch: int | None = None
-
-        async def watch_group_size(run_scope: trio.CancelScope) -> None:
-            nonlocal mismatch
-            readable = True  # the server has a /cohorts bench can read
-            while True:
-                with trio.move_on_after(GROUP_SIZE_POLL_S if readable else math.inf):
-                    await tally.news.wait()
-                expected: int | None = None
-                if tally.news.is_set():
-                    expected = tally.server_rollouts
-                    if expected is None:
-                        return  # a group completed: the sizes match (or the server never groups)
-                elif tally.in_flight:
-                    readable, expected = await _cohorts_group_size(probe, cfg.url, tally.in_flight)
-                if expected is not None and expected != cfg.rollouts:
-                    mismatch = expected
-                    run_scope.cancel()
-                    return
-                if tally.news.is_set():
-                    return
-
-        stop = trio.Event()
         with trio.CancelScope() as run_scope:
             async with trio.open_nursery() as outer:
-                outer.start_soon(sample_rss, stop)
+                outer.start_soon(rss.sample)
                 if cfg.mode == "verify":
-                    outer.start_soon(watch_group_size, run_scope)
-                async with trio.open_nursery() as nursery:
-                    if cfg.rate is None:
-                        for _ in range(min(cfg.concurrency, cfg.groups)):
-                            nursery.start_soon(closed_worker)
-                    else:
-                        interval = 1.0 / cfg.rate
-                        origin = trio.current_time()
-                        for group in range(cfg.groups):
-                            nursery.start_soon(finish, group)
-                            await trio.sleep_until(origin + (group + 1) * interval)
-                stop.set()
-                outer.cancel_scope.cancel()  # the group-size watch, if still waiting
-        if mismatch is not None:
+                    outer.start_soon(_watch_group_size, probe, cfg, tally, run_scope)
+                await _run_groups(pool, cfg, tally, on_group_done)
+                outer.cancel_scope.cancel()  # the RSS sampling, the group-size watch if still on
+        if tally.mismatch is not None:
             await pool.aclose()
-            raise BenchError(rollouts_mismatch(mismatch, cfg.rollouts))
+            raise BenchError(rollouts_mismatch(tally.mismatch, cfg.rollouts))
         wall = time.perf_counter() - start
         cpu_after = procfs.cpu_s(cfg.server_pid) if cfg.server_pid else None
         calls_after = await _judge_calls(cfg, probe)
     await pool.aclose()
-    done = len(tally.group_latencies)
     judged = None if calls_before is None or calls_after is None else calls_after - calls_before
     if cfg.mode == "verify" and cfg.rollouts > 1 and tally.rollouts and judged == 0:
         # groups of N > 1 are never scored without comparisons: the server did not group them
-        raise BenchError(nothing_judged(done, cfg.rollouts))
+        raise BenchError(nothing_judged(len(tally.group_latencies), cfg.rollouts))
     cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
-    calls = (
-        None
-        if calls_before is None or calls_after is None or done == 0
-        else (calls_after - calls_before) / done
-    )
-
-    def ms(value: float | None) -> float | None:
-        return None if value is None else round(value * 1000, 2)
-
-    return BenchReport(
-        mode=cfg.mode,
-        groups=done,
-        rollouts_per_group=cfg.rollouts,
-        concurrency=cfg.concurrency,
-        rate=cfg.rate,
-        wall_s=round(wall, 3),
-        groups_per_s=round(done / wall, 2) if wall > 0 else 0.0,
-        group_p50_ms=ms(_percentile(tally.group_latencies, 0.5)),
-        group_p95_ms=ms(_percentile(tally.group_latencies, 0.95)),
-        group_p99_ms=ms(_percentile(tally.group_latencies, 0.99)),
-        request_p50_ms=ms(_percentile(tally.request_latencies, 0.5)),
-        masked_fraction=round(tally.masked / tally.rollouts, 4) if tally.rollouts else 0.0,
-        failed_groups=tally.failed_groups,
-        judge_calls_per_group=None if calls is None else round(calls, 2),
-        server_cpu_s=None if cpu is None else round(cpu, 3),
-        server_cpu_ms_per_group=None if cpu is None or done == 0 else round(cpu * 1000 / done, 2),
-        server_rss_idle_mb=None if rss_idle is None else round(rss_idle, 1),
-        server_rss_peak_mb=None if rss_peak is None else round(rss_peak, 1),
-        errors=dict(tally.errors),
-    )
+    return _report(cfg, tally, wall, judged, cpu, rss)
