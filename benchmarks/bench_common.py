@@ -1,19 +1,26 @@
-"""What the in-process benchmarks share (a helper, not a benchmark): the rollout they send to
-`open_engine`, the simulated judge wrapped to count or fail calls, a comparison judged in one
-attempt (for scoring without a judge), and the commit a results file records.
+"""What the benchmarks share (a helper, not a benchmark): the rollout the in-process ones send
+to `open_engine`, the simulated judge wrapped to count or fail calls, a comparison judged in one
+attempt (for scoring without a judge), the commit a results file records, and the `/verify` the
+HTTP ones (judge_limits.py, judge_restart.py) post.
 
-Imported by budget_escalation.py, reward_quality.py and scoring_cpu.py, which put this folder on
-`sys.path` first (so that the tests can load them by path too).
+Imported by the benchmarks that use it, which put this folder on `sys.path` first (so that the
+tests can load them by path too).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import subprocess
 from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import trio
 
 from genrm_trio import VerifyInput
+from genrm_trio.app import bench
 from genrm_trio.domain.verdict import Verdict
 from genrm_trio.judge.base import ComparisonResult, JudgeCall, JudgeReply, Usage
 from genrm_trio.testing import SimJudge
@@ -103,3 +110,36 @@ def git_commit() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return out.stdout.strip()
+
+
+async def post_verify(
+    pool: bench.HttpPool,
+    errors: list[str],
+    *,
+    group: int,
+    rollout: int,
+    group_id: str,
+    prompt: str,
+    answer_chars: int,
+) -> dict[str, Any] | None:
+    """POST rollout `rollout` of `group` to `/verify` (an answer of `answer_chars` characters);
+    its reply row, or None with why in `errors` (a broken connection, a timeout, a status other
+    than 200)."""
+    body = bench.verify_body(
+        task=group,
+        rollout=rollout,
+        group_id=group_id,
+        attempt=0,
+        prompt=prompt,
+        answer=bench.answer_text(group, rollout, answer_chars),
+    )
+    try:
+        status, reply = await pool.post("/verify", json.dumps(body).encode())
+    except (httpx.HTTPError, trio.TooSlowError) as exc:
+        errors.append(f"g{group} r{rollout}: {type(exc).__name__}: {exc}")
+        return None
+    if status != 200:
+        errors.append(f"g{group} r{rollout}: HTTP {status} {reply[:200]!r}")
+        return None
+    row: dict[str, Any] = json.loads(reply)
+    return row

@@ -43,6 +43,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run_suite  # benchmarks/ is not a package
+from bench_common import post_verify
 
 from genrm_trio.app import bench
 from genrm_trio.app.top_frame import parse_metrics
@@ -127,22 +128,16 @@ async def drive_server(
     start = trio.current_time()
 
     async def send(group: int, rollout: int) -> None:
-        body = bench.verify_body(
-            task=group,
+        row = await post_verify(
+            pool,
+            result.errors,
+            group=group,
             rollout=rollout,
             group_id=f"limits-{run_id}-{group}",
-            attempt=0,
             prompt=PROMPT.format(group=group),
-            answer=bench.answer_text(group, rollout, answer_chars),
+            answer_chars=answer_chars,
         )
-        try:
-            status, reply = await pool.post("/verify", json.dumps(body).encode())
-        except (httpx.HTTPError, trio.TooSlowError) as exc:
-            result.errors.append(f"g{group} r{rollout}: {type(exc).__name__}: {exc}")
-            return
-        if status != 200:
-            result.errors.append(f"g{group} r{rollout}: HTTP {status} {reply[:200]!r}")
-        elif json.loads(reply).get("mask_sample"):
+        if row is not None and row.get("mask_sample"):
             result.rows_masked += 1
 
     try:

@@ -47,6 +47,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run_suite  # benchmarks/ is not a package
+from bench_common import post_verify
 
 from genrm_trio.app import bench
 from genrm_trio.app.top_frame import parse_metrics
@@ -167,23 +168,18 @@ async def drive(scenario: Scenario, judges: list[Proc], server: Proc, log_dir: P
     start = trio.current_time()
 
     async def send(group: int, rollout: int) -> None:
-        body = bench.verify_body(
-            task=group,
+        row = await post_verify(
+            pool,
+            result.errors,
+            group=group,
             rollout=rollout,
             group_id=f"restart-{run_id}-{group}",
-            attempt=0,
             prompt=f"Restart prompt {group}: explain the result step by step.",
-            answer=bench.answer_text(group, rollout, 1000),
+            answer_chars=1000,
         )
-        try:
-            status, reply = await pool.post("/verify", json.dumps(body).encode())
-        except (httpx.HTTPError, trio.TooSlowError) as exc:
-            result.errors.append(f"g{group} r{rollout}: {type(exc).__name__}: {exc}")
+        if row is None:
             return
-        if status != 200:
-            result.errors.append(f"g{group} r{rollout}: HTTP {status} {reply[:200]!r}")
-            return
-        rows[group][rollout] = json.loads(reply)
+        rows[group][rollout] = row
         marks["last_reply"] = trio.current_time()
 
     async def rollouts() -> None:

@@ -51,9 +51,13 @@ import trio.testing
 
 from genrm_trio import GroupFailed, Masked, Scored, Settings, open_engine
 from genrm_trio.config import DEFAULT_BRADLEY_TERRY_PRIOR
-from genrm_trio.domain.calibration import kendall_tau_b  # one τ for the benchmarks and calibrate
+from genrm_trio.domain.calibration import (  # one τ and one standard error with calibrate
+    kendall_tau_b,
+    mean_and_standard_error,
+)
 from genrm_trio.domain.scoring import (
     CYCLE_RATE,
+    NO_ADJUSTMENTS,
     JudgedComparison,
     PlannedComparison,
     aggregate,
@@ -155,15 +159,6 @@ DEFAULT_GRAPHS: Final = (  # the grid without --frontier or --only-graph
 )
 FRONTIER_RATES: Final = (0.0, 0.05)
 EXTRA_GRAPHS: Final = ("circular-J1", "circular-J2-alternate", "all_pairs-J1")
-NO_ADJUSTMENTS: Final[dict[str, float]] = {
-    "default_score": 3.0,
-    "reasoning_bonus": 0.0,
-    "answer_bonus": 0.0,
-    "top_percentile": 0.2,
-    "group_reasoning_length_penalty_coeff": 0.0,
-    "group_answer_length_penalty_coeff": 0.0,
-    "group_style_penalty_coeff": 0.0,
-}
 
 
 def settings(graph: Graph, method: str, policy: str) -> Settings:
@@ -304,18 +299,6 @@ class Cell:
     scored: int = 0
     taus: list[float] = field(default_factory=list)  # one per group with a defined τ
     cycles: list[float] = field(default_factory=list)  # BT's per-group cycle share, where given
-
-
-def summarise(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and its standard error."""
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan
-    mean = math.fsum(values) / n
-    if n == 1:
-        return mean, math.nan
-    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var / n)
 
 
 def run_cells(
@@ -478,8 +461,8 @@ async def check_engine(
 
 
 def cell_record(cell: Cell) -> dict[str, Any]:
-    tau, tau_se = summarise(cell.taus)
-    cycles, _ = summarise(cell.cycles)
+    tau, tau_se = mean_and_standard_error(cell.taus)
+    cycles, _ = mean_and_standard_error(cell.cycles)
     return {
         "family": cell.family,
         "graph": cell.graph,
@@ -713,7 +696,7 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
             cells, paired = run_cells(family, graph, groups, args.seed, args.prior, rates)
             records.extend(cell_record(c) for c in cells)
             for (rate, policy), values in paired.items():
-                mean, se = summarise(values)
+                mean, se = mean_and_standard_error(values)
                 diffs[f"{family}|{graph.name}|{rate}|{policy}"] = {
                     "mean": mean,
                     "se": se,

@@ -29,7 +29,7 @@ from genrm_trio.domain.model import (
     Scored,
     VerifyInput,
 )
-from genrm_trio.domain.scoring import JudgedComparison, plan_comparisons
+from genrm_trio.domain.scoring import NO_ADJUSTMENTS, JudgedComparison, plan_comparisons
 from genrm_trio.engine.engine import Engine, open_engine
 from genrm_trio.judge.base import (
     JudgeCall,
@@ -308,17 +308,7 @@ def judge_error(pair: tuple[int, int]) -> str:
     )
 
 
-NO_ADJ: dict[str, float] = {
-    "default_score": 3.0,
-    "reasoning_bonus": 0.0,
-    "answer_bonus": 0.0,
-    "top_percentile": 0.2,
-    "group_reasoning_length_penalty_coeff": 0.0,
-    "group_answer_length_penalty_coeff": 0.0,
-    "group_style_penalty_coeff": 0.0,
-}
-"""`aggregate()`'s adjustment keywords with every bonus and penalty off: the base scores are
-the rewards."""
+NO_ADJ = NO_ADJUSTMENTS  # the scoring tests' short name for it
 
 
 async def verify(engine: Engine, item: VerifyInput) -> Reply:

@@ -4,10 +4,12 @@ docs' examples, loaded as modules or run in a process of their own."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,15 +27,17 @@ def load_script(relative: str, name: str) -> ModuleType:
     return module
 
 
-def run_benchmark(script: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run `benchmarks/{script}` with `args` in a process of its own, from the checkout, its
-    output captured as text (bounded by `timeout` seconds; its exit code is the caller's to
-    check)."""
-    return subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+def run_benchmark(script: str, *args: str, out: Path, timeout: float) -> tuple[str, Any]:
+    """Run `benchmarks/{script}` with `args` and `--out out` in a process of its own, from the
+    checkout (bounded by `timeout` seconds); assert it exited 0 (the message its stderr's tail)
+    and return its stdout and the JSON report it wrote to `out`."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args, "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
     )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout, json.loads(out.read_text())

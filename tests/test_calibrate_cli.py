@@ -23,7 +23,7 @@ from genrm_trio.app.calibrate import (
     judge_with_progress,
     plot,
     record_json,
-    write_atomically,
+    write_record,
 )
 from genrm_trio.app.cli import main
 from genrm_trio.domain.calibration import GroupJudgments, RolloutGroup, ShownVerdict
@@ -173,7 +173,7 @@ async def test_ctrl_c_stops_cleanly_and_the_json_keeps_what_was_measured(
     out = tmp_path / "calibration.json"
 
     def save() -> None:
-        write_atomically(out, record_json(calibration, None, simulated_groups=1, seed=0))
+        write_record(out, record_json(calibration, None, simulated_groups=1, seed=0))
 
     async def ctrl_c() -> None:
         await trio.sleep(1.5)
@@ -201,7 +201,7 @@ async def test_cancelling_keeps_the_groups_judged(autojump_clock: trio.abc.Clock
             judge,
             groups,
             calibration,
-            on_group=lambda _: seen.append(trio.current_time()),
+            on_group_done=lambda: seen.append(trio.current_time()),
         )
     # a group's 12 calls run at once for 1 s each: two groups by 2.5 s, the third cut off
     assert seen == [1.0, 2.0]

@@ -284,6 +284,13 @@ def test_schedules_and_their_calls() -> None:
         "position_balance: alternate",
         "aggregator_method: bradley_terry",
     ]
+    # comparisons_per_rollout is regular's key only
+    assert Schedule("circular", 2, "simple_tiebreaker").config_lines() == [
+        "comparison_strategy: circular",
+        "num_judges_per_comparison: 2",
+        "position_balance: alternate",
+        "aggregator_method: simple_tiebreaker",
+    ]
 
 
 def _point(strategy: str, judges: int, degree: int, calls: int, tau: float) -> FrontierPoint:

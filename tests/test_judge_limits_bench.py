@@ -8,7 +8,6 @@ refill rate from the first call, so any backlog past the minute's bucket takes i
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -17,15 +16,14 @@ from loading import run_benchmark
 
 @pytest.mark.slow
 def test_a_tiny_rate_limited_judge_masks_nothing(tmp_path: Path) -> None:
-    out = tmp_path / "limits.json"
-    done = run_benchmark(
+    stdout, report = run_benchmark(
         "judge_limits.py",
         *("--limits", "rpm=60", "--groups", "9", "--size", "8", "--modes", "unconfigured"),
-        *("configured", "--latency-ms", "20", "--answer-chars", "200", "--out", str(out)),
+        *("configured", "--latency-ms", "20", "--answer-chars", "200"),
+        out=tmp_path / "limits.json",
         timeout=300,
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    results = {r["mode"]: r for r in json.loads(out.read_text())["results"]}
+    results = {r["mode"]: r for r in report["results"]}
     assert list(results) == ["unconfigured", "configured"]
     for mode, result in results.items():
         assert result["errors"] == [] and result["rows_masked"] == 0, mode
@@ -33,21 +31,20 @@ def test_a_tiny_rate_limited_judge_masks_nothing(tmp_path: Path) -> None:
         assert result["calls_needed"] == 72 and result["served"] == 72 + 1, mode
         assert result["share_of_limit"] is not None and result["share_of_limit"] > 0.0, mode
     assert results["configured"]["rate_limited"] == 0
-    assert "429s/100 calls" in done.stdout
+    assert "429s/100 calls" in stdout
 
 
 @pytest.mark.slow
 def test_the_verl_stand_in_makes_the_same_calls(tmp_path: Path) -> None:
     # at the refill rate from the first call (1 a second here): 8 calls, not a backlog
-    out = tmp_path / "verl.json"
-    done = run_benchmark(
+    _, report = run_benchmark(
         "judge_limits.py",
         *("--limits", "rpm=60", "--groups", "2", "--size", "4", "--modes", "verl"),
-        *("--latency-ms", "20", "--answer-chars", "200", "--out", str(out)),
+        *("--latency-ms", "20", "--answer-chars", "200"),
+        out=tmp_path / "verl.json",
         timeout=120,
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    [peer] = json.loads(out.read_text())["results"]
+    [peer] = report["results"]
     assert peer["mode"] == "verl"
     assert peer["served"] + peer["rate_limited"] == peer["calls_needed"] == 8
     assert peer["rows_masked"] == peer["rate_limited"] == 0

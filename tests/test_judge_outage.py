@@ -116,6 +116,28 @@ async def group(engine: Engine, name: str, at: float, replies: dict[str, list[ob
     replies[name] = out
 
 
+async def four_groups_never_unreachable(
+    judge: JudgeFleet,
+) -> tuple[Engine, dict[str, list[object]]]:
+    """Groups g0 to g3 at 0, 5, 10 and 15 s under a watched engine, `/readyz`'s reason and the
+    unreachable gauge sampled each second from 0 to 20: the judge is never unreachable (no
+    reason, a gauge of 0, every second); the closed engine and the replies by group."""
+    replies: dict[str, list[object]] = {}
+    readiness: list[tuple[str | None, float | None]] = []
+
+    async def watch(engine: Engine) -> None:
+        for t in range(21):
+            await trio.sleep_until(float(t))
+            readiness.append((engine.judge_unreachable(), sample(engine, GAUGE)))
+
+    async with open_engine(config(), judge) as engine, trio.open_nursery() as nursery:
+        nursery.start_soon(watch, engine)
+        for g, at in enumerate((0.0, 5.0, 10.0, 15.0)):
+            nursery.start_soon(group, engine, f"g{g}", at, replies)
+    assert readiness == [(None, 0.0)] * 21
+    return engine, replies
+
+
 def sample(engine: Engine, name: str) -> float | None:
     return engine.metrics.registry.get_sample_value(name)
 
@@ -389,20 +411,8 @@ async def test_a_judge_that_fails_every_call_is_failing_not_unreachable(
     caplog.set_level(logging.INFO, logger="genrm_trio.judge")
     server = Server("a", failing=status)
     judge = fleet(server)
-    replies: dict[str, list[object]] = {}
-    readiness: list[tuple[str | None, float | None]] = []
-
-    async def watch(engine: Engine) -> None:
-        for t in range(21):
-            await trio.sleep_until(float(t))
-            readiness.append((engine.judge_unreachable(), sample(engine, GAUGE)))
-
-    async with open_engine(config(), judge) as engine, trio.open_nursery() as nursery:
-        nursery.start_soon(watch, engine)
-        for g, at in enumerate((0.0, 5.0, 10.0, 15.0)):
-            nursery.start_soon(group, engine, f"g{g}", at, replies)
+    engine, replies = await four_groups_never_unreachable(judge)
     stats = engine.statistics().judge
-    assert readiness == [(None, 0.0)] * 21
     assert judge.unreachable_seconds() == 0.0
     assert server.probes == []
     assert not [r for r in caplog.records if "unreachable" in r.getMessage()]
@@ -425,20 +435,8 @@ async def test_a_bare_429_storm_is_throttled_serving_never_ejected_nor_unreachab
     caplog.set_level(logging.INFO, logger="genrm_trio.judge")
     server = Server("a", failing=429)
     judge = fleet(server)
-    replies: dict[str, list[object]] = {}
-    readiness: list[tuple[str | None, float | None]] = []
-
-    async def watch(engine: Engine) -> None:
-        for t in range(21):
-            await trio.sleep_until(float(t))
-            readiness.append((engine.judge_unreachable(), sample(engine, GAUGE)))
-
-    async with open_engine(config(), judge) as engine, trio.open_nursery() as nursery:
-        nursery.start_soon(watch, engine)
-        for g, at in enumerate((0.0, 5.0, 10.0, 15.0)):
-            nursery.start_soon(group, engine, f"g{g}", at, replies)
+    engine, replies = await four_groups_never_unreachable(judge)
     limited = "genrm_trio_judge_rate_limited_total"
-    assert readiness == [(None, 0.0)] * 21
     assert judge.unreachable_seconds() == 0.0
     assert server.probes == []
     assert not [r for r in caplog.records if "unreachable" in r.getMessage()]

@@ -1,15 +1,18 @@
 """What every `genrm-trio` command shares: the program name, its one-line stderr messages, the
-server URL the client commands default to, the metavars of flag values, and the argparse types
+server URL the client commands default to, the metavars of flag values, the argparse types
 of numeric flags (each rejects a value with a message saying what it takes; cli.py's parser
 reports it as a usage error: the command's usage line, then `genrm-trio COMMAND: error: argument
---flag: message`)."""
+--flag: message`), and `write_atomically` for the files the commands write."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Final
 
 __all__ = [
@@ -24,6 +27,7 @@ __all__ = [
     "probability",
     "say",
     "seconds_within",
+    "write_atomically",
 ]
 
 PROG: Final = "genrm-trio"
@@ -127,3 +131,19 @@ def seconds_within(low: float, high: float) -> Callable[[str], float]:
         return number
 
     return seconds
+
+
+def write_atomically(path: str | Path, data: bytes) -> None:
+    """Replace the file at ``path`` with ``data`` whole: a reader (or a crash) sees the old file
+    or the new one, never a part (a temporary file beside it, flushed to disk, then renamed)."""
+    target = Path(path)
+    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from genrm_trio.app.arguments import positive_int, say
+from genrm_trio.app.arguments import positive_int, say, write_atomically
 from genrm_trio.config import ConfigError, Settings, load_settings
 from genrm_trio.domain.calibration import (
     TOLERANCE,
@@ -55,7 +54,7 @@ __all__ = [
     "record_json",
     "reference",
     "run_calibrate_command",
-    "write_atomically",
+    "write_record",
 ]
 
 JSON_FORMAT: Final = "genrm-trio-calibration/1"
@@ -92,11 +91,12 @@ async def judge_groups(
     groups: Sequence[RolloutGroup],
     calibration: Calibration,
     *,
-    on_group: Callable[[GroupJudgments | None], None] = lambda _: None,
+    on_group_done: Callable[[], None] = lambda: None,
 ) -> None:
     """Judge ``groups`` one after another through the engine (every pair in both orders),
-    appending each to ``calibration`` as soon as it is judged and calling ``on_group`` (with
-    None for a group the judge failed). Cancelling keeps the groups judged so far."""
+    appending each to ``calibration`` as soon as it is judged (to ``calibration.failed`` when
+    the judge failed it), then calling ``on_group_done``. Cancelling keeps the groups judged so
+    far."""
     from genrm_trio.engine.engine import open_engine
 
     measuring = calibration_settings(settings)
@@ -107,13 +107,13 @@ async def judge_groups(
                 result = await engine.compare(item)
             except CompareFailed as exc:
                 calibration.failed.append(f"{group.key}: {exc}")
-                on_group(None)
+                on_group_done()
                 continue
             rows = result.comparison_results or []
             judged = group_from_compare_rows(group.key, calibration.size, rows, BALANCE)
             calibration.groups.append(judged)
             calibration.calls_made += len(rows)
-            on_group(judged)
+            on_group_done()
 
 
 # --- the JSON file ------------------------------------------------------------------------------
@@ -161,10 +161,9 @@ def load_calibration(path: Path, size: int) -> Calibration:
         raise CalibrationInputError(f"{path}: not a readable calibration file: {exc!r}") from None
 
 
-def write_atomically(path: Path, record: dict[str, Any]) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    os.replace(partial, path)
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    """``record`` (`record_json`) as the `--json` file, replaced whole."""
+    write_atomically(path, (json.dumps(record, indent=1) + "\n").encode())
 
 
 @dataclass(frozen=True)
@@ -469,7 +468,7 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     def save() -> None:
         if args.json is not None:
             record = record_json(calibration, None, simulated_groups=simulated, seed=seed)
-            write_atomically(args.json, record)
+            write_record(args.json, record)
 
     try:
         interrupted = trio.run(
@@ -502,7 +501,7 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     print_report(console, calibration, result)
     if args.json is not None:
         record = record_json(calibration, result, simulated_groups=simulated, seed=seed)
-        write_atomically(args.json, record)
+        write_record(args.json, record)
         console.print(f"wrote {args.json}")
     if args.plot is not None:
         plot(result, size, args.plot)
@@ -540,7 +539,7 @@ async def judge_with_progress(
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("judging", total=size * (size - 1) * len(todo))
 
-        def on_group(judged: GroupJudgments | None) -> None:
+        def on_group_done() -> None:
             progress.advance(task, size * (size - 1))
             save()
 
@@ -556,7 +555,7 @@ async def judge_with_progress(
                             return
 
                 nursery.start_soon(stop_on_sigint)
-                await judge_groups(settings, judge, todo, calibration, on_group=on_group)
+                await judge_groups(settings, judge, todo, calibration, on_group_done=on_group_done)
                 nursery.cancel_scope.cancel()
         except RequestRejected as exc:
             raise CalibrationInputError(str(exc)) from None

@@ -12,14 +12,13 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
-from genrm_trio.app.arguments import DEFAULT_SERVER_URL, positive, say
+from genrm_trio.app.arguments import DEFAULT_SERVER_URL, positive, say, write_atomically
 
 __all__ = ["add_checkpoint_arguments", "checkpoint_url", "run_checkpoint_command"]
 
@@ -79,20 +78,6 @@ def _detail(response: httpx.Response) -> str:
     return json.dumps(body)[:500]
 
 
-def _write_atomically(path: str, data: bytes) -> None:
-    target = Path(path)
-    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
 def _read_input(path: str | None) -> bytes:
     if path is None:
         return sys.stdin.buffer.read()
@@ -146,7 +131,7 @@ def run_checkpoint_command(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         else:
             try:
-                _write_atomically(args.file, content)
+                write_atomically(args.file, content)
             except OSError as exc:
                 say(f"checkpoint export: cannot write {args.file}: {exc.strerror or exc}")
                 return 2

@@ -30,15 +30,17 @@ import json
 import math
 import random
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any, Final, Literal, assert_never, final, get_args
 
 from genrm_trio.config import AggregatorMethod, ComparisonStrategy, PositionBalance
 from genrm_trio.domain.scoring import (
+    NO_ADJUSTMENTS,
     RANKING_MIDPOINT,
     JudgedComparison,
+    PlannedComparison,
     aggregate,
     plan_comparisons,
     preference_cycle_rate,
@@ -62,6 +64,7 @@ __all__ = [
     "fit_judge",
     "group_from_compare_rows",
     "kendall_tau_b",
+    "mean_and_standard_error",
     "measure",
     "parse_rollout_groups",
     "recommend",
@@ -75,6 +78,7 @@ TOLERANCE: Final = 0.02
 AGGREGATORS: Final[tuple[AggregatorMethod, ...]] = get_args(AggregatorMethod)
 TIED_SCORES_SHARE: Final = 0.9  # share of calls whose scores follow their ranking: comparative
 SIMULATED_GROUPS: Final = 400  # at 16 rollouts; `simulated_groups_for` scales it
+POSITION_BALANCE: Final[PositionBalance] = "alternate"  # every schedule's (docs/scoring.md)
 
 
 def simulated_groups_for(size: int) -> int:
@@ -355,7 +359,9 @@ def consistency(noise: float, bias: float) -> float:
     return total
 
 
-def _bisect(f: Any, low: float, high: float, decreasing: bool, target: float) -> float:
+def _bisect(
+    f: Callable[[float], float], low: float, high: float, decreasing: bool, target: float
+) -> float:
     """x in [low, high] where the monotone f meets target (an end when it never does)."""
     for _ in range(80):
         middle = math.sqrt(low * high)  # noise spans orders of magnitude
@@ -516,8 +522,8 @@ class Schedule:
     def calls(self, size: int) -> int:
         return len(self.plan(size))
 
-    def plan(self, size: int) -> list[Any]:
-        return plan_comparisons(size, self.strategy, self.judges, "alternate", self.degree)
+    def plan(self, size: int) -> list[PlannedComparison]:
+        return plan_comparisons(size, self.strategy, self.judges, POSITION_BALANCE, self.degree)
 
     @property
     def name(self) -> str:
@@ -542,22 +548,15 @@ class Schedule:
                 assert_never(self.strategy)
 
     def config_lines(self) -> list[str]:
-        lines = [f"comparison_strategy: {self.strategy}"]
-        if self.comparisons_per_rollout is not None:
-            lines.append(f"comparisons_per_rollout: {self.comparisons_per_rollout}")
-        lines += [
-            f"num_judges_per_comparison: {self.judges}",
-            "position_balance: alternate",
-            f"aggregator_method: {self.aggregator}",
-        ]
-        return lines
+        """The keys of `as_json` as config lines, the strategies' unused key left out."""
+        return [f"{key}: {value}" for key, value in self.as_json().items() if value is not None]
 
     def as_json(self) -> dict[str, Any]:
         return {
             "comparison_strategy": self.strategy,
             "comparisons_per_rollout": self.comparisons_per_rollout,
             "num_judges_per_comparison": self.judges,
-            "position_balance": "alternate",
+            "position_balance": POSITION_BALANCE,
             "aggregator_method": self.aggregator,
         }
 
@@ -633,6 +632,18 @@ def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float | None:
     return (concordant - discordant) / math.sqrt(pairs_x * pairs_y)
 
 
+def mean_and_standard_error(values: Sequence[float]) -> tuple[float, float]:
+    """The mean of ``values`` and its standard error (nan where there are too few values)."""
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan
+    mean = math.fsum(values) / n
+    if n == 1:
+        return mean, math.nan
+    variance = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+    return mean, math.sqrt(variance / n)
+
+
 @final
 class _Simulator:
     """Verdicts of the fitted judge for one simulated group (its draws shared by all schedules:
@@ -689,17 +700,6 @@ class _Simulator:
         return (s1, s2, ranking)
 
 
-_NO_ADJUSTMENTS: Final = {
-    "default_score": 3.0,
-    "reasoning_bonus": 0.0,
-    "answer_bonus": 0.0,
-    "top_percentile": 0.2,
-    "group_reasoning_length_penalty_coeff": 0.0,
-    "group_answer_length_penalty_coeff": 0.0,
-    "group_style_penalty_coeff": 0.0,
-}
-
-
 def simulate_frontier(
     fit: JudgeFit,
     size: int,
@@ -729,24 +729,17 @@ def simulate_frontier(
                 comparisons,
                 population,
                 {},
-                **_NO_ADJUSTMENTS,
+                **NO_ADJUSTMENTS,
                 method=schedule.aggregator,
                 bradley_terry_prior=prior,
             )
             tau = kendall_tau_b([result.final[m] for m in population], simulator.quality)
             if tau is not None:
                 taus[schedule].append(tau)
-    points: list[FrontierPoint] = []
-    for schedule in chosen:
-        values = taus[schedule]
-        mean = math.fsum(values) / len(values) if values else math.nan
-        se = (
-            math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
-            if len(values) > 1
-            else math.nan
-        )
-        points.append(FrontierPoint(schedule, len(plans[schedule]), mean, se))
-    return points
+    return [
+        FrontierPoint(schedule, len(plans[schedule]), *mean_and_standard_error(taus[schedule]))
+        for schedule in chosen
+    ]
 
 
 def recommend(

@@ -23,6 +23,7 @@ from genrm_trio.domain.scoring.adjustments import MemberTexts, adjust, density_w
 from genrm_trio.domain.scoring.aggregation import (
     BT_LOG_LIKELIHOOD,
     CYCLE_RATE,
+    NO_ADJUSTMENTS,
     Aggregation,
     BaseScorer,
     BaseScores,
@@ -75,6 +76,7 @@ __all__ = [
     "BT_LOG_LIKELIHOOD",
     "CYCLE_RATE",
     "ESCALATION_RATE",
+    "NO_ADJUSTMENTS",
     "RANKING_MIDPOINT",
     "Aggregation",
     "AllMasked",

@@ -155,6 +155,19 @@ class Aggregation:
     method_metrics: dict[str, float] = field(default_factory=dict)  # the method's row metrics
 
 
+NO_ADJUSTMENTS: Final[Mapping[str, float]] = {
+    "default_score": 3.0,
+    "reasoning_bonus": 0.0,
+    "answer_bonus": 0.0,
+    "top_percentile": 0.2,
+    "group_reasoning_length_penalty_coeff": 0.0,
+    "group_answer_length_penalty_coeff": 0.0,
+    "group_style_penalty_coeff": 0.0,
+}
+"""`aggregate`'s adjustment keywords with every bonus and penalty off: the base scores are the
+rewards (calibration's simulated frontier, the reward-quality benchmark, the scoring tests)."""
+
+
 def aggregate(
     comparisons: Sequence[JudgedComparison],
     population: Sequence[int],
