@@ -97,8 +97,8 @@ class HeldVerify:
 
     def rest_dict(self) -> dict[str, Any]:
         """The body's keys other than the echoed ones."""
-        if type(self.rest) is not bytes:
-            return self.rest  # type: ignore[return-value]
+        if isinstance(self.rest, dict):
+            return self.rest
         rest = decode_json(zlib.decompress(self.rest))
         assert type(rest) is dict
         return rest
