@@ -22,7 +22,7 @@ from pathlib import Path
 
 from genrm_trio.client import MaskedRollout, RolloutResult
 from genrm_trio.testing.procs import Proc, start
-from genrm_trio.trl import MaskedRowWarningFilter, genrm_reward
+from genrm_trio.trl import TRL_LOGGER, MaskedRowWarningFilter, genrm_reward
 
 GROUP = 4  # TRL's num_generations, and the server's num_rollouts_per_prompt
 STEPS = 3
@@ -124,7 +124,7 @@ def main() -> int:
 
     # TRL warns about every batch with a row that every reward function gave None: for
     # genrm-trio that is a masked completion, not a mistake (docs/trainers.md)
-    logging.getLogger("trl.trainer.grpo_trainer").addFilter(MaskedRowWarningFilter())
+    logging.getLogger(TRL_LOGGER).addFilter(MaskedRowWarningFilter())
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
         policy = build_policy(directory / "policy")

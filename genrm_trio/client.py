@@ -354,21 +354,16 @@ def _json(reply: _Reply, route: str) -> object:
         ) from None
 
 
-def _detail(reply: _Reply) -> object:
+def _refusal(reply: _Reply) -> tuple[object, object]:
+    """A refusal's `detail` (its text when the body is not JSON) and a 503's machine-readable
+    `reason` (docs/http-api.md, "503 reasons") or None, from one decoding of the body."""
     try:
         value = _decoded(reply)
     except ValueError:
-        return reply.text()
-    return value.get("detail", value) if isinstance(value, dict) else value
-
-
-def _reason(reply: _Reply) -> object:
-    """A 503's machine-readable `reason` (docs/http-api.md, "503 reasons"), or None."""
-    try:
-        value = _decoded(reply)
-    except ValueError:
-        return None
-    return value.get("reason") if isinstance(value, dict) else None
+        return reply.text(), None
+    if isinstance(value, dict):
+        return value.get("detail", value), value.get("reason")
+    return value, None
 
 
 def _retry_after_s(reply: _Reply) -> float | None:
@@ -480,7 +475,7 @@ class AsyncGenRMClient:
                     f"GET /group_settings: no answer within {bound:g} s from {self.base_url}"
                 ) from None
             if response.status != 200:
-                raise GenRMRequestError(response.status, _detail(response))
+                raise GenRMRequestError(response.status, _refusal(response)[0])
             self._settings = GroupSettings.from_json(_json(response, "GET /group_settings"))
         return self._settings
 
@@ -620,10 +615,9 @@ class AsyncGenRMClient:
             status = reply.status
             if status == 200:
                 return _row_result(_json(reply, "/verify"))
-            detail = _detail(reply)
+            detail, reason = _refusal(reply)
             if status != 503:
                 raise GenRMRequestError(status, detail)
-            reason = _reason(reply)
             wait = _retry_after_s(reply)
             if reason == "at_capacity" or (reason is None and wait is not None):
                 # the same request again after the wait (a proxy's 503 with Retry-After too)

@@ -47,6 +47,7 @@ from genrm_trio.client import (
     MaskedRollout,
     RolloutResult,
     ScoredRollout,
+    group_size_message,
     loop_client,
     scored_mean,
 )
@@ -98,11 +99,7 @@ def check_verl_config(config: Any, settings: GroupSettings) -> None:
         )
     n = _get(config, "actor_rollout_ref.rollout.n", 1)
     if n != size:
-        raise GroupSizeError(
-            f"actor_rollout_ref.rollout.n is {n} but the genrm-trio server scores groups of "
-            f"num_rollouts_per_prompt={size}: set actor_rollout_ref.rollout.n={size}, or start "
-            f"the server with --num-rollouts-per-prompt {n}"
-        )
+        raise GroupSizeError(group_size_message(n, size, "actor_rollout_ref.rollout.n"))
     validates = _get(config, "trainer.val_before_train", True) or (
         _get(config, "trainer.test_freq", -1) > 0
     )

@@ -1,13 +1,23 @@
-"""Requests to the app through Quart's test client, and `/verify` bodies of a group: shared by
-tests/test_http_app.py, tests/test_http_checkpoint.py and tests/test_judge_faults.py."""
+"""Requests to the app through Quart's test client, `/verify` bodies of a group, and the app
+served on a real socket: shared by tests/test_http_app.py, tests/test_http_checkpoint.py,
+tests/test_http_bounds.py and tests/test_judge_faults.py."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import trio
 from quart_trio import QuartTrio
+
+from genrm_trio.app.serve import bind_socket, serve_app
+from genrm_trio.config import Settings
+from genrm_trio.engine.engine import open_engine
+from genrm_trio.http.app import create_app
+from genrm_trio.judge.base import Judge
 
 
 async def call(
@@ -71,3 +81,22 @@ async def post_group(app: QuartTrio, bodies: list[dict[str, Any]]) -> list[tuple
         for i in range(len(bodies)):
             nursery.start_soon(one, i)
     return replies
+
+
+@asynccontextmanager
+async def live_port(cfg: Settings, the_judge: Judge) -> AsyncIterator[int]:
+    """The port on 127.0.0.1 where hypercorn serves the app over an engine of `cfg` and
+    `the_judge` (real sockets), until the block ends."""
+    async with open_engine(cfg, the_judge) as engine, trio.open_nursery() as nursery:
+        stop = trio.Event()
+        port: int = await nursery.start(
+            partial(
+                serve_app,
+                create_app(engine, cfg),
+                bind_socket("127.0.0.1", 0),
+                shutdown_trigger=stop.wait,
+                grace_s=1.0,
+            )
+        )
+        yield port
+        stop.set()

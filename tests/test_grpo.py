@@ -15,7 +15,6 @@ failed instead when GENRM_TRIO_REQUIRE_ML=1 (`.ci/run` sets it on the leg that i
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -30,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 from procs import Proc, start_judge, start_server
-from tiny_models import ML_PACKAGES, REQUIRE_ML_ENV, build_tiny_model
+from tiny_models import ML_PACKAGES, build_tiny_model, require_packages
 
 from genrm_trio.client import (
     Completion,
@@ -69,13 +68,7 @@ JUDGE_FLAGS = ("--fault-rate", "0.2", "--fault-kind", "http_401", "--sticky-faul
 def require_trl() -> None:
     """Skip without the packages of the run (fail with GENRM_TRIO_REQUIRE_ML=1, as
     tests/tiny_models.py's `require_ml` does)."""
-    wanted = ML_PACKAGES + TRL_PACKAGES
-    missing = [name for name in wanted if importlib.util.find_spec(name) is None]
-    if missing:
-        message = f"{', '.join(missing)} not installed (pip install torch '.[serve-tests,trl]')"
-        if os.environ.get(REQUIRE_ML_ENV):
-            pytest.fail(f"{message}; {REQUIRE_ML_ENV} is set, so they must be installed")
-        pytest.skip(message)
+    require_packages(ML_PACKAGES + TRL_PACKAGES, extras="serve-tests,trl")
 
 
 class Recording(GenRMReward):

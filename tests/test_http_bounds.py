@@ -12,16 +12,15 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from functools import partial
 from typing import Any
 
 import pytest
 import trio
-from http_calls import call, member
+from http_calls import call, live_port, member
 from judges import ScriptedJudge, settings
 
 import genrm_trio.http.app as app_module
-from genrm_trio.app.serve import bind_socket, open_bind_warning, serve_app
+from genrm_trio.app.serve import bind_socket, open_bind_warning
 from genrm_trio.domain.codec import encode_json
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.http.app import create_app
@@ -35,20 +34,8 @@ LIMIT_S = 20.0
 
 @asynccontextmanager
 async def served(**overrides: Any) -> AsyncIterator[int]:
-    cfg = settings(num_rollouts_per_prompt=2, **overrides)
-    async with open_engine(cfg, ScriptedJudge()) as engine, trio.open_nursery() as nursery:
-        stop = trio.Event()
-        port: int = await nursery.start(
-            partial(
-                serve_app,
-                create_app(engine, cfg),
-                bind_socket("127.0.0.1", 0),
-                shutdown_trigger=stop.wait,
-                grace_s=1.0,
-            )
-        )
+    async with live_port(settings(num_rollouts_per_prompt=2, **overrides), ScriptedJudge()) as port:
         yield port
-        stop.set()
 
 
 async def exchange(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:

@@ -29,7 +29,7 @@ from trio.testing import MockClock
 from genrm_trio.app.bench import verify_body
 from genrm_trio.app.checkpoint_cli import add_checkpoint_arguments, checkpoint_url
 from genrm_trio.app.compose import durable_engine
-from genrm_trio.app.serve import bind_socket, serve_app
+from genrm_trio.app.serve import bind_socket
 from genrm_trio.config import Settings
 from genrm_trio.domain.checkpoint import RestoreReport, report_body
 from genrm_trio.engine.engine import Engine, open_engine
@@ -268,19 +268,8 @@ async def test_restore_is_durable_and_a_rejected_body_leaves_the_store_untouched
 
 @asynccontextmanager
 async def http_server(cfg: Settings, the_judge: ScriptedJudge) -> AsyncIterator[str]:
-    async with open_engine(cfg, the_judge) as engine, trio.open_nursery() as nursery:
-        stop = trio.Event()
-        port = await nursery.start(
-            partial(
-                serve_app,
-                create_app(engine, cfg),
-                bind_socket("127.0.0.1", 0),
-                shutdown_trigger=stop.wait,
-                grace_s=1.0,
-            )
-        )
+    async with http_calls.live_port(cfg, the_judge) as port:
         yield f"http://127.0.0.1:{port}"
-        stop.set()
 
 
 def cli(*argv: str) -> int:

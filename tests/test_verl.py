@@ -15,9 +15,7 @@ by verl's source signatures) with rows built here.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -25,6 +23,7 @@ from typing import Any, Final
 import httpx
 import pytest
 from genrm_server import FAIL, PROMPT, N, Server, answers, server
+from tiny_models import require_packages
 
 import genrm_trio.verl
 from genrm_trio.client import (
@@ -50,12 +49,7 @@ SETTINGS = GroupSettings(N, 10.0, 10.0)
 def require(*modules: str) -> None:
     """Skip without `modules`; fail instead when GENRM_TRIO_REQUIRE_VERL is set (CI's verl
     leg), as tests/tiny_models.py's `require_ml` does."""
-    missing = [name for name in modules if importlib.util.find_spec(name) is None]
-    if missing:
-        message = f"{', '.join(missing)} not installed (pip install torch '.[verl]')"
-        if os.environ.get(REQUIRE_VERL_ENV):
-            pytest.fail(f"{message}; {REQUIRE_VERL_ENV} is set, so they must be installed")
-        pytest.skip(message)
+    require_packages(modules, extras="verl", env=REQUIRE_VERL_ENV)
 
 
 def verl_config(url: str, **reward: Any) -> dict[str, Any]:

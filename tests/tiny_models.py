@@ -31,6 +31,7 @@ import importlib.util
 import json
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -74,18 +75,23 @@ STRICT_TEMPLATE: Final = (
 )
 
 
+def require_packages(wanted: Sequence[str], *, extras: str, env: str = REQUIRE_ML_ENV) -> None:
+    """Skip the calling test when any of `wanted` is missing, naming them and
+    `pip install torch '.[extras]'`; fail it instead when the variable `env` is set (CI)."""
+    missing = [name for name in wanted if importlib.util.find_spec(name) is None]
+    if not missing:
+        return
+    message = f"{', '.join(missing)} not installed (pip install torch '.[{extras}]')"
+    if os.environ.get(env):
+        pytest.fail(f"{message}; {env} is set, so they must be installed")
+    pytest.skip(message)
+
+
 def require_ml(*, serving: bool = False) -> None:
     """Skip the calling test when torch, transformers or tokenizers (and, with `serving`,
     `transformers serve`'s own packages) are missing; fail it instead when
     GENRM_TRIO_REQUIRE_ML is set (CI)."""
-    wanted = ML_PACKAGES + (SERVING_PACKAGES if serving else ())
-    missing = [name for name in wanted if importlib.util.find_spec(name) is None]
-    if not missing:
-        return
-    message = f"{', '.join(missing)} not installed (pip install torch '.[serve-tests]')"
-    if os.environ.get(REQUIRE_ML_ENV):
-        pytest.fail(f"{message}; {REQUIRE_ML_ENV} is set, so they must be installed")
-    pytest.skip(message)
+    require_packages(ML_PACKAGES + (SERVING_PACKAGES if serving else ()), extras="serve-tests")
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ class GroupRun:
 
 @final
 class GroupRunner:
-    """Runs groups for one engine: each cohort's run task awaits :meth:`judge`."""
+    """Runs groups for one engine: each cohort's run task awaits :meth:`run_group`."""
 
     def __init__(
         self, settings: Settings, metrics: Metrics, comparator: Comparator, queue: JudgeQueue

@@ -191,6 +191,16 @@ class App(QuartTrio):
                 return
         await self._serve(scope, receive, send)
 
+    def _unauthorized(self, path: str, authorization: str) -> bool:
+        """Whether a request for `path` (its /ng-rollout prefix stripped) lacks the bearer token
+        the server wants: every path but PUBLIC_PATHS, when `bearer_token` is set."""
+        expected = self.bearer_token
+        return (
+            expected is not None
+            and path not in PUBLIC_PATHS
+            and not _bearer_ok(authorization, expected)
+        )
+
     async def _refuse_websocket(
         self, scope: WebsocketScope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
@@ -204,12 +214,7 @@ class App(QuartTrio):
             (v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"authorization"),
             "",
         )
-        expected = self.bearer_token
-        if (
-            expected is not None
-            and path not in PUBLIC_PATHS
-            and not _bearer_ok(authorization, expected)
-        ):
+        if self._unauthorized(path, authorization):
             status, detail, extra = 401, _AUTH_DETAIL, {"WWW-Authenticate": "Bearer"}
         else:
             status, detail, extra = 404, _WEBSOCKET_DETAIL, None
@@ -251,12 +256,7 @@ class App(QuartTrio):
         # body is not worth reading.
         unread = length > 0 if length is not None else chunked
         path = scope["path"]
-        expected = self.bearer_token
-        if (
-            expected is not None
-            and path not in PUBLIC_PATHS
-            and not _bearer_ok(authorization or "", expected)
-        ):
+        if self._unauthorized(path, authorization or ""):
             detail = {"detail": _AUTH_DETAIL}
             await self._send(send, 401, detail, {"WWW-Authenticate": "Bearer"}, unread)
             return

@@ -9,7 +9,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Final, final
 
-from genrm_trio.domain.codec import decode_json, encode_json
+from genrm_trio.domain.codec import decode_json, encode_json, encode_json_in_steps
 from genrm_trio.domain.model import JSONValue, Scored
 from genrm_trio.domain.records import compressed, result_dict, result_json
 from genrm_trio.http.schema import VERIFY_FIELDS, VerifyRequest
@@ -88,7 +88,7 @@ class HeldVerify:
         rest = {key: value for key, value in body.items() if key not in _ECHO_KEYS}
         return HeldVerify(
             echo=echo if packed is None else packed,
-            rest=zlib.compress(_encode_in_steps(rest), 1) if pack_rest else rest,
+            rest=zlib.compress(encode_json_in_steps(rest), 1) if pack_rest else rest,
             group_id=inp.group_id,
             group_attempt=inp.group_attempt,
             rollout_index=inp.rollout_index,
@@ -97,8 +97,8 @@ class HeldVerify:
 
     def rest_dict(self) -> dict[str, Any]:
         """The body's keys other than the echoed ones."""
-        if type(self.rest) is not bytes:
-            return self.rest  # type: ignore[return-value]
+        if isinstance(self.rest, dict):
+            return self.rest
         rest = decode_json(zlib.decompress(self.rest))
         assert type(rest) is dict
         return rest
@@ -130,14 +130,6 @@ class HeldVerify:
     def failsafe_row(self, message: str) -> dict[str, JSONValue]:
         """:func:`failsafe_row` of the request this was made from."""
         return failsafe_row(self.body(), message)
-
-
-def _encode_in_steps(members: dict[str, Any]) -> bytes:
-    """`encode_json(members)`, a member at a time: one call of the C encoder holds the GIL
-    from start to end, which a million keys make long even in a worker thread."""
-    return (
-        b"{" + b",".join(encode_json(k) + b":" + encode_json(v) for k, v in members.items()) + b"}"
-    )
 
 
 def failsafe_row(body: dict[str, Any], message: str) -> dict[str, JSONValue]:
