@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, final
 
 from genrm_trio.domain.records import (
+    InvalidResult,
     MemberRecord,
     TerminalRecord,
     WatermarkRecord,
@@ -265,9 +266,8 @@ def _result(value: object, path: str) -> dict[str, Any]:
         raise _where(path, f"holds request echo field {echoed[0]!r}; a result has none")
     try:
         check_result(value)
-    except ValueError as exc:  # "result.reward: expected …", under this result's path
-        field, _, problem = str(exc).partition(": ")
-        raise _where(path + field.removeprefix("result"), problem) from None
+    except InvalidResult as exc:  # under this result's path
+        raise _where(path + exc.field, exc.problem) from None
     return value
 
 

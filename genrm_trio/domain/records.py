@@ -21,6 +21,7 @@ from genrm_trio.domain.model import FailureKind, JSONValue
 
 __all__ = [
     "COMPRESS_FROM",
+    "InvalidResult",
     "MemberRecord",
     "OpenRecord",
     "PackedMembers",
@@ -66,29 +67,40 @@ def _number_problem(value: object) -> str | None:
     return "expected a finite number"
 
 
+class InvalidResult(ValueError):
+    """A stored or restored result that the engine would never have built: `field` is its path
+    below the result (``.reward``, ``.rubric[2]``), `problem` what is wrong there; the text
+    reads ``result.reward: expected a finite number``."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"result{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
 def check_result(result: Mapping[str, Any]) -> None:
     """A restored or loaded scored member's result, checked as strictly as the engine builds
     one (engine/evaluation.py): a finite ``reward``; ``mask_sample`` false; null
     ``failure_kind`` and ``failure_reason``; string texts; every float anywhere finite.
-    Raises ValueError naming the field (``result.reward: expected a finite number``)."""
+    Raises InvalidResult naming the field (``result.reward: expected a finite number``)."""
     problem = _number_problem(result.get("reward"))
     if problem is not None:
-        raise ValueError(f"result.reward: {problem}")
+        raise InvalidResult(".reward", problem)
     if "mask_sample" in result and result["mask_sample"] is not False:
-        raise ValueError("result.mask_sample: a scored member's is false")
+        raise InvalidResult(".mask_sample", "a scored member's is false")
     for name in _RESULT_NULLS:
         if result.get(name) is not None:
-            raise ValueError(f"result.{name}: a scored member's is null")
+            raise InvalidResult(f".{name}", "a scored member's is null")
     for name in _RESULT_TEXTS:
         if name in result and type(result[name]) is not str:
-            raise ValueError(f"result.{name}: expected a string")
+            raise InvalidResult(f".{name}", "expected a string")
     # every other value: floats finite at any depth (an explicit stack: no recursion)
-    stack: list[tuple[str, object]] = [(f"result.{k}", v) for k, v in result.items()]
+    stack: list[tuple[str, object]] = [(f".{k}", v) for k, v in result.items()]
     while stack:
         path, value = stack.pop()
         if type(value) is float:
             if not math.isfinite(value):
-                raise ValueError(f"{path}: expected a finite number")
+                raise InvalidResult(path, "expected a finite number")
         elif type(value) is dict:
             stack.extend((f"{path}.{k}", v) for k, v in value.items())
         elif type(value) is list:
