@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import IO, Any, final
 
-from genrm_trio.domain.text import printable
+from genrm_trio.domain.text import printable, printable_lines
 
 __all__ = ["EscapingFormatter", "configure_logging"]
 
@@ -40,11 +40,10 @@ class EscapingFormatter(logging.Formatter):
         return printable(super().formatMessage(record))
 
     def formatException(self, ei: Any) -> str:
-        text = super().formatException(ei)
-        return "\n".join(printable(line) for line in text.split("\n"))
+        return printable_lines(super().formatException(ei))
 
     def formatStack(self, stack_info: str) -> str:
-        return "\n".join(printable(line) for line in stack_info.split("\n"))
+        return printable_lines(stack_info)
 
 
 def configure_logging(level: int = logging.INFO, *, stdout: bool = False) -> None:

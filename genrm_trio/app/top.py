@@ -24,7 +24,7 @@ from rich.live import Live
 
 from genrm_trio.app.arguments import DEFAULT_SERVER_URL, say, seconds_within
 from genrm_trio.app.top_frame import FetchFailed, Snapshot, Watcher, frame, parse_metrics
-from genrm_trio.domain.text import printable
+from genrm_trio.domain.text import printable, printable_lines
 
 __all__ = ["MAX_REPLY_BYTES", "add_top_arguments", "fetch", "run_top"]
 
@@ -108,7 +108,7 @@ def fetch(
         metrics = _get(client, "/metrics")
         cohorts = _json_list("/cohorts", _get(client, "/cohorts"))
         replicas = _json_list("/judge/replicas", _get(client, "/judge/replicas"))
-        text = "\n".join(printable(line) for line in metrics.decode("utf-8", "replace").split("\n"))
+        text = printable_lines(metrics.decode("utf-8", "replace"))
         try:
             series = parse_metrics(text)
         except ValueError as exc:

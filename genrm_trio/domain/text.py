@@ -25,6 +25,7 @@ __all__ = [
     "judge_text",
     "normalize_history",
     "printable",
+    "printable_lines",
     "prompt_digest",
     "reasoning_text",
     "response_digest",
@@ -185,3 +186,8 @@ def printable(text: str) -> str:
     escape: how a client's or a judge's string reaches a terminal (`genrm-trio top`) or a log
     line. One pass, linear."""
     return _UNPRINTABLE.sub(_escaped, text)
+
+
+def printable_lines(text: str) -> str:
+    """`printable` that keeps ``text``'s line breaks: a traceback, a page of ``/metrics``."""
+    return "\n".join(printable(line) for line in text.split("\n"))
