@@ -480,6 +480,56 @@ def test_only_spans_that_could_be_a_verdict_are_decoded(
     assert len(calls) == decoded
 
 
+VERDICT = '{"score_1": 4, "score_2": 3, "ranking": 2}'
+
+
+@pytest.mark.parametrize("braces_over_cap", [0, 1])
+def test_a_reply_with_more_braces_than_max_braces_is_not_searched(
+    braces_over_cap: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (#40 item 3) the scan's memory is per "{": past the cap the reply is refused in one count
+    monkeypatch.setattr(verdict_module, "MAX_BRACES", 10)
+    text = "{}" * (9 + braces_over_cap) + VERDICT  # the verdict's own brace makes 10 or 11
+    if braces_over_cap:
+        with pytest.raises(
+            VerdictParseError, match=r"holds 11 '\{' \(more than 10\): not searched"
+        ):
+            overall(text)
+        assert lenient(text) == DEFAULTS
+        with pytest.raises(VerdictParseError, match="more than 10"):
+            parse_rubric(text, expected_ids=[1], validate_range=True)
+    else:
+        assert overall(text) == (4.0, 3.0, 2.0)
+
+
+def test_the_brace_cap_is_a_million() -> None:
+    assert verdict_module.MAX_BRACES == 1_000_000
+    with pytest.raises(VerdictParseError, match=r"holds 1,000,001 '\{'"):
+        overall("{" * 1_000_000 + VERDICT)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{}" * 100_000,  # a span each: a dict of their ends held about 16 MB here
+        '{""}' * 100_000,
+        "{" * 100_000,  # no scan closes
+        "{" * 50_000 + "}" * 50_000,  # nested
+    ],
+)
+def test_the_scan_holds_at_most_40_bytes_a_brace(text: str) -> None:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        assert overall(text + VERDICT) == (4.0, 3.0, 2.0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    braces = text.count("{") + 1
+    assert peak < 40 * braces + 256 * 1024, peak  # 32 and the arrays' slack
+
+
 # ---------------------------------------------------------------------------------------------
 # `overall` nesting
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, NamedTuple, final
 
 __all__ = [
+    "MAX_BRACES",
     "SCORE_KEYS",
     "Verdict",
     "VerdictParseError",
@@ -43,6 +44,10 @@ _SCORE_BOUNDS: Final = (1.0, 5.0)
 _RANKING_BOUNDS: Final = (1.0, 6.0)
 _PREVIEW_CHARS: Final = 200
 
+MAX_BRACES: Final = 1_000_000
+"""The most "{" a judge's output may hold and still be searched for a verdict (a verdict needs a
+handful; docs/reliability.md, "What is bounded")."""
+
 # The reference pattern is r"```json\s*([\s\S]*?)\s*```". Its two \s* only trim whitespace, which
 # never changes the brace spans inside, and they make long whitespace runs backtrack
 # quadratically; without them the same fences close at the same backticks.
@@ -60,14 +65,14 @@ _SPECIAL: Final = re.compile(r'[{}"\\]')
 class _Track:
     """Unfinished scans sharing one string state; a scan's depth is its key plus `offset`.
 
-    The scans a track opened itself (while outside a string) are a stack of two arrays, `keys`
-    and `starts`: a new scan is always the shallowest (depth 1, every other one deeper), and a
-    closing brace closes the shallowest, so keys only fall along the stack and the one to close
-    is the last. Eight bytes a value, and no dict to grow: a reply of 4 M unclosed braces held
-    400 MB in a dict of them, and its resize held the GIL for 86 ms at a time. Scans that came
-    from another track (`_merge`) are in `pending`: a key to a start, or to a list of starts
-    once tracks that met share the key. `size` counts every scan, so `_merge` re-keys the track
-    with fewer."""
+    A scan is named by its ordinal, the count of "{" before it. The scans a track opened itself
+    (while outside a string) are a stack of two arrays, `keys` and `starts` (ordinals): a new
+    scan is always the shallowest (depth 1, every other one deeper), and a closing brace closes
+    the shallowest, so keys only fall along the stack and the one to close is the last. Eight
+    bytes a value, and no dict to grow: a reply of 4 M unclosed braces held 400 MB in a dict of
+    them, and its resize held the GIL for 86 ms at a time. Scans that came from another track
+    (`_merge`) are in `pending`: a key to an ordinal, or to a list of them once tracks that met
+    share the key. `size` counts every scan, so `_merge` re-keys the track with fewer."""
 
     __slots__ = ("keys", "offset", "pending", "size", "starts")
 
@@ -115,14 +120,20 @@ def _merge(into: _Track | None, track: _Track | None) -> _Track | None:
     return big
 
 
-def _span_ends(text: str) -> dict[int, int]:
-    """For every "{" whose scan balances, the index of the "}" that closes it.
+def _span_ends(text: str) -> tuple[array[int], array[int]]:
+    """Every "{" of `text` in order: its index, and the index of the "}" that closes its scan
+    (-1 when the scan never balances).
 
     One pass over the special characters with three tracks (outside a string, inside one, just
     after a backslash inside one). A brace changes no track's state, so it costs a stack step;
     only a quote or a backslash moves tracks between states. Linear in the text (issue #40:
-    the per-character state dict this replaced cost about 1.7 s per MB of braces)."""
-    ends: dict[int, int] = {}
+    the per-character state dict this replaced cost about 1.7 s per MB of braces). Memory is
+    16 bytes per "{" here, both arrays sized once (a dict of the closed spans took about 160
+    bytes each; docs/benchmarks.md, "Verdict parsing")."""
+    braces = text.count("{")
+    positions = array("q", bytes(8 * braces))
+    ends = array("q", [-1]) * braces
+    ordinal = 0
     out: _Track | None = None
     inside: _Track | None = None
     escaped: _Track | None = None
@@ -141,8 +152,10 @@ def _span_ends(text: str) -> dict[int, int]:
                 out = _Track()
             out.offset += 1
             out.keys.append(1 - out.offset)  # a new scan, at depth 1
-            out.starts.append(k)
+            out.starts.append(ordinal)
             out.size += 1
+            positions[ordinal] = k
+            ordinal += 1
         elif ch == "}":
             if escaped is not None:
                 inside, escaped = _merge(inside, escaped), None
@@ -158,8 +171,8 @@ def _span_ends(text: str) -> dict[int, int]:
                     ends[closed] = k
                     out.size -= 1
                 elif closed is not None:
-                    for start in closed:
-                        ends[start] = k
+                    for scan in closed:
+                        ends[scan] = k
                     out.size -= len(closed)
                 # an emptied `out` is kept for the next "{" (`_merge` drops empty tracks)
         elif ch == '"':
@@ -168,19 +181,27 @@ def _span_ends(text: str) -> dict[int, int]:
             out, inside, escaped = inside, _merge(out, escaped), None
         else:  # a backslash: escapes inside a string, ordinary outside
             inside, escaped = escaped, inside
-    return ends
+    return positions, ends
+
+
+def _top_level_spans(text: str) -> tuple[array[int], array[int]]:
+    """Start and end of each top-level balanced span, in order: a scan that starts inside an
+    accepted span is never visited (the reference resumes after the span's end)."""
+    positions, ends = _span_ends(text)
+    span_starts, span_ends = array("q"), array("q")
+    resume = 0
+    for start, end in zip(positions, ends, strict=True):
+        if end >= 0 and start >= resume:
+            span_starts.append(start)
+            span_ends.append(end)
+            resume = end + 1
+    return span_starts, span_ends
 
 
 def find_json_spans(text: str) -> list[str]:
     """Top-level balanced, string-aware `{...}` spans as the reference scanner finds them."""
-    ends = _span_ends(text)
-    spans: list[str] = []
-    resume = 0
-    for start in sorted(ends):
-        if start >= resume:  # starts inside an accepted span are never visited
-            spans.append(text[start : ends[start] + 1])
-            resume = ends[start] + 1
-    return spans
+    span_starts, span_ends = _top_level_spans(text)
+    return [text[start : end + 1] for start, end in zip(span_starts, span_ends, strict=True)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,22 +254,36 @@ def _search(
     """First valid candidate inside ```json fences, else the last valid one in the whole text.
 
     A span holding none of `needles` (the keys every candidate needs) and no backslash (which
-    could spell a key as `\\u` escapes) cannot be a candidate and is never decoded: a reply of
-    a million empty objects costs one scan, not a million decodes."""
+    could spell a key as `\\u` escapes) cannot be a candidate and is never decoded or copied: a
+    reply of a million empty objects costs one scan, not a million decodes. A text with more
+    than `MAX_BRACES` "{" is not searched (`VerdictParseError`): the scan's memory is 16 bytes a
+    brace and 16 more a top-level span, so this bounds it (about 35 MB) and its time (about a
+    second)."""
+    braces = text.count("{")
+    if braces > MAX_BRACES:
+        raise VerdictParseError(
+            f"GenRM output holds {braces:,} '{{' (more than {MAX_BRACES:,}): not searched for a "
+            f"verdict: {_preview(text)}"
+        )
 
-    def found_in(span: str) -> Verdict | None:
-        if "\\" not in span and not any(needle in span for needle in needles):
+    def found_in(body: str, start: int, end: int) -> Verdict | None:
+        stop = end + 1
+        if body.find("\\", start, stop) < 0 and all(
+            body.find(needle, start, stop) < 0 for needle in needles
+        ):
             return None
-        obj = _decode_object(span)
+        obj = _decode_object(body[start:stop])
         return None if obj is None else candidate(obj)
 
     for fence in _FENCE.finditer(text):
-        for span in find_json_spans(fence.group(1)):
-            found = found_in(span)
+        body = fence.group(1)
+        for start, end in zip(*_top_level_spans(body), strict=True):
+            found = found_in(body, start, end)
             if found is not None:
                 return found
-    for span in reversed(find_json_spans(text)):
-        found = found_in(span)
+    span_starts, span_ends = _top_level_spans(text)
+    for start, end in zip(reversed(span_starts), reversed(span_ends), strict=True):
+        found = found_in(text, start, end)
         if found is not None:
             return found
     return None
