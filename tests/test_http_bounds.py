@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 from http_calls import call, live_port, member
-from judges import ScriptedJudge, settings
+from judges import ScriptedJudge, http_error, settings
 
 import genrm_trio.http.app as app_module
 from genrm_trio.app.serve import bind_socket, open_bind_warning
@@ -25,7 +25,14 @@ from genrm_trio.domain.codec import encode_json
 from genrm_trio.engine.engine import open_engine
 from genrm_trio.http.app import create_app
 from genrm_trio.http.rows import HeldVerify
-from genrm_trio.http.schema import MAX_JSON_VALUES, WireError, decode_body, parse_verify
+from genrm_trio.http.schema import (
+    ECHO_KEYS,
+    MAX_JSON_VALUES,
+    WireError,
+    decode_body,
+    parse_verify,
+    split_verify_body,
+)
 
 TOKEN_ENV = "GENRM_TEST_BOUNDS_TOKEN"
 TOKEN = "bounds-token-1"
@@ -152,6 +159,13 @@ async def test_compare_responses_are_capped_before_any_judge_call() -> None:
             },
         )
         assert judge.calls == []
+        # counted before validation: 4 responses that are not even objects are still too many
+        body = {"conversation_history": history, "response_objs": [[]] * 4}
+        status, reply, _ = await call(app, "/compare", body=body)
+        assert (status, reply["detail"][0]["type"]) == (422, "too_long")
+        body = {"conversation_history": history, "response_objs": [[]] * 3}
+        status, reply, _ = await call(app, "/compare", body=body)
+        assert (status, reply["detail"][0]["type"]) == (422, "dict_type")
         body = {"conversation_history": history, "response_objs": responses(3)}
         status, reply, _ = await call(app, "/compare", body=body)
         assert status == 200 and len(reply["rewards"]) == 3
@@ -213,6 +227,50 @@ async def test_health_answers_while_a_large_request_is_worked_on(
     assert statuses == [200]
 
 
+async def test_a_large_masked_verify_builds_its_failsafe_row_off_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (#40 item 3) the masked row of a body of many extra keys was decoded, built and encoded
+    # on the loop: seconds for a million keys
+    released = threading.Event()
+    blocking = _blocking(HeldVerify.failsafe_json_in_steps, released)
+    threads: list[str] = []
+    started = trio.Event()
+
+    def recorded(held: HeldVerify, message: str) -> bytes:
+        threads.append(threading.current_thread().name)
+        trio.from_thread.run_sync(started.set)  # raises on the loop's own thread
+        return blocking(held, message)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(HeldVerify, "failsafe_json_in_steps", recorded)
+    cfg = settings(num_rollouts_per_prompt=2, genrm_parse_retries=0)
+    judge = ScriptedJudge(script=lambda r1, r2, attempt: http_error(500, b"judge down"))
+    dense = {"extra": [[]] * (app_module.OFF_LOOP_VALUES // 2 + 1)}
+    bodies = [member(0, "a", group="big", **dense), member(1, "b", group="big")]
+    rows: dict[int, dict[str, Any]] = {}
+    with trio.fail_after(LIMIT_S):
+        async with open_engine(cfg, judge) as engine:
+            app = create_app(engine, cfg)
+
+            async def send(index: int) -> None:
+                status, rows[index], _ = await call(app, "/verify", body=bodies[index])
+                assert status == 200
+
+            async with trio.open_nursery() as nursery:
+                for index in range(2):
+                    nursery.start_soon(send, index)
+                await started.wait()
+                status, reply, _ = await call(app, "/health", method="GET")
+                assert (status, reply) == (200, {"status": "ok"})
+                released.set()
+    assert len(threads) == 1 and threads[0] != threading.main_thread().name
+    big = rows[0]
+    assert big["mask_sample"] is True and big["failure_kind"] == "judge_failed"
+    assert big["extra"] == dense["extra"] and big["_ng_group_id"] == "big"
+    assert "judge down" in big["failure_reason"]
+    assert rows[1]["mask_sample"] is True and "extra" not in rows[1]
+
+
 @pytest.mark.parametrize("path", ["/verify", "/compare", "/aggregate_metrics", "/checkpoint"])
 async def test_a_body_of_too_many_values_is_refused_before_it_is_decoded(path: str) -> None:
     # (#40 item 2) a 60 MiB body of `[[],[],…]` decoded to 1.7 GB, even when refused with 422
@@ -264,5 +322,13 @@ def test_a_body_of_many_keys_is_validated_as_one_of_few() -> None:
         with pytest.raises(WireError) as with_many:
             parse_verify(many | bad)
         assert with_many.value.errors == with_few.value.errors
-    held = HeldVerify.of(parse_verify(many), pack_rest=True)
-    assert held.body() == many
+    held = HeldVerify.of(parse_verify(many))
+    assert held.body() == many and not held.packed
+    declared, packed_rest = split_verify_body(encode_json(many))
+    assert set(declared) == set(few)  # the extra keys were never decoded into the body
+    packed = HeldVerify.of(parse_verify(declared), packed_rest=packed_rest)
+    assert packed.packed and packed.body() == many
+    assert list(packed.rest_dict()) == [key for key in many if key not in ECHO_KEYS]
+    reason = "judge error: HTTP 500"
+    assert packed.failsafe_json_in_steps(reason) == encode_json(held.failsafe_row(reason))
+    assert packed.failsafe_json_in_steps(reason) == held.failsafe_json_in_steps(reason)

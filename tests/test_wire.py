@@ -22,6 +22,7 @@ from genrm_trio.http.schema import (
     WireError,
     parse_compare,
     parse_verify,
+    split_verify_body,
 )
 
 # The request-body decoder: the codec's refusals as the 422 items these tests read.
@@ -599,12 +600,21 @@ HELD_BODIES = [
 ]
 
 
+def _held(raw: dict[str, Any], pack_rest: bool) -> HeldVerify:
+    """As the server holds `raw`: from a small body decoded, from a large one split."""
+    if not pack_rest:
+        return HeldVerify.of(parse_verify(decode_json(encode_json(raw))))
+    declared, packed_rest = split_verify_body(encode_json(raw))
+    return HeldVerify.of(parse_verify(declared), packed_rest=packed_rest)
+
+
 @pytest.mark.parametrize("pack_rest", [False, True])
 @pytest.mark.parametrize("raw", HELD_BODIES)
 def test_a_held_request_replies_as_the_decoded_one(raw: dict[str, Any], pack_rest: bool) -> None:
     parsed = parse_verify(decode_json(encode_json(raw)))
-    held = HeldVerify.of(parsed, pack_rest=pack_rest)
+    held = _held(raw, pack_rest)
     assert type(held.rest) is (bytes if pack_rest else dict)
+    assert held.packed is pack_rest
     assert held.body() == parsed.body
     result = Scored({"reward": 1.5, "answer_text": "a\udc80", "n": -0.0})
     assert held.success_json(result) == encode_json(success_row(parsed, result))
@@ -614,13 +624,13 @@ def test_a_held_request_replies_as_the_decoded_one(raw: dict[str, Any], pack_res
     assert encode_json(held.failsafe_row(message)) == encode_json(
         failsafe_row(parsed.body, message)
     )
+    assert held.failsafe_json_in_steps(message) == encode_json(failsafe_row(parsed.body, message))
 
 
 def test_a_large_held_request_keeps_its_extra_keys_encoded_and_compressed() -> None:
     # (#40 item 2) a waiting /verify with a 20 MiB `[[],…]` extra key held +424 MB decoded
     raw = HELD_BODIES[0] | {"extra": [[] for _ in range(200_000)]}
-    parsed = parse_verify(decode_json(encode_json(raw)))
-    held = HeldVerify.of(parsed, pack_rest=True)
+    held = _held(raw, pack_rest=True)
     assert type(held.rest) is bytes and len(held.rest) < 10_000  # 600 KB of JSON, compressed
     assert held.rest_dict()["extra"] == raw["extra"]
 
@@ -678,6 +688,7 @@ def test_a_long_echo_is_held_compressed_and_replies_byte_for_byte() -> None:
     assert encode_json(held.failsafe_row(message)) == encode_json(
         failsafe_row(parsed.body, message)
     )
+    assert held.failsafe_json_in_steps(message) == encode_json(failsafe_row(parsed.body, message))
 
 
 def test_failsafe_reason_truncated_to_2000() -> None:

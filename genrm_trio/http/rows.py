@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any, Final, final
+from typing import Any, final
 
-from genrm_trio.domain.codec import decode_json, encode_json, encode_json_in_steps
+from genrm_trio.domain.codec import (
+    decode_json,
+    decode_json_in_steps,
+    encode_json,
+    encode_json_in_steps,
+    release_in_steps,
+)
 from genrm_trio.domain.model import JSONValue, Scored
 from genrm_trio.domain.records import compressed, result_dict, result_json
-from genrm_trio.http.schema import VERIFY_FIELDS, VerifyRequest
+from genrm_trio.http.schema import ECHO_KEYS, VERIFY_FIELDS, VerifyRequest
 
 __all__ = ["FAILSAFE_REASON_LIMIT", "HeldVerify", "failsafe_row", "success_row"]
 
@@ -52,9 +58,6 @@ def success_row(request: VerifyRequest, outcome: Scored) -> dict[str, JSONValue]
     return row
 
 
-_ECHO_KEYS: Final = ("responses_create_params", "response")
-
-
 @final
 @dataclass(frozen=True, slots=True)
 class HeldVerify:
@@ -80,15 +83,21 @@ class HeldVerify:
     echo_compressed: bool = False
 
     @staticmethod
-    def of(request: VerifyRequest, *, pack_rest: bool = False) -> HeldVerify:
+    def of(request: VerifyRequest, *, packed_rest: bytes | None = None) -> HeldVerify:
+        """What `request` keeps; `packed_rest`: its other keys packed already
+        (`split_verify_body`), else they are taken from its body."""
         body = request.body
         inp = request.input
-        echo = encode_json({key: body[key] for key in _ECHO_KEYS})
+        echo = encode_json({key: body[key] for key in ECHO_KEYS})
         packed = compressed(echo)
-        rest = {key: value for key, value in body.items() if key not in _ECHO_KEYS}
+        rest = (
+            {key: value for key, value in body.items() if key not in ECHO_KEYS}
+            if packed_rest is None
+            else packed_rest
+        )
         return HeldVerify(
             echo=echo if packed is None else packed,
-            rest=zlib.compress(encode_json_in_steps(rest), 1) if pack_rest else rest,
+            rest=rest,
             group_id=inp.group_id,
             group_attempt=inp.group_attempt,
             rollout_index=inp.rollout_index,
@@ -130,6 +139,29 @@ class HeldVerify:
     def failsafe_row(self, message: str) -> dict[str, JSONValue]:
         """:func:`failsafe_row` of the request this was made from."""
         return failsafe_row(self.body(), message)
+
+    @property
+    def packed(self) -> bool:
+        """Whether this was made from a large body (its other keys packed): its failsafe row is
+        then built by :meth:`failsafe_json_in_steps` in a worker thread."""
+        return type(self.rest) is bytes
+
+    def failsafe_json_in_steps(self, message: str) -> bytes:
+        """``encode_json(self.failsafe_row(message))``, for a worker thread: decoded, built,
+        encoded and freed a member at a time (a body of a million keys is seconds of single
+        C calls otherwise)."""
+        rest = self.rest
+        body = dict(rest) if isinstance(rest, dict) else decode_json_in_steps(zlib.decompress(rest))
+        assert type(body) is dict
+        echoed = decode_json(self.echo_json())
+        assert type(echoed) is dict
+        body.update(echoed)
+        row = failsafe_row(body, message)
+        try:
+            return encode_json_in_steps(row)
+        finally:
+            release_in_steps(row, levels=1)
+            release_in_steps(body, levels=1)
 
 
 def failsafe_row(body: dict[str, Any], message: str) -> dict[str, JSONValue]:

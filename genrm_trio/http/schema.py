@@ -26,10 +26,17 @@ from pydantic import (
     ValidationError,
 )
 
-from genrm_trio.domain.codec import InvalidJSON, decode_json, decode_json_in_steps
+from genrm_trio.domain.codec import (
+    InvalidJSON,
+    decode_json,
+    decode_json_in_steps,
+    split_object_in_steps,
+    values_at_most,
+)
 from genrm_trio.domain.model import CompareInput, JSONValue, VerifyInput
 
 __all__ = [
+    "ECHO_KEYS",
     "MAX_JSON_VALUES",
     "ROLES",
     "VERIFY_FIELDS",
@@ -44,8 +51,8 @@ __all__ = [
     "error",
     "parse_compare",
     "parse_verify",
+    "split_verify_body",
     "validate",
-    "values_at_most",
 ]
 
 MAX_ERRORS = 64  # a 422 lists at most this many problems
@@ -78,18 +85,7 @@ _COUNT_VALUES_FROM: Final = 1 << 20
 """Bodies smaller than this (1 MiB) cannot hold MAX_JSON_VALUES values and are not counted."""
 
 
-def values_at_most(body: bytes) -> int:
-    """An upper bound on the values in a JSON text: every value but the first follows a `,`, a
-    `:` or an opening bracket (strings holding those characters only raise it). C-speed counts,
-    a few milliseconds for 64 MiB."""
-    return 1 + sum(body.count(mark) for mark in (b",", b":", b"[", b"{"))
-
-
-def decode_body(body: bytes | bytearray, *, in_steps: bool = False) -> JSONValue:
-    """A request body as one JSON value (:func:`decode_json`; with `in_steps`,
-    :func:`decode_json_in_steps`, for a worker thread), or WireError with the one `json_invalid`
-    item of what the codec refused (its `loc` is the whole body), or the one `json_too_large`
-    item of a body with more than MAX_JSON_VALUES values."""
+def _check_values(body: bytes | bytearray) -> None:
     if len(body) >= _COUNT_VALUES_FROM:
         values = values_at_most(body if type(body) is bytes else bytes(body))
         if values > MAX_JSON_VALUES:
@@ -98,8 +94,27 @@ def decode_body(body: bytes | bytearray, *, in_steps: bool = False) -> JSONValue
                 "body may hold"
             )
             raise WireError([error("json_too_large", (), message)])
+
+
+def decode_body(body: bytes | bytearray, *, in_steps: bool = False) -> JSONValue:
+    """A request body as one JSON value (:func:`decode_json`; with `in_steps`,
+    :func:`decode_json_in_steps`, for a worker thread), or WireError with the one `json_invalid`
+    item of what the codec refused (its `loc` is the whole body), or the one `json_too_large`
+    item of a body with more than MAX_JSON_VALUES values."""
+    _check_values(body)
     try:
         return decode_json_in_steps(body) if in_steps else decode_json(body)
+    except InvalidJSON as exc:
+        raise WireError([error("json_invalid", (), str(exc))]) from None
+
+
+def split_verify_body(body: bytes | bytearray) -> tuple[JSONValue, bytes]:
+    """A large `/verify` body for a worker thread, as :func:`decode_body` refuses it: its
+    declared keys decoded (all that `parse_verify` reads) and every key but the echoed ones
+    packed (:func:`split_object_in_steps`), which is what a waiting request keeps of them."""
+    _check_values(body)
+    try:
+        return split_object_in_steps(body, keep=_VERIFY_KEYS, pack_all_but=ECHO_KEYS)
     except InvalidJSON as exc:
         raise WireError([error("json_invalid", (), str(exc))]) from None
 
@@ -358,6 +373,9 @@ class VerifyRequest:
 
 
 _VERIFY_KEYS: Final = frozenset(VERIFY_FIELDS) | frozenset(VERIFY_FIELDS.values())
+
+ECHO_KEYS: Final = ("responses_create_params", "response")
+"""The `/verify` keys every reply row echoes (docs/http-api.md, "Scored member: 200")."""
 _FEW_KEYS: Final = 64
 
 
@@ -394,11 +412,22 @@ def parse_verify(value: JSONValue) -> VerifyRequest:
     )
 
 
-def parse_compare(value: JSONValue) -> CompareInput:
+def parse_compare(value: JSONValue, *, max_responses: int | None = None) -> CompareInput:
     """Validate a decoded `/compare` body (docs/http-api.md, "POST /compare") or raise WireError.
 
-    Undeclared top-level keys are ignored; `history` and `responses` are the decoded lists.
+    Undeclared top-level keys are ignored; `history` and `responses` are the decoded lists. More
+    than `max_responses` responses is one `too_long` item, before anything is validated: one
+    validation call holds the GIL throughout, and 500,000 bad responses held it for 210 ms and
+    took 600 MB for their errors (docs/reliability.md, "Security").
     """
+    if max_responses is not None and type(value) is dict:
+        responses = value.get("response_objs")
+        if type(responses) is list and len(responses) > max_responses:
+            message = (
+                f"at most {max_responses} responses per request "
+                f"(server.max_compare_responses), got {len(responses)}"
+            )
+            raise WireError([error("too_long", ("response_objs",), message)])
     model = validate(CompareBody, value)
     assert type(value) is dict
     return CompareInput(
