@@ -171,7 +171,7 @@ def test_judge_defaults() -> None:
         "replica_stall_s": None,
         "outage_probe_s": 5.0,
         "keepalive_expiry_s": 4.0,
-        "max_response_bytes": 33554432,
+        "max_response_bytes": 4194304,
         "max_response_bytes_total": 268435456,
         "ca_file": None,
         "requests_per_minute": None,

@@ -12,6 +12,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import threading
 from collections.abc import MutableMapping
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -39,7 +40,9 @@ from real_sockets import (
 from scripted import REFUSED, Fixed, Reply
 from scripted import Script as Answers
 
+import genrm_trio.judge.client as client_module
 from genrm_trio.config import ConfigError, settings_from_mapping
+from genrm_trio.domain.codec import values_outside_strings_at_most
 from genrm_trio.judge.apis import JUDGE_APIS, chat_params, interpret_chat, interpret_responses
 from genrm_trio.judge.base import (
     JudgeBadJSON,
@@ -570,6 +573,67 @@ async def test_non_json_2xx_is_bad_json(content: bytes) -> None:
         await judge.attempt(CALL)
     assert info.value.describe().startswith("JSONDecodeError: ")
     assert not info.value.retryable
+
+
+@pytest.mark.parametrize("extra_values", [0, 1])
+async def test_a_reply_of_too_many_values_is_refused_before_it_is_decoded(
+    extra_values: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (#40 item 2) a 30 MiB judge reply of `[[],…]` decoded to 800 MB, 2.9 s on the loop
+    most = client_module.MAX_REPLY_VALUES
+    # marks inside the verdict text are not values: a text of braces is not refused
+    text = "{" * most + VERDICT_TEXT
+    base = json.dumps(responses_reply(text, junk=[])).encode()
+    fill = most - values_outside_strings_at_most(base, base.count(b'"')) + extra_values
+    body = base.replace(b'"junk": []', b'"junk": [' + b"0," * fill + b"0]")
+    assert values_outside_strings_at_most(body, most) == most + extra_values
+    decoded: list[int] = []
+    real_loads = json.loads
+
+    def loads(content: bytes) -> Any:
+        decoded.append(len(content))
+        return real_loads(content)
+
+    monkeypatch.setattr(client_module.json, "loads", loads)
+    judge = judge_with(Recorder(Reply(200, body, ("content-type: application/json",))))
+    with trio.fail_after(5):
+        if not extra_values:
+            assert (await judge.attempt(CALL)).status is ReplyStatus.COMPLETED
+            assert decoded == [len(body)]
+            return
+        with pytest.raises(JudgeBadJSON) as info:
+            await judge.attempt(CALL)
+    assert decoded == []
+    assert info.value.describe() == (
+        f"JSONDecodeError: the reply holds up to {client_module.MAX_REPLY_VALUES + 1} JSON "
+        f"values, more than the {client_module.MAX_REPLY_VALUES} a judge reply may hold "
+        f"(content-type application/json, {len(body)} bytes)"
+    )
+    assert not info.value.retryable
+
+
+@pytest.mark.parametrize("large", [False, True])
+async def test_a_large_reply_is_decoded_in_a_worker_thread(
+    large: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (#40 item 3) a 32 MiB reply took 40 ms of one decode on the loop
+    threads: list[str] = []
+    real_loads = json.loads
+
+    def loads(content: bytes) -> Any:
+        threads.append(threading.current_thread().name)
+        return real_loads(content)
+
+    monkeypatch.setattr(client_module.json, "loads", loads)
+    size = client_module.DECODE_OFF_LOOP_BYTES - (0 if large else 1)
+    base = json.dumps(responses_reply(pad="")).encode()
+    body = base.replace(b'"pad": ""', b'"pad": "' + b"x" * (size - len(base)) + b'"')
+    assert len(body) == size
+    judge = judge_with(Recorder(Reply(200, body)))
+    with trio.fail_after(5):
+        assert (await judge.attempt(CALL)).status is ReplyStatus.COMPLETED
+    assert len(threads) == 1
+    assert (threads[0] != threading.main_thread().name) is large
 
 
 @pytest.mark.parametrize(

@@ -192,8 +192,14 @@ KEEPALIVE_EXPIRY_S: Final = 4.0
 """The default `judge.keepalive_expiry_s`: an idle judge connection is closed after this long,
 below the 5 s after which uvicorn (so vLLM) and hypercorn close an idle keep-alive connection."""
 
-MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
-"""The default `judge.max_response_bytes`: a judge reply longer than this ends the attempt."""
+MAX_RESPONSE_BYTES: Final = 4 * 1024 * 1024
+"""The default `judge.max_response_bytes`: a judge reply longer than this ends the attempt. A
+verdict reply is kilobytes (a 32,768-token reasoning reply about 300 KB); every step of reading
+one is linear in it, and its JSON decode and counts are single calls that hold the GIL: 32 MiB
+made `/health` wait 250 ms, 4 MiB keeps it under 100 (docs/reliability.md, "Security")."""
+
+MAX_RESPONSE_BYTES_TOTAL: Final = 256 * 1024 * 1024
+"""The default `judge.max_response_bytes_total`."""
 
 OUTPUT_BUDGET_PARAM: Final = "max_output_tokens"
 """The create param (`genrm_responses_create_params`) that holds the output budget, under its
@@ -247,7 +253,7 @@ class JudgeSettings(_Strict):
     keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S
     max_response_bytes: int = Field(default=MAX_RESPONSE_BYTES, ge=1024)
     # the replies being read at once, in all: max_concurrency replies at the cap would be 8 GiB
-    max_response_bytes_total: int = Field(default=8 * MAX_RESPONSE_BYTES, ge=1024)
+    max_response_bytes_total: int = Field(default=MAX_RESPONSE_BYTES_TOTAL, ge=1024)
     ca_file: str | None = None
     # A hosted judge's limits (docs/configuration.md, "A judge with rate limits"); unset, the
     # replies' x-ratelimit-* headers and 429s pace the calls.

@@ -25,7 +25,7 @@ What one comparison's attempts ask and what their replies mean is a `Comparison`
 (judge/comparison.py); the Comparator drives it and owns slots, deadlines and sleeps. It parses
 a reply longer than `READ_OFF_LOOP_CHARS` in a worker thread (`Comparator._read`), one at a time:
 parsing is linear but costs up to about 0.6 s per MB of brace-dense text, and a reply may be
-`judge.max_response_bytes` (32 MiB) long. Every count
+`judge.max_response_bytes` (4 MiB) long. Every count
 (`statistics()` and the Prometheus series) is one `AttemptEvents` (judge/events.py).
 """
 

@@ -15,11 +15,14 @@ import dataclasses
 import json
 import re
 import time
+from functools import partial
 from typing import Final, final
 
 import httpx
+import trio
 
 from genrm_trio.config import ConfigError, Settings, endpoint_of, read_secret
+from genrm_trio.domain.codec import values_outside_strings_at_most
 from genrm_trio.domain.ratelimit import parse_rate_limit_headers
 from genrm_trio.domain.ratelimit import parse_retry_after as retry_after_seconds
 from genrm_trio.judge.apis import JUDGE_APIS, JudgeApi, judge_api, roles_refused
@@ -33,6 +36,7 @@ from genrm_trio.judge.base import (
 )
 from genrm_trio.judge.http1 import OutgoingRequest, ResponseTooLarge
 from genrm_trio.judge.network import NetworkBackend
+from genrm_trio.judge.offload import score_off_loop
 from genrm_trio.judge.pool import (
     CertificateError,
     KeepAlivePool,
@@ -43,6 +47,8 @@ from genrm_trio.judge.pool import (
 from genrm_trio.judge.prompts import judge_prompt
 
 __all__ = [
+    "DECODE_OFF_LOOP_BYTES",
+    "MAX_REPLY_VALUES",
     "TRANSPORT_ERRORS",
     "HttpJudge",
     "Redactor",
@@ -186,9 +192,28 @@ _FIRST_BYTES: Final = 80
 """How much of a reply that is not JSON its failure reason quotes."""
 
 
+MAX_REPLY_VALUES: Final = 100_000
+"""The most JSON values a judge reply may hold (a verdict reply holds a few dozen), counted from
+its separators outside strings (`values_outside_strings_at_most`) before it is decoded: a 30 MiB
+reply of `[[],[],…]` decoded to 800 MB in one call that held the GIL for 2.9 s
+(docs/reliability.md, "Security")."""
+
+DECODE_OFF_LOOP_BYTES: Final = 1 << 20
+"""A reply body from this size (1 MiB) is decoded in a worker thread: 32 MiB took 40 ms."""
+
+
 def _decode_json(content: bytes, content_type: str | None, redact: Redactor) -> object:
     """The decoded JSON reply; else `JudgeBadJSON` naming the reply's content type and first
-    bytes (`redact`ed; a server that streams server-sent events says `text/event-stream`)."""
+    bytes (`redact`ed; a server that streams server-sent events says `text/event-stream`), or
+    saying that it holds more than `MAX_REPLY_VALUES` values."""
+    if len(content) > MAX_REPLY_VALUES:
+        values = values_outside_strings_at_most(content, MAX_REPLY_VALUES)
+        if values > MAX_REPLY_VALUES:
+            raise JudgeBadJSON(
+                f"the reply holds up to {values} JSON values, more than the {MAX_REPLY_VALUES} "
+                f"a judge reply may hold (content-type {content_type or 'missing'}, "
+                f"{len(content)} bytes)"
+            )
     try:
         return json.loads(content)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
@@ -252,6 +277,7 @@ class HttpJudge:
             self._probe_request = (b"GET", models.raw_path, probe_headers, b"")
         self._closed = False
         self._in_flight = 0
+        self._decoding = trio.CapacityLimiter(1)  # replies of 1 MiB or more, one at a time
 
     def __repr__(self) -> str:
         return f"HttpJudge({self._api.name}, {self._url!r})"
@@ -307,7 +333,12 @@ class HttpJudge:
                 error.hint = ROLES_HINT.format(api=self._api.name)
             raise error
         content_type = _raw_header(headers, b"content-type")
-        reply = self._api.interpret(_decode_json(body, content_type, self._redact))
+        decode = partial(_decode_json, body, content_type, self._redact)
+        if len(body) < DECODE_OFF_LOOP_BYTES:
+            decoded = decode()
+        else:  # pure: abandoned on cancel, its result unwanted then
+            decoded = await score_off_loop(decode, self._decoding, abandon_on_cancel=True)
+        reply = self._api.interpret(decoded)
         if rate_limit is not None:
             reply = dataclasses.replace(reply, rate_limit=rate_limit)
         return reply
