@@ -12,9 +12,13 @@ The bombs: a 60 MiB `/verify` body of `[[],[],…]` (refused before decoding: mo
 body may hold), one just under that value budget (decoded off the loop, held compressed), a
 `/verify` with 1.9 million extra keys, `/aggregate_metrics` with 300,000 rows, a `/compare` of
 500,000 empty lists, and `GET /checkpoint` / `POST /checkpoint` after 2,000 groups. Last, a
-second `serve` whose judge (a stub in this process) answers every comparison with 4 MB of `{`
-and then a verdict: a `/compare` of two answers makes two such replies, each parsed in a worker
-thread (`Comparator._read`, judge/attempts.py) by one pass of the scanner (domain/verdict.py).
+second `serve` whose judge (a stub in this process) answers every comparison with 999,999 `{`
+(the most a verdict search takes, `MAX_BRACES`) and then a verdict: a `/compare` of two answers
+makes two such replies, each parsed in a worker thread (`Comparator._read`, judge/attempts.py)
+by one pass of the scanner (domain/verdict.py); then judges whose replies are as long as
+`judge.max_response_bytes` allows, of `{}{}…` (refused by their count of braces) and of
+`[[],…]` (refused by their count of values, `MAX_REPLY_VALUES`), and one whose replies carry
+the review's 30 MiB of `[[],…]` (refused as they are read, past `judge.max_response_bytes`).
 
     python benchmarks/security_bombs.py                 # the review's sizes
     python benchmarks/security_bombs.py --scale 0.05    # a quick look
@@ -35,6 +39,8 @@ from pathlib import Path
 import httpx
 
 from genrm_trio.app.bench import procfs, verify_body
+from genrm_trio.config import MAX_RESPONSE_BYTES
+from genrm_trio.domain.verdict import MAX_BRACES
 from genrm_trio.testing.procs import start, terminate
 
 N = 4
@@ -74,11 +80,14 @@ def _two_answers() -> bytes:
     return json.dumps({"conversation_history": history, "response_objs": objs}).encode()
 
 
-def _brace_judge(chars: int) -> ThreadingHTTPServer:
-    """A chat-completions judge on 127.0.0.1 whose every answer is `chars` opening braces and
-    then a verdict (not in a fence, so the whole answer is scanned), with a usage that grows
-    with the prompt (so the start-up answer probe finds a judge that reads the answers)."""
-    answer = "{" * chars + ' {"score_1": 4, "score_2": 3, "ranking": 2}'
+def _brace_judge(filler: str, junk: int = 0) -> ThreadingHTTPServer:
+    """A chat-completions judge on 127.0.0.1 whose every answer is `filler` and then a verdict
+    (not in a fence, so the whole answer is scanned), with a usage that grows with the prompt
+    (so the start-up answer probe finds a judge that reads the answers); with `junk`, its
+    replies also carry a key of `junk` empty lists."""
+    answer = filler + ' {"score_1": 4, "score_2": 3, "ranking": 2}'
+    chars = len(answer)
+    junk_json = b"[" + b"[]," * junk + b"[]]"
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # GET /v1/models: the start-up and outage probes
@@ -89,17 +98,19 @@ def _brace_judge(chars: int) -> ThreadingHTTPServer:
             usage = {"prompt_tokens": len(prompt) // 4, "completion_tokens": chars // 4}
             usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
             message = {"role": "assistant", "content": answer}
-            self._send(
-                {
-                    "id": "braces",
-                    "object": "chat.completion",
-                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                    "usage": usage,
-                }
-            )
+            payload = {
+                "id": "braces",
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": usage,
+            }
+            data = json.dumps(payload).encode()
+            if junk and server.armed:  # not for the start-up answer probe
+                data = data[:-1] + b', "junk": ' + junk_json + b"}"
+            self._send(data)
 
         def _send(self, payload: object) -> None:
-            data = json.dumps(payload).encode()
+            data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
             self.send_response(200)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(data)))
@@ -109,7 +120,13 @@ def _brace_judge(chars: int) -> ThreadingHTTPServer:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(ThreadingHTTPServer):
+        armed = False  # whether replies carry the junk
+
+        def handle_error(self, request: object, client_address: object) -> None:
+            pass  # a reply refused while it is sent: the server closed the connection
+
+    server = Server(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -135,27 +152,45 @@ def main(argv: list[str] | None = None) -> int:
             failed = _run(proc.url, proc.popen.pid, scale, args)
         finally:
             terminate(proc.popen)
-        judge = _brace_judge(int(4e6 * scale))
-        braced = start(
-            ["serve", "--judge-url", f"http://127.0.0.1:{judge.server_port}/v1", "--judge-api",
-             "chat_completions", "--port", "0", "--num-rollouts-per-prompt", str(N)],
-            Path(folder) / "serve-braces.log",
-            program=[sys.executable, "-m", "genrm_trio.app.cli"],
-        )  # fmt: skip
-        try:
-            with httpx.Client(base_url=braced.url, timeout=600, trust_env=False) as client:
-                body = _two_answers()
-                failed |= _measure(
-                    braced.url,
-                    braced.popen.pid,
-                    "judge replies of 4 MB of braces (x2)",
-                    lambda: client.post("/compare", content=body),
-                    args,
-                )
-        finally:
-            terminate(braced.popen)
-            judge.shutdown()
+        # the most "{" a verdict search takes; a reply as long as judge.max_response_bytes of
+        # spans, refused by its count of braces; one of that many `[[],…]`, refused by its
+        # count of values; the review's 30 MiB of `[[],…]`, refused as it is read
+        most = int((MAX_RESPONSE_BYTES - 1024) * scale)
+        judged = [
+            ("judge replies of 999,999 '{' (x2)", "{" * int((MAX_BRACES - 1) * scale), 0),
+            (f"judge replies of {most / 2**20:.1f} MiB of '{{}}' (x2)", "{}" * (most // 2), 0),
+            (f"judge replies of {most / 2**20:.1f} MiB of [[],…] (x2)", "", most // 3),
+            ("judge replies of 30 MiB of [[],…] (x2)", "", int(30 * 2**20 * scale) // 3),
+        ]
+        for name, filler, junk in judged:
+            failed |= _judged(name, filler, junk, Path(folder), args)
         return 1 if failed else 0
+
+
+def _judged(name: str, filler: str, junk: int, folder: Path, args: argparse.Namespace) -> bool:
+    """A `/compare` of two answers at a `serve` whose judge answers with `filler` + a verdict
+    (`_brace_judge`)."""
+    judge = _brace_judge(filler, junk)
+    braced = start(
+        ["serve", "--judge-url", f"http://127.0.0.1:{judge.server_port}/v1", "--judge-api",
+         "chat_completions", "--port", "0", "--num-rollouts-per-prompt", str(N)],
+        folder / "serve-braces.log",
+        program=[sys.executable, "-m", "genrm_trio.app.cli"],
+    )  # fmt: skip
+    try:
+        with httpx.Client(base_url=braced.url, timeout=600, trust_env=False) as client:
+            judge.armed = True  # type: ignore[attr-defined]
+            body = _two_answers()
+            return _measure(
+                braced.url,
+                braced.popen.pid,
+                name,
+                lambda: client.post("/compare", content=body),
+                args,
+            )
+    finally:
+        terminate(braced.popen)
+        judge.shutdown()
 
 
 def _measure(
@@ -186,7 +221,7 @@ def _measure(
     poller.join()
     peak = (procfs.status_field(pid, "VmHWM") or 0) / 1024
     print(f"{name:40s} {reply.status_code:6d} {took:7.2f} {worst[0] * 1000:15.1f} {peak:12.0f}")
-    return worst[0] * 1000 > args.max_health_ms or peak > args.max_rss_mb
+    return bool(worst[0] * 1000 > args.max_health_ms or peak > args.max_rss_mb)
 
 
 def _run(url: str, pid: int, scale: float, args: argparse.Namespace) -> bool:
