@@ -232,6 +232,30 @@ async def test_a_hold_past_the_deadline_fails_the_comparison_at_once(
     rig.assert_idle()
 
 
+async def test_a_hold_leaves_room_for_the_replicas_round_trip(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # every call is answered 1 s after it is sent, with a 429 holding 2 s. The group's deadline
+    # is at 10. Calls go at 0, 3 and 6; at 7 the hold ends at 9, and the call sent then would
+    # be answered at 10, the deadline, which would end the group rather than the pair: the
+    # comparison fails at 7. (Before, that call went at 9 and the deadline came first.)
+    async def slow_429(request: object) -> Reply:
+        await trio.sleep(1.0)
+        return too_many("retry-after: 2")
+
+    rig = Rig(Script(slow_429), judge_request_timeout_s=30.0)
+    start = trio.current_time()
+    with trio.fail_after(10.0):  # the group's deadline
+        error = await rig.fail()
+    assert trio.current_time() - start == 7.0
+    assert [t - start for t in rig.script.times] == [0.0, 3.0, 6.0]
+    assert error.message == (
+        "GenRM judge judge.test:8000 /v1/responses pair=(0, 1): the judge's rate limit holds "
+        "its calls for 2s (after a 429) and an answer takes 1s, past the deadline in 3s"
+    )
+    rig.assert_idle()
+
+
 async def test_a_waiting_comparison_whose_deadline_a_new_hold_outlasts_fails_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -20,8 +20,10 @@ comparison and no failure of its replica: throttled is serving.
 
 Waiting calls are admitted in the judge queue's order (complete groups first, then by
 readiness; judge/queue.py). A wait is bounded by the caller's deadlines, as the outage wait is;
-a wait that is known not to fit (a hold ending at or after the deadline) fails the comparison at
-once with that reason (`RateLimitBeyondDeadline`).
+a wait that is known not to fit (a hold whose end plus the replica's last round trip, the time
+its last answered call took, reaches the deadline) fails the comparison at once with that reason
+(`RateLimitBeyondDeadline`): the call sent when the hold ends would still be out at the
+deadline, which would end its group rather than its pair.
 """
 
 from __future__ import annotations
@@ -77,11 +79,20 @@ class RateLimitBeyondDeadline(Exception):
 class Permit:
     """One admitted call: the replica it was charged to and what it cost there."""
 
-    __slots__ = ("charged_requests", "charged_tokens", "holds", "replica", "tokens", "trial")
+    __slots__ = (
+        "charged_requests",
+        "charged_tokens",
+        "holds",
+        "replica",
+        "sent_at",
+        "tokens",
+        "trial",
+    )
 
-    def __init__(self, replica: _Replica | None, tokens: int) -> None:
+    def __init__(self, replica: _Replica | None, tokens: int, sent_at: float = 0.0) -> None:
         self.replica = replica
         self.tokens = tokens
+        self.sent_at = sent_at  # when it was admitted (its replica's round trip is measured)
         self.trial = False  # the one call sent after its replica's hold ended
         # its replica's holds before it was sent: a 429 to a call sent before the latest hold
         # began says nothing new (a wave of them is one hold, not a back-off per reply)
@@ -111,6 +122,7 @@ class _Replica:
         "holds",
         "label",
         "rate_limited",
+        "round_trip_s",
         "trial_due",
         "trial_out",
     )
@@ -126,6 +138,7 @@ class _Replica:
         self.charged_requests = 0
         self.charged_tokens = 0
         self.rate_limited = 0  # 429 replies
+        self.round_trip_s = 0.0  # its last answered call's, admission to answer (429s too)
 
     def wait(self, tokens: int, now: float) -> float:
         """Seconds until it may take a call of `tokens` (0: its tokens are not counted; inf:
@@ -317,14 +330,19 @@ class JudgeLimits:
         return replica, max(wait, self._configured.wait(tokens or None, now))
 
     def _check_deadline(self, now: float) -> None:
-        held = min(replica.hold_until for replica in self._replicas.values())
+        replicas = self._replicas.values()
+        held = min(replica.hold_until for replica in replicas)
         if held <= now:
             return
+        # the first answer a call sent when a hold ends could bring: its round trip later
+        answer = min(max(replica.hold_until, now) + replica.round_trip_s for replica in replicas)
         deadline = trio.current_effective_deadline()
-        if held >= deadline:
+        if answer >= deadline:
+            trip = answer - max(held, now)
+            round_trip = f" and an answer takes {_seconds(trip)}s" if trip > 0.0 else ""
             raise RateLimitBeyondDeadline(
                 f"the judge's rate limit holds its calls for {_seconds(held - now)}s (after a "
-                f"429), past the deadline in {_seconds(deadline - now)}s"
+                f"429){round_trip}, past the deadline in {_seconds(deadline - now)}s"
             )
 
     def _grant(self, tokens: int, now: float) -> Permit | None:
@@ -332,7 +350,7 @@ class JudgeLimits:
         if wait > 0.0:
             return None
         self._configured.take(tokens, now)
-        permit = Permit(replica, tokens)
+        permit = Permit(replica, tokens, now)
         if replica.trial_due:
             replica.trial_out = True
             permit.trial = True
@@ -381,6 +399,7 @@ class JudgeLimits:
         if not self._active and headers is None:
             return
         replica = self._replica(permit, label)
+        self._timed(replica, permit)
         if permit.trial or replica.trial_due:
             replica.trial_due = replica.trial_out = False
             permit.trial = False
@@ -393,6 +412,7 @@ class JudgeLimits:
         """A 429 from replica `label`: hold it until its headers say, else for its back-off."""
         now = trio.current_time()
         replica = self._replica(permit, label)
+        self._timed(replica, permit)
         self._active = True
         self._rate_limited += 1
         replica.rate_limited += 1
@@ -420,6 +440,11 @@ class JudgeLimits:
         # every waiter looks again: one whose deadline the hold now outlasts fails at once
         for waiter in self._waiting:
             waiter.event.set()
+
+    @staticmethod
+    def _timed(replica: _Replica, permit: Permit) -> None:
+        if permit.replica is not None:  # admitted here, so `sent_at` is its admission
+            replica.round_trip_s = trio.current_time() - permit.sent_at
 
     def release(self, permit: Permit) -> None:
         """The call is over, whatever its end (a timeout, a broken connection, a cancel): a
