@@ -10,15 +10,16 @@ Exits 1 when a `/health` answer took longer than `--max-health-ms` or the peak R
 
 The bombs: a 60 MiB `/verify` body of `[[],[],…]` (refused before decoding: more values than a
 body may hold), one just under that value budget (decoded off the loop, held compressed), a
-`/verify` with 1.9 million extra keys, `/aggregate_metrics` with 300,000 rows, a `/compare` of
-500,000 empty lists, and `GET /checkpoint` / `POST /checkpoint` after 2,000 groups. Last, a
-second `serve` whose judge (a stub in this process) answers every comparison with 999,999 `{`
-(the most a verdict search takes, `MAX_BRACES`) and then a verdict: a `/compare` of two answers
-makes two such replies, each parsed in a worker thread (`Comparator._read`, judge/attempts.py)
-by one pass of the scanner (domain/verdict.py); then judges whose replies are as long as
-`judge.max_response_bytes` allows, of `{}{}…` (refused by their count of braces) and of
-`[[],…]` (refused by their count of values, `MAX_REPLY_VALUES`), and one whose replies carry
-the review's 30 MiB of `[[],…]` (refused as they are read, past `judge.max_response_bytes`).
+`/verify` with 1.9 million extra keys, `/aggregate_metrics` with 500,000 rows (25 MiB), a
+`/compare` of 500,000 empty lists, and `GET /checkpoint` / `POST /checkpoint` after 2,000
+groups. Last, a second `serve` whose judge (a stub in this process) answers every comparison
+with 999,999 `{` (the most a verdict search takes, `MAX_BRACES`) and then a verdict: a
+`/compare` of two answers makes two such replies, each parsed in a worker thread
+(`Comparator._read`, judge/attempts.py) by one pass of the scanner (domain/verdict.py); then
+judges whose replies are as long as `judge.max_response_bytes` allows, of `{}{}…` (refused by
+their count of braces) and of `[[],…]` (refused by their count of values, `MAX_REPLY_VALUES`),
+and one whose replies carry the review's 30 MiB of `[[],…]` (refused as they are read, past
+`judge.max_response_bytes`).
 
     python benchmarks/security_bombs.py                 # the review's sizes
     python benchmarks/security_bombs.py --scale 0.05    # a quick look
@@ -60,7 +61,7 @@ def _extra_keys(keys: int) -> bytes:
 
 
 def _aggregate(rows: int) -> bytes:
-    row = b'{"reward":1.0,"mask_sample":false}'
+    row = b'{"reward":1.0,"mask_sample":false,"accuracy":0.5}'
     return b'{"verify_responses":[' + b",".join([row] * rows) + b"]}"
 
 
@@ -268,7 +269,7 @@ def _run(url: str, pid: int, scale: float, args: argparse.Namespace) -> bool:
         ("60 MiB /verify of [[],…]", post("/verify", _list_bomb(sized(40e6), "b1"))),
         ("/verify just under the value budget", post("/verify", _list_bomb(sized(3.9e6), "b2"))),
         ("/verify with 1.9M extra keys", post("/verify", _extra_keys(sized(1.9e6)))),
-        ("/aggregate_metrics, 300k rows", post("/aggregate_metrics", _aggregate(sized(3e5)))),
+        ("/aggregate_metrics, 500k rows", post("/aggregate_metrics", _aggregate(sized(5e5)))),
         ("/compare of 500k lists", post("/compare", _compare(sized(5e5)))),
         ("GET /checkpoint", export),
         ("POST /checkpoint", lambda: client.post("/checkpoint", content=exported[-1])),

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import zlib
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import genrm_trio.domain.codec as codec_module
 from genrm_trio.domain.codec import (
     InvalidJSON,
     decode_json,
@@ -146,3 +148,34 @@ def test_the_depth_limit_holds_past_the_first_chunk_of_brackets(depth: int) -> N
 )
 def test_values_outside_strings(text: bytes, limit: int, values: int) -> None:
     assert values_outside_strings_at_most(text, limit) == values
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+_STRINGS_WITH_MARKS = st.text(alphabet='[]{}"\\ab', max_size=6)
+_NESTED = st.recursive(
+    st.none() | st.integers() | _STRINGS_WITH_MARKS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(_STRINGS_WITH_MARKS, inner, max_size=3)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(value=_NESTED, chunk=st.sampled_from([1, 2, 3, 5, 64]))
+def test_the_depth_check_cuts_strings_across_chunks(value: Any, chunk: int) -> None:
+    # strings full of brackets, quotes and backslashes, cut anywhere by a chunk's end: the
+    # brackets counted are exactly those outside strings
+    text = json.dumps(value).encode()
+    with (
+        mock.patch.object(codec_module, "MAX_DEPTH", 3),
+        mock.patch.object(codec_module, "_DEPTH_CHUNK", chunk),
+    ):
+        assert codec_module._too_deep(text) is (_depth(value) > 3)

@@ -67,24 +67,26 @@ def _too_deep(raw: bytes) -> bool:
     """Whether arrays/objects nest deeper than MAX_DEPTH, brackets inside strings ignored.
 
     Exact for valid JSON (escapes are removed before strings are cut out); for invalid JSON the
-    answer does not matter, the parser rejects it anyway. Only C-level bytes operations, plus a
-    C-level running sum over the brackets outside strings, 65,536 at a time.
+    answer does not matter, the parser rejects it anyway. C-level bytes operations over the
+    whole body, then, 65,536 structural bytes at a time, the strings cut out and a C-level
+    running sum over the brackets left: one split of a whole body of 500,000 rows made 3
+    million parts in one call that held the GIL 86 ms, and one `max(accumulate(...))` over
+    3.9 million brackets 78 ms.
     """
     if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
         return False
     unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in raw else raw
-    outside = b"".join(unescaped.translate(None, _STRUCTURE).split(b'"')[::2])
-    if len(outside) <= MAX_DEPTH:
-        return False
-    steps = memoryview(outside.translate(_STEPS)).cast("b")
-    # a chunk at a time: `max(accumulate(...))` over a whole body is one C loop that holds the
-    # GIL (78 ms for 3.9 M brackets)
+    structure = unescaped.translate(None, _STRUCTURE)
     depth = 0
-    for start in range(0, len(steps), _DEPTH_CHUNK):
-        chunk = steps[start : start + _DEPTH_CHUNK]
-        if max(accumulate(chunk, initial=depth)) > MAX_DEPTH:
+    inside = False  # whether the chunk starts inside a string
+    for start in range(0, len(structure), _DEPTH_CHUNK):
+        parts = structure[start : start + _DEPTH_CHUNK].split(b'"')
+        outside = b"".join(parts[1::2] if inside else parts[::2])
+        inside ^= len(parts) % 2 == 0  # an odd number of quotes
+        steps = memoryview(outside.translate(_STEPS)).cast("b")
+        if max(accumulate(steps, initial=depth)) > MAX_DEPTH:
             return True
-        depth += sum(chunk)
+        depth += sum(steps)
     return False
 
 

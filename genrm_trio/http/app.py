@@ -51,12 +51,12 @@ from genrm_trio.http.asgi import PUBLIC_PATHS, App, Reply, error_reply
 from genrm_trio.http.openapi import openapi_document
 from genrm_trio.http.rows import HeldVerify
 from genrm_trio.http.schema import (
-    AggregateMetricsRequest,
     CloseSessionRequest,
     SeedSessionRequest,
     WireError,
     decode_body,
     error,
+    parse_aggregate_rows,
     parse_compare,
     parse_verify,
     split_verify_body,
@@ -400,10 +400,9 @@ def _parsed_compare(data: bytes, max_responses: int) -> CompareInput:
 def _aggregate_reply(data: bytes) -> bytes:
     """The encoded `/aggregate_metrics` reply (pure: run off the loop)."""
     value = decode_body(data, in_steps=True)
-    validate(AggregateMetricsRequest, value)  # the rows are used as decoded, not copied
-    assert type(value) is dict
+    rows = parse_aggregate_rows(value)  # the rows are used as decoded, not copied
     try:
-        reply = aggregate_metrics(value["verify_responses"])
+        reply = aggregate_metrics(rows)
     except NumberTooLarge as exc:  # the statistics are pure; the 422 item is HTTP's
         loc = ("verify_responses",)
         raise WireError([error("number_too_large", loc, str(exc))]) from None
