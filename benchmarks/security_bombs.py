@@ -11,15 +11,15 @@ Exits 1 when a `/health` answer took longer than `--max-health-ms` or the peak R
 The bombs: a 60 MiB `/verify` body of `[[],[],…]` (refused before decoding: more values than a
 body may hold), one just under that value budget (decoded off the loop, held compressed), a
 `/verify` with 1.9 million extra keys, `/aggregate_metrics` with 500,000 rows (25 MiB), a
-`/compare` of 500,000 empty lists, and `GET /checkpoint` / `POST /checkpoint` after 2,000
-groups. Last, a second `serve` whose judge (a stub in this process) answers every comparison
-with 999,999 `{` (the most a verdict search takes, `MAX_BRACES`) and then a verdict: a
-`/compare` of two answers makes two such replies, each parsed in a worker thread
-(`Comparator._read`, judge/attempts.py) by one pass of the scanner (domain/verdict.py); then
-judges whose replies are as long as `judge.max_response_bytes` allows, of `{}{}…` (refused by
-their count of braces) and of `[[],…]` (refused by their count of values, `MAX_REPLY_VALUES`),
-and one whose replies carry the review's 30 MiB of `[[],…]` (refused as they are read, past
-`judge.max_response_bytes`).
+`/compare` of 500,000 empty lists, and `GET /checkpoint` / `POST /checkpoint` after 4,096 groups
+(`max_terminal_cohorts`: the most a checkpoint holds by default). Last, a second `serve` whose
+judge (a stub in this process) answers every comparison with 999,999 `{` (the most a verdict
+search takes, `MAX_BRACES`) and then a verdict: a `/compare` of two answers makes two such
+replies, each parsed in a worker thread (`Comparator._read`, judge/attempts.py) by one pass of
+the scanner (domain/verdict.py); then judges whose replies are as long as
+`judge.max_response_bytes` allows, of `{}{}…` (refused by their count of braces) and of
+`[[],…]` (refused by their count of values, `MAX_REPLY_VALUES`), and one whose replies carry the
+review's 30 MiB of `[[],…]` (refused as they are read, past `judge.max_response_bytes`).
 
     python benchmarks/security_bombs.py                 # the review's sizes
     python benchmarks/security_bombs.py --scale 0.05    # a quick look
@@ -228,7 +228,7 @@ def _measure(
 def _run(url: str, pid: int, scale: float, args: argparse.Namespace) -> bool:
     client = httpx.Client(base_url=url, timeout=600, trust_env=False)
     # retained records for the checkpoint bombs: groups of N scored by the simulated judge
-    groups = max(1, int(2000 * scale))
+    groups = max(1, int(4096 * scale))  # max_terminal_cohorts: the most a checkpoint holds
 
     def fill() -> None:
         with httpx.Client(base_url=url, timeout=600, trust_env=False) as c:

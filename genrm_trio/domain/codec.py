@@ -90,11 +90,19 @@ def _too_deep(raw: bytes) -> bool:
     return False
 
 
+_COUNT_CHUNK: Final = 1 << 22
+
+
 def values_at_most(body: bytes) -> int:
     """An upper bound on the values in a JSON text: every value but the first follows a `,`, a
     `:` or an opening bracket (strings holding those characters only raise it). C-speed counts,
-    a few milliseconds for 64 MiB."""
-    return 1 + sum(body.count(mark) for mark in (b",", b":", b"[", b"{"))
+    4 MiB at a time (one count of a 60 MiB body held the GIL about 20 ms)."""
+    size = len(body)
+    return 1 + sum(
+        body.count(mark, start, start + _COUNT_CHUNK)
+        for start in range(0, size, _COUNT_CHUNK)
+        for mark in (b",", b":", b"[", b"{")
+    )
 
 
 def values_outside_strings_at_most(body: bytes, limit: int) -> int:
