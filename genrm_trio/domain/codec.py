@@ -63,6 +63,11 @@ _STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
 _DEPTH_CHUNK: Final = 1 << 16
 
 
+def _unescaped(raw: bytes) -> bytes:
+    """`raw` without its escaped backslashes and quotes, so that its quotes delimit strings."""
+    return raw.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in raw else raw
+
+
 def _too_deep(raw: bytes) -> bool:
     """Whether arrays/objects nest deeper than MAX_DEPTH, brackets inside strings ignored.
 
@@ -75,8 +80,7 @@ def _too_deep(raw: bytes) -> bool:
     """
     if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
         return False
-    unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in raw else raw
-    structure = unescaped.translate(None, _STRUCTURE)
+    structure = _unescaped(raw).translate(None, _STRUCTURE)
     depth = 0
     inside = False  # whether the chunk starts inside a string
     for start in range(0, len(structure), _DEPTH_CHUNK):
@@ -114,7 +118,7 @@ def values_outside_strings_at_most(body: bytes, limit: int) -> int:
     rough = values_at_most(body)
     if rough <= limit:
         return rough
-    unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in body else body
+    unescaped = _unescaped(body)
     strings = unescaped.count(b'"') // 2
     if strings > limit:  # each string is a value (a key counts, as its `{` or `,` does above)
         return strings
@@ -149,45 +153,63 @@ _SPACE: Final = re.compile(r"[ \t\n\r]*")
 _STEP_LEVELS: Final = 2
 
 
+def _space_end(text: str, at: int) -> int:
+    return _SPACE.match(text, at).end()  # type: ignore[union-attr]
+
+
+def _key_at(text: str, at: int) -> tuple[str, int, int, int]:
+    """The object key at `at` (after any space): it, where it starts and ends, and where its
+    value starts."""
+    key_start = _space_end(text, at)
+    key, key_end = _DECODER.raw_decode(text, key_start)
+    if type(key) is not str:
+        raise ValueError("an object key that is not a string")
+    at = _space_end(text, key_end)
+    if not text.startswith(":", at):
+        raise ValueError("no colon after an object key")
+    return key, key_start, key_end, _space_end(text, at + 1)
+
+
+def _after_member(text: str, at: int, closing: str) -> tuple[int, bool]:
+    """Past the `,` or `closing` that follows a member ending at `at`: where the next member
+    (or space before it) starts, or where the container ends, and whether it closed."""
+    at = _space_end(text, at)
+    if text.startswith(",", at):
+        return at + 1, False
+    if text.startswith(closing, at):
+        return at + 1, True
+    raise ValueError("no comma or closing bracket")
+
+
 def _member_steps(text: str, at: int, levels: int, build: bool = True) -> tuple[JSONValue, int]:
     """The value at `at` and where it ends: a container within `levels` built member by member,
     anything deeper (or scalar) by one call of the C decoder. Without `build`, the value is
     only checked (each member decoded and dropped) and None is returned for it."""
-    at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
+    at = _space_end(text, at)
     opening = text[at : at + 1]
     if levels == 0 or opening not in ("[", "{"):
         value: JSONValue
         value, end = _DECODER.raw_decode(text, at)
         return (value if build else None), end
     closing = "]" if opening == "[" else "}"
-    at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
     items: list[JSONValue] = []
     members: dict[str, JSONValue] = {}
     built = (items if opening == "[" else members) if build else None
-    if text.startswith(closing, at):
-        return built, at + 1
-    while True:
+    at = _space_end(text, at + 1)
+    closed = text.startswith(closing, at)
+    at += closed
+    while not closed:
         if opening == "[":
             item, at = _member_steps(text, at, levels - 1, build)
             if build:
                 items.append(item)
         else:
-            key, at = _DECODER.raw_decode(text, _SPACE.match(text, at).end())  # type: ignore[union-attr]
-            if type(key) is not str:
-                raise ValueError("an object key that is not a string")
-            at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
-            if not text.startswith(":", at):
-                raise ValueError("no colon after an object key")
-            item, at = _member_steps(text, at + 1, levels - 1, build)
+            key, _, _, value_start = _key_at(text, at)
+            item, at = _member_steps(text, value_start, levels - 1, build)
             if build:
                 members[key] = item
-        at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
-        if text.startswith(",", at):
-            at += 1
-            continue
-        if text.startswith(closing, at):
-            return built, at + 1
-        raise ValueError("no comma or closing bracket")
+        at, closed = _after_member(text, at, closing)
+    return built, at
 
 
 def decode_json_in_steps(body: bytes | bytearray) -> JSONValue:
@@ -204,7 +226,7 @@ def decode_json_in_steps(body: bytes | bytearray) -> JSONValue:
         if _too_deep(raw):
             raise ValueError("too deep")
         value, end = _member_steps(text, 0, _STEP_LEVELS)
-        if _SPACE.match(text, end).end() != len(text):  # type: ignore[union-attr]
+        if _space_end(text, end) != len(text):
             raise ValueError("extra data")
     except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError included
         return decode_json(raw)
@@ -278,28 +300,14 @@ def split_object_in_steps(
         closed = text.startswith("}", at)
         at += closed
         while not closed:
-            key_start = at
-            key, at = _DECODER.raw_decode(text, at)
-            if type(key) is not str:
-                raise ValueError("an object key that is not a string")
-            key_end = at
-            at = _space_end(text, at)
-            if not text.startswith(":", at):
-                raise ValueError("no colon after an object key")
-            value_start = _space_end(text, at + 1)
+            key, key_start, key_end, value_start = _key_at(text, at)
             kept_value = key in keep
-            value, at = _member_steps(text, value_start, _STEP_LEVELS - 1, build=kept_value)
+            value, value_end = _member_steps(text, value_start, _STEP_LEVELS - 1, kept_value)
             if key not in pack_all_but:
-                packer.add(text[key_start:key_end], text[value_start:at])
+                packer.add(text[key_start:key_end], text[value_start:value_end])
             if kept_value:
                 kept[key] = value
-            at = _space_end(text, at)
-            if text.startswith(",", at):
-                at = _space_end(text, at + 1)
-            elif text.startswith("}", at):
-                at, closed = at + 1, True
-            else:
-                raise ValueError("no comma or closing bracket")
+            at, closed = _after_member(text, value_end, "}")
         if _space_end(text, at) != len(text):
             raise ValueError("extra data")
     except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError included
@@ -309,10 +317,6 @@ def split_object_in_steps(
         rest = {key: item for key, item in value.items() if key not in pack_all_but}
         return {key: item for key, item in value.items() if key in keep}, pack_members(rest)
     return kept, packer.packed()
-
-
-def _space_end(text: str, at: int) -> int:
-    return _SPACE.match(text, at).end()  # type: ignore[union-attr]
 
 
 def release_in_steps(value: object, levels: int = _STEP_LEVELS) -> None:

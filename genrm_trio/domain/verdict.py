@@ -120,9 +120,9 @@ def _merge(into: _Track | None, track: _Track | None) -> _Track | None:
     return big
 
 
-def _span_ends(text: str) -> tuple[array[int], array[int]]:
-    """Every "{" of `text` in order: its index, and the index of the "}" that closes its scan
-    (-1 when the scan never balances).
+def _span_ends(text: str, braces: int) -> tuple[array[int], array[int]]:
+    """Every "{" of `text` (`braces` of them) in order: its index, and the index of the "}"
+    that closes its scan (-1 when the scan never balances).
 
     One pass over the special characters with three tracks (outside a string, inside one, just
     after a backslash inside one). A brace changes no track's state, so it costs a stack step;
@@ -130,7 +130,6 @@ def _span_ends(text: str) -> tuple[array[int], array[int]]:
     the per-character state dict this replaced cost about 1.7 s per MB of braces). Memory is
     16 bytes per "{" here, both arrays sized once (a dict of the closed spans took about 160
     bytes each; docs/benchmarks.md, "Verdict parsing")."""
-    braces = text.count("{")
     positions = array("q", bytes(8 * braces))
     ends = array("q", [-1]) * braces
     ordinal = 0
@@ -184,10 +183,11 @@ def _span_ends(text: str) -> tuple[array[int], array[int]]:
     return positions, ends
 
 
-def _top_level_spans(text: str) -> tuple[array[int], array[int]]:
+def _top_level_spans(text: str, braces: int | None = None) -> tuple[array[int], array[int]]:
     """Start and end of each top-level balanced span, in order: a scan that starts inside an
-    accepted span is never visited (the reference resumes after the span's end)."""
-    positions, ends = _span_ends(text)
+    accepted span is never visited (the reference resumes after the span's end). `braces`: the
+    count of "{" in `text`, when the caller has it."""
+    positions, ends = _span_ends(text, text.count("{") if braces is None else braces)
     span_starts, span_ends = array("q"), array("q")
     resume = 0
     for start, end in zip(positions, ends, strict=True):
@@ -281,7 +281,7 @@ def _search(
             found = found_in(body, start, end)
             if found is not None:
                 return found
-    span_starts, span_ends = _top_level_spans(text)
+    span_starts, span_ends = _top_level_spans(text, braces)
     for start, end in zip(reversed(span_starts), reversed(span_ends), strict=True):
         found = found_in(text, start, end)
         if found is not None:

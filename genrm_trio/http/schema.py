@@ -11,7 +11,9 @@ and inside the values of `responses_create_params` is opaque.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, Any, Final, Literal, TypeVar, final
 
 from pydantic import (
@@ -87,7 +89,13 @@ _COUNT_VALUES_FROM: Final = 1 << 20
 """Bodies smaller than this (1 MiB) cannot hold MAX_JSON_VALUES values and are not counted."""
 
 
-def _check_values(body: bytes | bytearray) -> None:
+_D = TypeVar("_D")
+
+
+def _wire_decoded(body: bytes | bytearray, decode: Callable[[bytes | bytearray], _D]) -> _D:
+    """`decode(body)`, or WireError with the one `json_too_large` item of a body with more than
+    MAX_JSON_VALUES values, or the one `json_invalid` item of what the codec refused (its `loc`
+    is the whole body)."""
     if len(body) >= _COUNT_VALUES_FROM:
         values = values_at_most(body if type(body) is bytes else bytes(body))
         if values > MAX_JSON_VALUES:
@@ -96,29 +104,25 @@ def _check_values(body: bytes | bytearray) -> None:
                 "body may hold"
             )
             raise WireError([error("json_too_large", (), message)])
+    try:
+        return decode(body)
+    except InvalidJSON as exc:
+        raise WireError([error("json_invalid", (), str(exc))]) from None
 
 
 def decode_body(body: bytes | bytearray, *, in_steps: bool = False) -> JSONValue:
     """A request body as one JSON value (:func:`decode_json`; with `in_steps`,
-    :func:`decode_json_in_steps`, for a worker thread), or WireError with the one `json_invalid`
-    item of what the codec refused (its `loc` is the whole body), or the one `json_too_large`
-    item of a body with more than MAX_JSON_VALUES values."""
-    _check_values(body)
-    try:
-        return decode_json_in_steps(body) if in_steps else decode_json(body)
-    except InvalidJSON as exc:
-        raise WireError([error("json_invalid", (), str(exc))]) from None
+    :func:`decode_json_in_steps`, for a worker thread), or WireError (`_wire_decoded`)."""
+    return _wire_decoded(body, decode_json_in_steps if in_steps else decode_json)
 
 
 def split_verify_body(body: bytes | bytearray) -> tuple[JSONValue, bytes]:
     """A large `/verify` body for a worker thread, as :func:`decode_body` refuses it: its
     declared keys decoded (all that `parse_verify` reads) and every key but the echoed ones
     packed (:func:`split_object_in_steps`), which is what a waiting request keeps of them."""
-    _check_values(body)
-    try:
-        return split_object_in_steps(body, keep=_VERIFY_KEYS, pack_all_but=ECHO_KEYS)
-    except InvalidJSON as exc:
-        raise WireError([error("json_invalid", (), str(exc))]) from None
+    return _wire_decoded(
+        body, partial(split_object_in_steps, keep=_VERIFY_KEYS, pack_all_but=ECHO_KEYS)
+    )
 
 
 # --- request validation -------------------------------------------------------------------------
@@ -375,10 +379,10 @@ class VerifyRequest:
 
 
 _VERIFY_KEYS: Final = frozenset(VERIFY_FIELDS) | frozenset(VERIFY_FIELDS.values())
+_FEW_KEYS: Final = 64
 
 ECHO_KEYS: Final = ("responses_create_params", "response")
 """The `/verify` keys every reply row echoes (docs/http-api.md, "Scored member: 200")."""
-_FEW_KEYS: Final = 64
 
 
 def parse_verify(value: JSONValue) -> VerifyRequest:

@@ -80,19 +80,19 @@ class Permit:
     """One admitted call: the replica it was charged to and what it cost there."""
 
     __slots__ = (
+        "admitted_at",
         "charged_requests",
         "charged_tokens",
         "holds",
         "replica",
-        "sent_at",
         "tokens",
         "trial",
     )
 
-    def __init__(self, replica: _Replica | None, tokens: int, sent_at: float = 0.0) -> None:
+    def __init__(self, replica: _Replica | None, tokens: int, admitted_at: float = 0.0) -> None:
         self.replica = replica
         self.tokens = tokens
-        self.sent_at = sent_at  # when it was admitted (its replica's round trip is measured)
+        self.admitted_at = admitted_at  # its replica's round trip is measured from here
         self.trial = False  # the one call sent after its replica's hold ended
         # its replica's holds before it was sent: a 429 to a call sent before the latest hold
         # began says nothing new (a wave of them is one hold, not a back-off per reply)
@@ -338,7 +338,7 @@ class JudgeLimits:
         answer = min(max(replica.hold_until, now) + replica.round_trip_s for replica in replicas)
         deadline = trio.current_effective_deadline()
         if answer >= deadline:
-            trip = answer - max(held, now)
+            trip = answer - held
             round_trip = f" and an answer takes {_seconds(trip)}s" if trip > 0.0 else ""
             raise RateLimitBeyondDeadline(
                 f"the judge's rate limit holds its calls for {_seconds(held - now)}s (after a "
@@ -443,8 +443,8 @@ class JudgeLimits:
 
     @staticmethod
     def _timed(replica: _Replica, permit: Permit) -> None:
-        if permit.replica is not None:  # admitted here, so `sent_at` is its admission
-            replica.round_trip_s = trio.current_time() - permit.sent_at
+        if permit.replica is not None:  # admitted by `_grant`, which set `admitted_at`
+            replica.round_trip_s = trio.current_time() - permit.admitted_at
 
     def release(self, permit: Permit) -> None:
         """The call is over, whatever its end (a timeout, a broken connection, a cancel): a
